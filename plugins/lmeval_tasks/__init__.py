@@ -1,0 +1,1 @@
+"""threadweaver.lmeval_tasks: lm-eval tasks and the `threadweaver` model."""

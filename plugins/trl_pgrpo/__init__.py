@@ -1,0 +1,1 @@
+"""threadweaver.trl_pgrpo: P-GRPO for TRL (PGRPOConfig, PGRPOTrainer)."""

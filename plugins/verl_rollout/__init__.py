@@ -1,0 +1,1 @@
+"""threadweaver.verl_rollout: the ThreadWeaver agent loop for unmodified verl."""

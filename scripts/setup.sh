@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One-time set-up: creates the project venv at .venv (CPU torch pinned through
+# constraints.txt) and installs threadweaver editable with what the tests need.
+# Safe to rerun: it reinstalls only when pyproject.toml or constraints.txt changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+VENV=.venv
+STAMP="$VENV/.setup-stamp"
+want=$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV with $($PYTHON --version)"
+  "$PYTHON" -m venv "$VENV"
+fi
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  echo "[setup] $VENV is up to date"
+  exit 0
+fi
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
+echo "[setup] installing threadweaver (editable) with the dev extra into $VENV"
+pip install -q -c constraints.txt torch==2.13.0
+pip install -q -c constraints.txt -e ".[dev]"
+echo "$want" > "$STAMP"
+echo "[setup] done"

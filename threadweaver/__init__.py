@@ -1,0 +1,34 @@
+"""threadweaver: adaptive parallel reasoning (ThreadWeaver) for the frameworks you already use.
+
+The core is host-free and light: ``import threadweaver`` imports no torch, transformers
+or host framework. The core API is re-exported here lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Format": "threadweaver.format",
+    "TAGS": "threadweaver.format",
+    "add_tags": "threadweaver.format",
+    "parse": "threadweaver.tree",
+    "parse_text": "threadweaver.tree",
+    "render": "threadweaver.tree",
+    "TrajectoryFormatError": "threadweaver.tree",
+    "plan_requests": "threadweaver.requests",
+    "trajectory_trie": "threadweaver.trie",
+    "latency_stats": "threadweaver.stats",
+    "RewardConfig": "threadweaver.reward",
+    "reward": "threadweaver.reward",
+    "grade": "threadweaver.reward",
+}
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'threadweaver' has no attribute {name!r}")

@@ -1,0 +1,108 @@
+"""The ``threadweaver`` command line: one subcommand per job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from threadweaver.cli_args import add_arguments, from_args
+from threadweaver.synth import SynthConfig
+
+
+def _synth(args: argparse.Namespace) -> None:
+    from threadweaver.dataset import write_synth
+
+    paths = write_synth(args.out, from_args(SynthConfig, args), args.train, args.validation, args.seed)
+    for path in paths:
+        print(path)
+
+
+def _stats(args: argparse.Namespace) -> None:
+    from tqdm import tqdm
+
+    from threadweaver.format import Format
+    from threadweaver.kit.tokenizers import load_tokenizer
+    from threadweaver.report import RowError, file_stats, format_summary, format_table, summary
+
+    fmt = Format.from_tokenizer(load_tokenizer(args.tokenizer))
+    try:
+        rows = list(tqdm(file_stats(args.file, fmt, strict=args.strict), desc="stats", unit=" rows",
+                         disable=args.json or not sys.stderr.isatty()))
+    except RowError as err:
+        sys.exit(f"threadweaver stats: {args.file}: {err}")
+    if args.json:
+        print(json.dumps({"rows": [r.as_dict() for r in rows], "summary": summary(rows)}))
+        return
+    if not args.summary_only:
+        print(format_table(rows))
+        print()
+    print(format_summary(summary(rows)))
+
+
+def _kit(args: argparse.Namespace) -> None:
+    from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
+    from threadweaver.kit.tokenizers import qwen_tokenizer, synth_tokenizer
+
+    tokenizer = qwen_tokenizer() if args.tokenizer == "qwen" else synth_tokenizer()
+    tokenizer.save_pretrained(args.out)
+    if args.model:
+        tiny_qwen3(tokenizer, from_args(TinyQwen3Config, args)).save_pretrained(args.out)
+    print(args.out)
+
+
+def _quickstart(args: argparse.Namespace) -> None:
+    from threadweaver.quickstart import run
+
+    run(args.out, train=args.train, validation=args.validation, seed=args.seed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from threadweaver import __version__
+    from threadweaver.kit.models import TinyQwen3Config
+
+    parser = argparse.ArgumentParser(prog="threadweaver", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"threadweaver {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = commands.add_parser("synth", help="write the synthetic task's train/validation splits (JSONL, chat messages)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--train", type=int, default=4000, help="training problems (default: 4000)")
+    p.add_argument("--validation", type=int, default=200, help="held-out problems (default: 200)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    add_arguments(p, SynthConfig)
+    p.set_defaults(func=_synth)
+
+    p = commands.add_parser("stats", help="token-latency statistics of trajectories in a JSONL file")
+    p.add_argument("file", help="JSONL rows with a 'token_ids', 'text' or 'messages' field")
+    p.add_argument("--tokenizer", default="synth",
+                   help="'synth' (default), 'qwen', or a tokenizer directory; used for text fields")
+    p.add_argument("--strict", action="store_true", help="stop at the first malformed row (training data)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (rows and summary)")
+    p.add_argument("--summary-only", action="store_true", help="print only the summary")
+    p.set_defaults(func=_stats)
+
+    p = commands.add_parser("kit", help="save the embedded tokenizer (and a tiny random Qwen3) to a directory")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--tokenizer", choices=("synth", "qwen"), default="synth", help="which tokenizer (default: synth)")
+    p.add_argument("--model", action=argparse.BooleanOptionalAction, default=True, help="also save a tiny model")
+    add_arguments(p, TinyQwen3Config)
+    p.set_defaults(func=_kit)
+
+    p = commands.add_parser("quickstart", help="the main job on the embedded default kit")
+    p.add_argument("--out", default=os.path.join("runs", "quickstart"), help="output directory (default: runs/quickstart)")
+    p.add_argument("--train", type=int, default=4000, help="training problems (default: 4000)")
+    p.add_argument("--validation", type=int, default=200, help="held-out problems (default: 200)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.set_defaults(func=_quickstart)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Writing the synthetic task's splits as JSONL chat datasets."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+
+from threadweaver.synth import SynthConfig, chat_row, make_rows
+
+FORMS = ("parallel", "sequential")
+
+
+def write_jsonl(path: str, rows) -> None:
+    """Write rows atomically: a crash never leaves a half-written file under ``path``."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    os.replace(tmp, path)
+
+
+def synth_splits(config: SynthConfig, n_train: int, n_validation: int, seed: int) -> dict[str, list[dict]]:
+    """Train and validation rows; no validation prompt occurs in train."""
+    train = make_rows(n_train, seed, config, "train")
+    seen = {row["prompt"] for row in train}
+    candidates = make_rows(2 * n_validation + 16, seed, config, "validation")
+    validation = [row for row in candidates if row["prompt"] not in seen][:n_validation]
+    if len(validation) < n_validation:
+        raise ValueError(f"only {len(validation)} held-out problems are distinct from train; use more digits")
+    return {"train": train, "validation": validation}
+
+
+def write_synth(out: str, config: SynthConfig, n_train: int, n_validation: int, seed: int) -> list[str]:
+    """``out/{parallel,sequential}/{train,validation}.jsonl`` and ``out/recipe.json``."""
+    splits = synth_splits(config, n_train, n_validation, seed)
+    paths = []
+    for form in FORMS:
+        for split, rows in splits.items():
+            path = os.path.join(out, form, f"{split}.jsonl")
+            write_jsonl(path, (chat_row(row, form) for row in rows))
+            paths.append(path)
+    recipe = {"task": "threadweaver.synth", "seed": seed, "train": n_train, "validation": n_validation,
+              "config": asdict(config)}
+    with open(os.path.join(out, "recipe.json"), "w", encoding="utf-8") as f:
+        json.dump(recipe, f, indent=2)
+    return paths

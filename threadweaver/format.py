@@ -1,0 +1,223 @@
+"""The trajectory format: tag vocabulary, token codecs and canonical tokenisation.
+
+Everything downstream works on token ids. A :class:`Format` binds the tag ids of one
+tokenizer to its encode/decode functions, and tokenises trajectory text exactly the
+way the orchestrator assembles it at inference: tags as single tokens, the thread
+seed ``<Thread>`` + ``"{i}:"`` tokenised on its own, and no tokens at the join points
+(after ``</Outlines>`` and ``</Thread>``, before ``<Thread>`` and ``</Parallel>``),
+where the orchestrator never generates any.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from typing import Any, Iterable, Protocol, Sequence
+
+THINK, THINK_END = "<think>", "</think>"
+PARALLEL, PARALLEL_END = "<Parallel>", "</Parallel>"
+OUTLINES, OUTLINES_END = "<Outlines>", "</Outlines>"
+OUTLINE, OUTLINE_END = "<Outline>", "</Outline>"
+THREAD, THREAD_END = "<Thread>", "</Thread>"
+
+TAGS: tuple[str, ...] = (
+    THINK, THINK_END, PARALLEL, PARALLEL_END, OUTLINES, OUTLINES_END,
+    OUTLINE, OUTLINE_END, THREAD, THREAD_END,
+)
+"""Every tag of the format, each a single token in a prepared tokenizer."""
+
+_TAG_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in TAGS) + ")")
+_SEED_TEXT = re.compile(r"\s*(\d+)\s*:")
+_OUTLINE_NUMBER = re.compile(r"\s*(\d+)\s*:")
+_JOIN_BEFORE = (OUTLINES_END, THREAD_END)
+_JOIN_AFTER = (THREAD, PARALLEL_END)
+
+
+class Codec(Protocol):
+    """Text <-> token ids, with tags and special tokens kept as they are."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class TagIds:
+    """Token ids of the tags in one tokenizer."""
+
+    think: int
+    think_end: int
+    parallel: int
+    parallel_end: int
+    outlines: int
+    outlines_end: int
+    outline: int
+    outline_end: int
+    thread: int
+    thread_end: int
+
+    @classmethod
+    def from_lookup(cls, lookup) -> "TagIds":
+        """Build from ``lookup(tag) -> id | None``; names every missing tag."""
+        ids = {f.name: lookup(tag) for f, tag in zip(fields(cls), TAGS)}
+        missing = [tag for f, tag in zip(fields(cls), TAGS) if ids[f.name] is None]
+        if missing:
+            raise ValueError(
+                f"the tokenizer has no single token for {', '.join(missing)}; "
+                "call threadweaver.format.add_tags(tokenizer, model) first"
+            )
+        return cls(**ids)
+
+    def name(self, token_id: int) -> str | None:
+        for f, tag in zip(fields(self), TAGS):
+            if getattr(self, f.name) == token_id:
+                return tag
+        return None
+
+
+class _HFCodec:
+    """A transformers tokenizer (slow or fast)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(
+            list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+
+
+class _TokenizersCodec:
+    """A raw ``tokenizers.Tokenizer``."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+class Format:
+    """The ThreadWeaver format for one tokenizer.
+
+    ``eos_ids`` are the tokens that end a generation (``<|im_end|>``, ``<|endoftext|>``):
+    inside a thread they are malformed.
+    """
+
+    def __init__(self, codec: Codec, tags: TagIds, eos_ids: Iterable[int] = (), unk_id: int | None = None):
+        self.codec = codec
+        self.tags = tags
+        self.eos_ids = frozenset(eos_ids)
+        self.unk_id = unk_id
+        self._tag_by_text = {tag: getattr(tags, f.name) for f, tag in zip(fields(TagIds), TAGS)}
+        self.seed = lru_cache(maxsize=None)(self._seed)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, eos_tokens: Iterable[str] = ("<|im_end|>", "<|endoftext|>")) -> "Format":
+        """Wrap a transformers tokenizer or a ``tokenizers.Tokenizer`` (duck-typed)."""
+        if hasattr(tokenizer, "convert_tokens_to_ids"):
+            codec: Codec = _HFCodec(tokenizer)
+            vocab = tokenizer.get_vocab()
+        elif hasattr(tokenizer, "token_to_id"):
+            codec = _TokenizersCodec(tokenizer)
+            vocab = tokenizer.get_vocab(with_added_tokens=True)
+        else:
+            raise TypeError(f"not a tokenizer: {type(tokenizer).__name__}")
+        tags = TagIds.from_lookup(vocab.get)
+        eos = [vocab[t] for t in eos_tokens if t in vocab]
+        unk = getattr(tokenizer, "unk_token", None) or ("<unk>" if hasattr(tokenizer, "token_to_id") else None)
+        return cls(codec, tags, eos, vocab.get(unk) if unk else None)
+
+    def tag_id(self, tag: str) -> int:
+        return self._tag_by_text[tag]
+
+    def tag_name(self, token_id: int) -> str | None:
+        return self.tags.name(token_id)
+
+    def _seed(self, number: int) -> tuple[int, ...]:
+        """Tokens the orchestrator injects after ``<Thread>`` for thread ``number``."""
+        return tuple(self.codec.encode(f"{number}:"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.codec.decode(ids)
+
+    def outline_number(self, ids: Sequence[int]) -> int | None:
+        """The ``n`` of an outline body ``"n: ..."``, or None."""
+        match = _OUTLINE_NUMBER.match(self.codec.decode(ids))
+        return int(match.group(1)) if match else None
+
+    def encode(self, text: str) -> list[int]:
+        """Tokenise trajectory text the way the orchestrator assembles it.
+
+        Whitespace-only text at a join point is dropped and whitespace around a thread
+        number is removed, since the orchestrator injects exactly ``<Thread>`` + ``"i:"``
+        there. Anything else is kept; :func:`threadweaver.tree.parse` judges it.
+        """
+        pieces = [p for p in _TAG_SPLIT.split(text) if p]
+        ids: list[int] = []
+        for k, piece in enumerate(pieces):
+            if piece in self._tag_by_text:
+                ids.append(self._tag_by_text[piece])
+                continue
+            before = pieces[k - 1] if k else None
+            after = pieces[k + 1] if k + 1 < len(pieces) else None
+            if before in _JOIN_BEFORE and after in _JOIN_AFTER and piece.isspace():
+                continue
+            if before == THREAD:
+                match = _SEED_TEXT.match(piece)
+                if match:
+                    ids.extend(self.seed(int(match.group(1))))
+                    piece = piece[match.end():]
+                    if not piece:
+                        continue
+            ids.extend(self._encode_known(piece))
+        return ids
+
+    def _encode_known(self, text: str) -> list[int]:
+        ids = self.codec.encode(text)
+        if self.unk_id is not None and self.unk_id in ids:
+            bad = sorted({c for c in text if self.unk_id in self.codec.encode(c)})
+            raise ValueError(f"the tokenizer cannot represent {bad!r} (in {text[:60]!r})")
+        return ids
+
+
+def add_tags(tokenizer: Any, model: Any = None) -> list[int]:
+    """Add the tags to a transformers tokenizer as single tokens; prepare ``model``.
+
+    The tags are added as non-special added tokens (like Qwen3's own ``<think>``), so
+    they are never split and ``decode`` keeps them even with ``skip_special_tokens``.
+    Returns the ids of the tags that were new. If ``model`` is given, its embedding
+    matrix grows to cover the tokenizer, and the rows of the new tags (and of an
+    untied output layer) are set to the mean of the rows of the pre-existing tokens.
+    """
+    from tokenizers import AddedToken
+
+    vocab = tokenizer.get_vocab()
+    old_size = len(tokenizer)
+    missing = [t for t in TAGS if t not in vocab]
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in missing])
+    new_ids = [tokenizer.convert_tokens_to_ids(t) for t in missing]
+    if model is not None and new_ids:
+        _init_new_rows(model, len(tokenizer), old_size, new_ids)
+    return new_ids
+
+
+def _init_new_rows(model, vocab_size: int, old_size: int, new_ids: list[int]) -> None:
+    import torch
+
+    if model.get_input_embeddings().weight.shape[0] < vocab_size:
+        model.resize_token_embeddings(vocab_size, mean_resizing=False)
+    matrices = [model.get_input_embeddings().weight]
+    output = model.get_output_embeddings()
+    if output is not None and output.weight.data_ptr() != matrices[0].data_ptr():
+        matrices.append(output.weight)
+    with torch.no_grad():
+        for weight in matrices:
+            weight[new_ids] = weight[:old_size].mean(dim=0, keepdim=True).to(weight.dtype)

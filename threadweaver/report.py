@@ -1,0 +1,115 @@
+"""Latency statistics over JSONL trajectory files (``threadweaver stats``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from statistics import mean
+from typing import Iterable, Iterator
+
+from threadweaver.format import Format
+from threadweaver.stats import LatencyStats, latency_stats
+from threadweaver.tree import TrajectoryFormatError, parse
+
+
+class RowError(ValueError):
+    """A bad input row; names the file line (1-based)."""
+
+    def __init__(self, line: int, message: str):
+        super().__init__(f"line {line}: {message}")
+        self.line = line
+
+
+def read_jsonl(path: str) -> Iterator[tuple[int, dict]]:
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise RowError(line_no, f"not JSON ({err})") from None
+            if not isinstance(row, dict):
+                raise RowError(line_no, "not a JSON object")
+            yield line_no, row
+
+
+def trajectory_ids(row: dict, fmt: Format) -> list[int]:
+    """The trajectory's tokens from ``token_ids``, ``text`` or the last assistant message."""
+    if "token_ids" in row:
+        ids = row["token_ids"]
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise ValueError("field 'token_ids' must be a list of integers")
+        return ids
+    if isinstance(row.get("text"), str):
+        return fmt.encode(row["text"])
+    messages = row.get("messages")
+    if isinstance(messages, list):
+        for message in reversed(messages):
+            if isinstance(message, dict) and message.get("role") == "assistant":
+                return fmt.encode(message.get("content", ""))
+    raise ValueError("no trajectory: expected a 'token_ids', 'text' or 'messages' (with an assistant turn) field")
+
+
+@dataclass(frozen=True)
+class RowStats:
+    line: int
+    id: str
+    stats: LatencyStats
+    problems: tuple[str, ...]
+
+    def as_dict(self) -> dict:
+        return {"line": self.line, "id": self.id, **self.stats.as_dict(), "problems": list(self.problems)}
+
+
+def file_stats(path: str, fmt: Format, *, strict: bool = False) -> Iterator[RowStats]:
+    for line, row in read_jsonl(path):
+        try:
+            parsed = parse(trajectory_ids(row, fmt), fmt, strict=strict)
+        except (TrajectoryFormatError, ValueError) as err:
+            raise RowError(line, str(err)) from None
+        yield RowStats(line, str(row.get("id", line)), latency_stats(parsed.nodes),
+                       tuple(str(p) for p in parsed.problems))
+
+
+def summary(rows: Iterable[RowStats]) -> dict:
+    rows = list(rows)
+    if not rows:
+        return {"rows": 0}
+    total = mean(r.stats.total_tokens for r in rows)
+    critical = mean(r.stats.critical_path_tokens for r in rows)
+    return {
+        "rows": len(rows),
+        "mean_total_tokens": total,
+        "mean_critical_path_tokens": critical,
+        "mean_speedup": mean(r.stats.speedup for r in rows),
+        "speedup_of_means": total / critical if critical else 1.0,
+        "parallel_activation_ratio": mean(r.stats.blocks > 0 for r in rows),
+        "well_formed_ratio": mean(not r.problems for r in rows),
+        "mean_parallel_ratio": mean(r.stats.parallel_ratio for r in rows),
+    }
+
+
+def format_table(rows: list[RowStats]) -> str:
+    header = f"{'id':<16}{'total':>8}{'critical':>10}{'speedup':>9}{'blocks':>8}  threads  problems"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        s = r.stats
+        threads = ",".join(map(str, s.threads_per_block)) or "-"
+        lines.append(f"{r.id[:15]:<16}{s.total_tokens:>8}{s.critical_path_tokens:>10}{s.speedup:>9.2f}"
+                     f"{s.blocks:>8}  {threads:<7}  {len(r.problems)}")
+    return "\n".join(lines)
+
+
+def format_summary(stats: dict) -> str:
+    if not stats.get("rows"):
+        return "no rows"
+    return "\n".join([
+        f"rows                      {stats['rows']}",
+        f"mean total tokens         {stats['mean_total_tokens']:.1f}",
+        f"mean critical-path tokens {stats['mean_critical_path_tokens']:.1f}",
+        f"mean speedup              {stats['mean_speedup']:.3f}x",
+        f"speedup of the means      {stats['speedup_of_means']:.3f}x",
+        f"parallel activation       {stats['parallel_activation_ratio']:.1%}",
+        f"well-formed               {stats['well_formed_ratio']:.1%}",
+    ])

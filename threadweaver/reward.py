@@ -1,0 +1,169 @@
+"""P-GRPO reward: correctness (math-verify) plus an acceleration term.
+
+math-verify enforces its time limits with ``signal.alarm``, which raises outside the
+main thread, and verl reward managers and TRL async rewards call from worker threads.
+So grading runs in a small pool of worker processes, where each call is in the
+worker's main thread and the library's own time limits work; a hard deadline on the
+caller's side replaces a stuck pool. ``grade`` is safe to call from any thread;
+``agrade`` from asyncio code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import multiprocessing
+import re
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Literal
+
+_BOXED = "\\boxed{"
+
+
+@dataclass(frozen=True)
+class Grade:
+    correct: bool
+    detail: str
+    """How it was decided: ``exact``, ``math-verify``, ``no boxed answer``, ``timeout``, or an error."""
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    factor: float = 0.5
+    """Weight of the acceleration term (the paper's rho)."""
+    clip: float = 0.2
+    """Upper clip of the acceleration term before weighting (the paper's rho_clip)."""
+    form: Literal["reduction", "ratio"] = "reduction"
+    """``reduction``: ``1 - critical/total`` (the reference's code, the paper);
+    ``ratio``: ``total/critical - 1`` (the reference's README)."""
+    timeout_s: float = 5.0
+    """Time limit for grading one answer."""
+
+
+@dataclass(frozen=True)
+class RewardParts:
+    correctness: float
+    acceleration: float
+    grade: Grade
+
+    @property
+    def reward(self) -> float:
+        return self.correctness + self.acceleration
+
+
+def acceleration(total_tokens: int, critical_path_tokens: int, config: RewardConfig = RewardConfig()) -> float:
+    """``factor * min(gain, clip)``, with the gain in the configured form (0 if no tokens)."""
+    if total_tokens <= 0 or critical_path_tokens <= 0:
+        return 0.0
+    if config.form == "reduction":
+        gain = 1.0 - critical_path_tokens / total_tokens
+    elif config.form == "ratio":
+        gain = total_tokens / critical_path_tokens - 1.0
+    else:
+        raise ValueError(f"RewardConfig.form must be 'reduction' or 'ratio', not {config.form!r}")
+    return config.factor * min(max(gain, 0.0), config.clip)
+
+
+def reward(
+    response: str, gold: str, total_tokens: int, critical_path_tokens: int,
+    config: RewardConfig = RewardConfig(),
+) -> RewardParts:
+    """Correctness (1 or 0) plus the acceleration term, which is paid only when correct."""
+    result = grade(response, gold, timeout_s=config.timeout_s)
+    if not result.correct:
+        return RewardParts(0.0, 0.0, result)
+    return RewardParts(1.0, acceleration(total_tokens, critical_path_tokens, config), result)
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (braces balanced), or None."""
+    start = text.rfind(_BOXED)
+    if start < 0:
+        return None
+    depth, i = 1, start + len(_BOXED)
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j]
+    return None
+
+
+def _normalise(answer: str) -> str:
+    return re.sub(r"\s+", "", answer).strip("$.")
+
+
+def grade(response: str, gold: str, timeout_s: float = 5.0) -> Grade:
+    """Is the last boxed answer in ``response`` equal to ``gold``? Safe from any thread."""
+    answer = last_boxed(response)
+    if answer is None:
+        return Grade(False, "no boxed answer")
+    if _normalise(answer) == _normalise(gold):
+        return Grade(True, "exact")
+    return _pool.run(answer, gold, timeout_s)
+
+
+async def agrade(response: str, gold: str, timeout_s: float = 5.0) -> Grade:
+    """``grade`` for asyncio code: runs off the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(None, grade, response, gold, timeout_s)
+
+
+def _verify_in_worker(answer: str, gold: str, timeout_s: float) -> bool:
+    from math_verify import parse, verify
+
+    limit = max(1, int(round(timeout_s)))
+    gold_parsed = parse(f"${gold}$", parsing_timeout=limit) or parse(gold, parsing_timeout=limit)
+    answer_parsed = parse(_BOXED + answer + "}", parsing_timeout=limit)
+    return bool(verify(gold_parsed, answer_parsed, timeout_seconds=limit))
+
+
+class _GradingPool:
+    """A lazily started pool of spawned worker processes, replaced if a call hangs."""
+
+    def __init__(self, workers: int = 2):
+        self.workers = workers
+        self.lock = threading.Lock()
+        self.executor: ProcessPoolExecutor | None = None
+        atexit.register(self.close)
+
+    def _get(self) -> ProcessPoolExecutor:
+        with self.lock:
+            if self.executor is None:
+                self.executor = ProcessPoolExecutor(
+                    self.workers, mp_context=multiprocessing.get_context("spawn")
+                )
+            return self.executor
+
+    def run(self, answer: str, gold: str, timeout_s: float) -> Grade:
+        executor = self._get()
+        future = executor.submit(_verify_in_worker, answer, gold, timeout_s)
+        try:
+            # Worker start-up (imports sympy) is not the answer's fault: allow for it.
+            return Grade(future.result(timeout=3 * timeout_s + 60), "math-verify")
+        except FutureTimeout:
+            self._replace(executor)
+            return Grade(False, "timeout")
+        except Exception as err:  # a grading failure is a wrong answer, never a crash
+            return Grade(False, f"error: {type(err).__name__}: {err}")
+
+    def _replace(self, stuck: ProcessPoolExecutor) -> None:
+        with self.lock:
+            if self.executor is stuck:
+                self.executor = None
+        for process in list(getattr(stuck, "_processes", {}).values()):
+            process.kill()
+        stuck.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        with self.lock:
+            executor, self.executor = self.executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+
+_pool = _GradingPool()

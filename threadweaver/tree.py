@@ -1,0 +1,263 @@
+"""Fork-join trees: parse token ids into sequential text and parallel blocks, render back.
+
+Grammar (over token ids; ``TEXT`` is any run of tokens that are not structural tags)::
+
+    sequence := (TEXT | block)*
+    block    := <Parallel> TEXT? <Outlines> (TEXT | <Outline> TEXT </Outline>)* </Outlines>
+                thread{k} </Parallel>                       # k outlines numbered 1..k
+    thread   := <Thread> seed(i) sequence </Thread>         # seed(i) = tokens of "i:"
+
+Blocks nest inside threads up to ``max_depth``. ``<think>``/``</think>`` are ordinary
+text here. Strict parsing (training data) raises :class:`TrajectoryFormatError` at the
+first fault. Lenient parsing (model outputs) never raises: a malformed block is kept
+as text, stray tags are kept as text, and every fault is listed in ``problems``. Both
+are lossless: ``render(parse(ids).nodes) == ids``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+from threadweaver.format import Format
+
+DEFAULT_MAX_DEPTH = 3
+
+
+@dataclass(frozen=True)
+class Text:
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Outline:
+    number: int
+    ids: tuple[int, ...]
+    """Tokens between ``<Outline>`` and ``</Outline>``."""
+
+
+@dataclass(frozen=True)
+class Thread:
+    number: int
+    seed: tuple[int, ...]
+    """Tokens of ``"i:"`` that the orchestrator injects after ``<Thread>``."""
+    body: tuple["Node", ...]
+    """What the model generates after the seed, up to ``</Thread>`` (excluded)."""
+
+
+@dataclass(frozen=True)
+class Block:
+    head: tuple[int, ...]
+    """``<Parallel>`` through ``</Outlines>``, as generated."""
+    outlines: tuple[Outline, ...]
+    threads: tuple[Thread, ...]
+
+
+Node = Union[Text, Block]
+
+
+@dataclass(frozen=True)
+class Problem:
+    position: int
+    tag: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"token {self.position}" + (f" ({self.tag})" if self.tag else "")
+        return f"{where}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Parsed:
+    nodes: tuple[Node, ...]
+    problems: tuple[Problem, ...] = ()
+
+    @property
+    def well_formed(self) -> bool:
+        return not self.problems
+
+
+class TrajectoryFormatError(ValueError):
+    """A malformed trajectory; names the token position and the tag."""
+
+    def __init__(self, problem: Problem):
+        super().__init__(str(problem))
+        self.problem = problem
+        self.position = problem.position
+        self.tag = problem.tag
+
+
+class _Malformed(Exception):
+    def __init__(self, problem: Problem):
+        self.problem = problem
+
+
+def parse(
+    ids: Sequence[int], fmt: Format, *, strict: bool = True, max_depth: int = DEFAULT_MAX_DEPTH
+) -> Parsed:
+    """Parse a trajectory (the assistant's tokens, no prompt) into a fork-join tree."""
+    parser = _Parser(list(ids), fmt, strict, max_depth)
+    nodes = parser.sequence(depth=0, thread=None)
+    return Parsed(tuple(nodes), tuple(parser.problems))
+
+
+def parse_text(text: str, fmt: Format, **kwargs) -> Parsed:
+    """Parse trajectory text, tokenised as the orchestrator would (``Format.encode``)."""
+    return parse(fmt.encode(text), fmt, **kwargs)
+
+
+def render(nodes: Sequence[Node], fmt: Format) -> list[int]:
+    """The exact token ids of a tree."""
+    out: list[int] = []
+    _render_into(out, nodes, fmt)
+    return out
+
+
+def _render_into(out: list[int], nodes: Sequence[Node], fmt: Format) -> None:
+    tags = fmt.tags
+    for node in nodes:
+        if isinstance(node, Text):
+            out.extend(node.ids)
+            continue
+        out.extend(node.head)
+        for thread in node.threads:
+            out.append(tags.thread)
+            out.extend(thread.seed)
+            _render_into(out, thread.body, fmt)
+            out.append(tags.thread_end)
+        out.append(tags.parallel_end)
+
+
+class _Parser:
+    def __init__(self, ids: list[int], fmt: Format, strict: bool, max_depth: int):
+        self.ids = ids
+        self.fmt = fmt
+        self.tags = fmt.tags
+        self.strict = strict
+        self.max_depth = max_depth
+        self.pos = 0
+        self.problems: list[Problem] = []
+        t = fmt.tags
+        self.structural = {
+            t.parallel, t.parallel_end, t.outlines, t.outlines_end,
+            t.outline, t.outline_end, t.thread, t.thread_end,
+        }
+
+    def problem(self, position: int, message: str) -> Problem:
+        token = self.ids[position] if position < len(self.ids) else None
+        tag = self.fmt.tag_name(token) if token is not None else "end of output"
+        return Problem(position, tag, message)
+
+    def fault(self, position: int, message: str) -> None:
+        """A fault that leaves the structure intact: raise (strict) or record."""
+        problem = self.problem(position, message)
+        if self.strict:
+            raise TrajectoryFormatError(problem)
+        self.problems.append(problem)
+
+    def sequence(self, depth: int, thread: int | None) -> list[Node]:
+        """Parse until the end, or until ``</Thread>`` when inside ``thread``."""
+        nodes: list[Node] = []
+        text: list[int] = []
+        ids, tags = self.ids, self.tags
+        while self.pos < len(ids):
+            token = ids[self.pos]
+            if token == tags.parallel:
+                start, recorded = self.pos, len(self.problems)
+                try:
+                    block = self.block(depth + 1)
+                except _Malformed as err:
+                    if self.strict:
+                        raise TrajectoryFormatError(err.problem) from None
+                    del self.problems[recorded:]
+                    self.problems.append(err.problem)
+                    self.pos = start + 1
+                    text.append(token)
+                    continue
+                if text:
+                    nodes.append(Text(tuple(text)))
+                    text = []
+                nodes.append(block)
+                continue
+            if token == tags.thread_end and thread is not None:
+                break
+            if token in self.structural:
+                self.fault(self.pos, "tag outside the place the format allows it (a parallel block)")
+            elif thread is not None and token in self.fmt.eos_ids:
+                self.fault(self.pos, f"end-of-sequence token inside thread {thread}")
+            text.append(token)
+            self.pos += 1
+        if text:
+            nodes.append(Text(tuple(text)))
+        return nodes
+
+    def malformed(self, position: int, message: str) -> _Malformed:
+        return _Malformed(self.problem(position, message))
+
+    def expect(self, token: int, what: str) -> None:
+        if self.pos >= len(self.ids) or self.ids[self.pos] != token:
+            raise self.malformed(self.pos, f"expected {what}")
+        self.pos += 1
+
+    def block(self, depth: int) -> Block:
+        ids, tags = self.ids, self.tags
+        start = self.pos
+        if depth > self.max_depth:
+            raise self.malformed(start, f"parallel block nested {depth} deep; max_depth is {self.max_depth}")
+        self.pos += 1
+        self.skip_text()
+        self.expect(tags.outlines, "<Outlines> after <Parallel>")
+        outlines: list[Outline] = []
+        while True:
+            self.skip_text()
+            if self.pos >= len(ids):
+                raise self.malformed(self.pos, "<Outlines> never closes")
+            token = ids[self.pos]
+            if token == tags.outlines_end:
+                self.pos += 1
+                break
+            if token != tags.outline:
+                raise self.malformed(self.pos, "only <Outline> entries may stand inside <Outlines>")
+            outlines.append(self.outline(len(outlines) + 1))
+        if not outlines:
+            raise self.malformed(self.pos - 1, "a parallel block needs at least one outline")
+        head = tuple(ids[start:self.pos])
+        threads = [self.thread(outline.number, depth) for outline in outlines]
+        if self.pos < len(ids) and ids[self.pos] == tags.thread:
+            raise self.malformed(self.pos, f"more threads than the {len(outlines)} outlines")
+        self.expect(tags.parallel_end, f"</Parallel> after thread {len(outlines)}")
+        return Block(head, tuple(outlines), tuple(threads))
+
+    def skip_text(self) -> None:
+        while self.pos < len(self.ids) and self.ids[self.pos] not in self.structural:
+            self.pos += 1
+
+    def outline(self, expected: int) -> Outline:
+        start = self.pos
+        self.pos += 1
+        self.skip_text()
+        body = tuple(self.ids[start + 1:self.pos])
+        if self.pos >= len(self.ids) or self.ids[self.pos] != self.tags.outline_end:
+            raise self.malformed(self.pos, f"outline {expected} is not closed by </Outline>")
+        self.pos += 1
+        number = self.fmt.outline_number(body)
+        if number != expected:
+            found = "no number" if number is None else f"number {number}"
+            raise self.malformed(start, f"outline {expected} has {found}; outlines are numbered 1, 2, ... in order")
+        return Outline(number, body)
+
+    def thread(self, number: int, depth: int) -> Thread:
+        ids = self.ids
+        start = self.pos
+        self.expect(self.tags.thread, f"<Thread> {number} (one thread per outline, in order)")
+        seed = self.fmt.seed(number)
+        if tuple(ids[self.pos:self.pos + len(seed)]) != seed:
+            raise self.malformed(start, f"thread {number} does not start with its seed {number}:")
+        self.pos += len(seed)
+        body = self.sequence(depth, thread=number)
+        if self.pos >= len(ids):
+            raise self.malformed(self.pos, f"thread {number} never closes with </Thread>")
+        if not body:
+            self.fault(self.pos, f"thread {number} is empty")
+        self.pos += 1
+        return Thread(number, seed, tuple(body))
