@@ -9,8 +9,9 @@ Grammar (over token ids; ``TEXT`` is any run of tokens that are not structural t
 
 Blocks nest inside threads up to ``max_depth``. ``<think>``/``</think>`` are ordinary
 text here. Strict parsing (training data) raises :class:`TrajectoryFormatError` at the
-first fault. Lenient parsing (model outputs) never raises: a malformed block is kept
-as text, stray tags are kept as text, and every fault is listed in ``problems``. Both
+first fault. Lenient parsing (model outputs) never raises: a malformed block, a block
+nested deeper than ``max_depth`` and stray tags are kept as sequential text, and every
+fault is listed in ``problems`` (a failed block once, as text up to its fault). Both
 are lossless: ``render(parse(ids).nodes) == ids``.
 """
 
@@ -171,8 +172,15 @@ class _Parser:
                         raise TrajectoryFormatError(err.problem) from None
                     del self.problems[recorded:]
                     self.problems.append(err.problem)
-                    self.pos = start + 1
-                    text.append(token)
+                    self.pos = max(err.problem.position, start + 1)
+                    text.extend(ids[start:self.pos])
+                    continue
+                if depth + 1 > self.max_depth:
+                    del self.problems[recorded:]
+                    self.problems.append(self.problem(start, (
+                        f"parallel block nested {depth + 1} deep; max_depth is {self.max_depth}: "
+                        "kept as sequential text")))
+                    text.extend(ids[start:self.pos])
                     continue
                 if text:
                     nodes.append(Text(tuple(text)))
@@ -202,7 +210,7 @@ class _Parser:
     def block(self, depth: int) -> Block:
         ids, tags = self.ids, self.tags
         start = self.pos
-        if depth > self.max_depth:
+        if depth > self.max_depth and self.strict:
             raise self.malformed(start, f"parallel block nested {depth} deep; max_depth is {self.max_depth}")
         self.pos += 1
         self.skip_text()

@@ -1,0 +1,67 @@
+"""The threadweaver command line, run as a user runs it (the installed console script)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
+
+
+def run(*args, check=True):
+    return subprocess.run([CLI, *args], capture_output=True, text=True, check=check)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synth")
+    run("synth", "--out", str(out), "--train", "50", "--validation", "20", "--seed", "1")
+    return out
+
+
+def test_synth_writes_both_forms_and_a_recipe(data):
+    recipe = json.loads((data / "recipe.json").read_text())
+    assert recipe["seed"] == 1 and recipe["config"]["digits"] == 4
+    for form in ("parallel", "sequential"):
+        rows = [json.loads(line) for line in (data / form / "train.jsonl").read_text().splitlines()]
+        assert len(rows) == 50
+        assert [m["role"] for m in rows[0]["messages"]] == ["user", "assistant"]
+
+
+def test_stats_json_summaries(data):
+    par = json.loads(run("stats", str(data / "parallel" / "validation.jsonl"), "--json").stdout)
+    seq = json.loads(run("stats", str(data / "sequential" / "validation.jsonl"), "--json").stdout)
+    assert par["summary"]["rows"] == 20 and par["summary"]["well_formed_ratio"] == 1.0
+    assert par["summary"]["parallel_activation_ratio"] == 1.0 and par["summary"]["mean_speedup"] > 1.3
+    assert seq["summary"]["mean_speedup"] == 1.0
+    assert len(par["rows"]) == 20 and par["rows"][0]["critical_path_tokens"] < par["rows"][0]["total_tokens"]
+
+
+def test_stats_table_and_token_ids_input(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"id": "r1", "token_ids": [5, 6, 7]}) + "\n")
+    out = run("stats", str(path)).stdout
+    assert "r1" in out and "mean total tokens         3.0" in out
+
+
+def test_strict_stats_names_the_line_and_position(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    good = {"text": "<Parallel><Outlines><Outline>1:A</Outline></Outlines><Thread>1:1</Thread></Parallel>"}
+    bad = {"text": "1<Thread>1:2</Thread>"}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    result = run("stats", str(path), "--strict", check=False)
+    assert result.returncode != 0
+    assert "line 2: token 1 (<Thread>)" in result.stderr
+    lenient = json.loads(run("stats", str(path), "--json").stdout)
+    assert lenient["summary"]["well_formed_ratio"] == 0.5
+
+
+def test_quickstart_runs_the_data_path(tmp_path):
+    result = run("quickstart", "--out", str(tmp_path), "--train", "40", "--validation", "20")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["parallel"]["well_formed_ratio"] == 1.0
+    assert summary["critical_path_speedup_vs_sequential"] > 1.3
+    assert summary["trie_tokens"] < summary["expanded_request_tokens"]
+    assert "parallel critical path vs sequential length" in result.stdout

@@ -1,0 +1,27 @@
+"""Packaging: a light core import, plugin folders mapped into the namespace."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ["torch", "transformers", "trl", "vllm", "verl", "lm_eval", "sglang", "tokenizers", "math_verify", "sympy"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_import_threadweaver_imports_no_host():
+    code = (
+        "import sys, json, threadweaver as tw\n"
+        "tw.Format, tw.parse, tw.plan_requests, tw.trajectory_trie, tw.latency_stats, tw.reward\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert json.loads(out) == []
+
+
+@pytest.mark.parametrize("plugin", ["hf_collator", "trl_pgrpo", "verl_rollout", "vllm_orchestrator", "lmeval_tasks"])
+def test_plugin_folders_are_threadweaver_subpackages(plugin):
+    module = __import__(f"threadweaver.{plugin}", fromlist=["_"])
+    assert os.path.dirname(module.__file__) == os.path.join(ROOT, "plugins", plugin)

@@ -1,0 +1,60 @@
+"""Reward: grading through math-verify from any thread or event loop, and the acceleration term."""
+
+import asyncio
+import threading
+
+import pytest
+
+from threadweaver.reward import RewardConfig, acceleration, agrade, grade, last_boxed, reward
+
+
+def test_last_boxed_balances_braces():
+    assert last_boxed(r"a \boxed{1} b \boxed{\frac{1}{2}} c") == r"\frac{1}{2}"
+    assert last_boxed("no answer") is None
+    assert last_boxed(r"\boxed{unclosed") is None
+
+
+@pytest.mark.parametrize("response,gold,correct", [
+    (r"so \boxed{1884}", "1884", True),
+    (r"\boxed{\frac{1}{2}}", "0.5", True),
+    (r"\boxed{\dfrac{3}{4}}", r"\frac34", True),
+    (r"\boxed{1885}", "1884", False),
+    ("1884", "1884", False),
+])
+def test_grade(response, gold, correct):
+    assert grade(response, gold).correct is correct
+
+
+def test_grade_from_a_worker_thread_uses_math_verify():
+    results = []
+    worker = threading.Thread(target=lambda: results.append(grade(r"\boxed{\frac{2}{4}}", "1/2")))
+    worker.start()
+    worker.join(timeout=120)
+    assert results and results[0].correct and results[0].detail == "math-verify"
+
+
+def test_grade_from_asyncio():
+    async def main():
+        return await asyncio.gather(agrade(r"\boxed{2\sqrt{2}}", r"\sqrt{8}"), agrade(r"\boxed{3}", "4"))
+
+    right, wrong = asyncio.run(main())
+    assert right.correct and right.detail == "math-verify"
+    assert not wrong.correct
+
+
+def test_acceleration_forms_and_clip():
+    assert acceleration(100, 90) == pytest.approx(0.5 * 0.1)
+    assert acceleration(100, 50) == pytest.approx(0.5 * 0.2)  # clipped
+    ratio = RewardConfig(form="ratio")
+    assert acceleration(100, 90, ratio) == pytest.approx(0.5 * (100 / 90 - 1))
+    assert acceleration(100, 50, ratio) == pytest.approx(0.5 * 0.2)
+    assert acceleration(100, 100) == 0.0 and acceleration(0, 0) == 0.0
+    with pytest.raises(ValueError, match="form"):
+        acceleration(10, 5, RewardConfig(form="other"))
+
+
+def test_reward_pays_acceleration_only_when_correct():
+    right = reward(r"\boxed{7}", "7", total_tokens=100, critical_path_tokens=80)
+    assert (right.correctness, right.acceleration, right.reward) == (1.0, pytest.approx(0.1), pytest.approx(1.1))
+    wrong = reward(r"\boxed{8}", "7", total_tokens=100, critical_path_tokens=80)
+    assert (wrong.correctness, wrong.acceleration, wrong.reward) == (0.0, 0.0, 0.0)

@@ -1,0 +1,51 @@
+"""The synthetic task: correct arithmetic, strictly valid trajectories, same content in both forms."""
+
+import random
+import re
+
+import pytest
+
+from threadweaver.dataset import synth_splits
+from threadweaver.format import Format
+from threadweaver.kit.tokenizers import synth_tokenizer_object
+from threadweaver.reward import grade
+from threadweaver.stats import latency_stats
+from threadweaver.synth import SynthConfig, column_sum, make_problem
+from threadweaver.tree import Block, parse_text
+
+
+def test_column_sum():
+    assert column_sum(4821, 3907) == "4821+3907 1+7+0=08 2+0+0=02 8+9+0=17 4+3+1=08 ;8728"
+    assert column_sum(999, 1) == "999+1 9+1+0=10 9+0+1=10 9+0+1=10 ;1000"
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_problems_are_right_and_well_formed(seed):
+    fmt = Format.from_tokenizer(synth_tokenizer_object())
+    p = make_problem(random.Random(seed), SynthConfig(min_terms=2, max_terms=4, digits=4))
+    pairs = [tuple(map(int, m)) for m in re.findall(r"[A-H]=(\d+)\+(\d+)", p.prompt)]
+    assert int(p.answer) == sum(a + b for a, b in pairs)
+    parallel = parse_text(p.parallel, fmt)  # strict
+    (block,) = [n for n in parallel.nodes if isinstance(n, Block)]
+    assert len(block.threads) == len(pairs)
+    assert grade(p.parallel, p.answer).correct and grade(p.sequential, p.answer).correct
+    for tag in ("<Parallel>", "<Outlines>", "<Outline>", "</Outline>", "</Outlines>", "<Thread>", "</Thread>", "</Parallel>"):
+        assert tag not in p.sequential
+    sequential = latency_stats(parse_text(p.sequential, fmt).nodes)
+    assert sequential.blocks == 0
+    # same content: the sequential form is the parallel one without tags, outlines and seeds
+    stripped = re.sub(r"<Parallel><Outlines>.*?</Outlines>|<Thread>\d+:|</Parallel>\n", "", p.parallel)
+    assert stripped.replace("</Thread>", "\n") == p.sequential
+
+
+def test_splits_are_disjoint_and_reproducible():
+    a = synth_splits(SynthConfig(digits=2, min_terms=2, max_terms=2), 300, 50, seed=3)
+    b = synth_splits(SynthConfig(digits=2, min_terms=2, max_terms=2), 300, 50, seed=3)
+    assert a == b
+    assert not {r["prompt"] for r in a["train"]} & {r["prompt"] for r in a["validation"]}
+    assert len(a["validation"]) == 50
+
+
+def test_bad_config_is_named():
+    with pytest.raises(ValueError, match="min_terms"):
+        SynthConfig(min_terms=5, max_terms=2)
