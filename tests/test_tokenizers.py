@@ -46,6 +46,9 @@ def test_tags_are_single_tokens_that_decode_back(which, request):
 def test_chat_template_is_chatml_with_assistant_prompt(qwen):
     text = qwen.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True)
     assert text == "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+    off = qwen.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False,
+                                   add_generation_prompt=True, enable_thinking=False)
+    assert off == text + "<think>\n\n</think>\n\n"
 
 
 def test_canonical_encoding_of_a_real_trajectory(qwen):

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from threadweaver.dataset import write_synth
 from threadweaver.format import Format
 from threadweaver.kit.tokenizers import synth_tokenizer_object
-from threadweaver.report import file_stats, format_summary, summary
+from threadweaver.report import RowError, file_stats, format_summary, read_jsonl, summary, trajectory_ids
 from threadweaver.requests import plan_requests
 from threadweaver.synth import SynthConfig
 from threadweaver.tree import parse
@@ -31,14 +31,14 @@ def run(out: str, *, train: int, validation: int, seed: int) -> dict:
 
     print("[2/3] checking training trajectories strictly and flattening them into tries")
     trie_tokens = expanded_tokens = 0
-    rows = list(file_stats(os.path.join(data, "parallel", "train.jsonl"), fmt, strict=True))
-    with open(os.path.join(data, "parallel", "train.jsonl"), encoding="utf-8") as f:
-        for line in tqdm(f, total=len(rows), unit=" rows"):
-            messages = json.loads(line)["messages"]
-            prompt = fmt.encode(messages[0]["content"])
-            plan = plan_requests(prompt, parse(fmt.encode(messages[1]["content"]), fmt).nodes, fmt)
-            trie_tokens += len(trajectory_trie(plan, train_injected=True))
-            expanded_tokens += plan.expanded_tokens
+    for line, row in tqdm(list(read_jsonl(os.path.join(data, "parallel", "train.jsonl"))), unit=" rows"):
+        try:
+            tree = parse(trajectory_ids(row, fmt), fmt, strict=True)
+        except ValueError as err:
+            raise RowError(line, str(err)) from None
+        plan = plan_requests(fmt.encode(row["messages"][0]["content"]), tree.nodes, fmt)
+        trie_tokens += len(trajectory_trie(plan, train_injected=True))
+        expanded_tokens += plan.expanded_tokens
 
     print("[3/3] token latency on the held-out problems")
     result = {"trie_tokens": trie_tokens, "expanded_request_tokens": expanded_tokens}
