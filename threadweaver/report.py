@@ -1,4 +1,8 @@
-"""Latency statistics over JSONL trajectory files (``threadweaver stats``)."""
+"""Latency statistics over JSONL trajectory files (``threadweaver stats``).
+
+``ref.longest`` in the table is the reference implementation's longest-thread count on
+the response (see :mod:`threadweaver.stats`), shown for one-level trajectories.
+"""
 
 from __future__ import annotations
 
@@ -91,13 +95,14 @@ def summary(rows: Iterable[RowStats]) -> dict:
 
 
 def format_table(rows: list[RowStats]) -> str:
-    header = f"{'id':<16}{'total':>8}{'critical':>10}{'speedup':>9}{'blocks':>8}  threads  problems"
+    header = f"{'id':<16}{'total':>8}{'critical':>10}{'speedup':>9}{'ref.longest':>13}{'blocks':>8}  threads  problems"
     lines = [header, "-" * len(header)]
     for r in rows:
         s = r.stats
         threads = ",".join(map(str, s.threads_per_block)) or "-"
+        reference = "-" if s.reference_longest_thread is None else str(s.reference_longest_thread)
         lines.append(f"{r.id[:15]:<16}{s.total_tokens:>8}{s.critical_path_tokens:>10}{s.speedup:>9.2f}"
-                     f"{s.blocks:>8}  {threads:<7}  {len(r.problems)}")
+                     f"{reference:>13}{s.blocks:>8}  {threads:<7}  {len(r.problems)}")
     return "\n".join(lines)
 
 
