@@ -1,7 +1,8 @@
 """threadweaver: adaptive parallel reasoning (ThreadWeaver) for the frameworks you already use.
 
 The core is host-free and light: ``import threadweaver`` imports no torch, transformers
-or host framework. The core API is re-exported here lazily.
+or host framework. The core API is re-exported here lazily (the reward function lives
+at ``threadweaver.reward.reward``: a name that is also a submodule cannot be re-exported).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ _EXPORTS = {
     "trajectory_trie": "threadweaver.trie",
     "latency_stats": "threadweaver.stats",
     "RewardConfig": "threadweaver.reward",
-    "reward": "threadweaver.reward",
     "grade": "threadweaver.reward",
 }
 __all__ = ["__version__", *_EXPORTS]

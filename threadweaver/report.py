@@ -13,7 +13,7 @@ from typing import Iterable, Iterator
 
 from threadweaver.format import Format
 from threadweaver.stats import LatencyStats, latency_stats
-from threadweaver.tree import TrajectoryFormatError, parse
+from threadweaver.tree import parse
 
 
 class RowError(ValueError):
@@ -70,7 +70,7 @@ def file_stats(path: str, fmt: Format, *, strict: bool = False) -> Iterator[RowS
     for line, row in read_jsonl(path):
         try:
             parsed = parse(trajectory_ids(row, fmt), fmt, strict=strict)
-        except (TrajectoryFormatError, ValueError) as err:
+        except ValueError as err:  # TrajectoryFormatError included
             raise RowError(line, str(err)) from None
         yield RowStats(line, str(row.get("id", line)), latency_stats(parsed.nodes),
                        tuple(str(p) for p in parsed.problems))
