@@ -15,10 +15,9 @@ from tqdm import tqdm
 from threadweaver.dataset import write_synth
 from threadweaver.format import Format
 from threadweaver.kit.tokenizers import synth_tokenizer_object
-from threadweaver.report import RowError, file_stats, format_summary, read_jsonl, summary, trajectory_ids
+from threadweaver.report import file_stats, format_summary, parsed_rows, summary
 from threadweaver.requests import plan_requests
 from threadweaver.synth import SynthConfig
-from threadweaver.tree import parse
 from threadweaver.trie import trajectory_trie
 
 
@@ -31,11 +30,8 @@ def run(out: str, *, train: int, validation: int, seed: int) -> dict:
 
     print("[2/3] checking training trajectories strictly and flattening them into tries")
     trie_tokens = expanded_tokens = 0
-    for line, row in tqdm(list(read_jsonl(os.path.join(data, "parallel", "train.jsonl"))), unit=" rows"):
-        try:
-            tree = parse(trajectory_ids(row, fmt), fmt, strict=True)
-        except ValueError as err:
-            raise RowError(line, str(err)) from None
+    for _, row, tree in tqdm(parsed_rows(os.path.join(data, "parallel", "train.jsonl"), fmt, strict=True),
+                             total=train, unit=" rows"):
         plan = plan_requests(fmt.encode(row["messages"][0]["content"]), tree.nodes, fmt)
         trie_tokens += len(trajectory_trie(plan, train_injected=True))
         expanded_tokens += plan.expanded_tokens

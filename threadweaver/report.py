@@ -13,7 +13,7 @@ from typing import Iterable, Iterator
 
 from threadweaver.format import Format
 from threadweaver.stats import LatencyStats, latency_stats
-from threadweaver.tree import parse
+from threadweaver.tree import Parsed, parse
 
 
 class RowError(ValueError):
@@ -66,12 +66,18 @@ class RowStats:
         return {"line": self.line, "id": self.id, **self.stats.as_dict(), "problems": list(self.problems)}
 
 
-def file_stats(path: str, fmt: Format, *, strict: bool = False) -> Iterator[RowStats]:
+def parsed_rows(path: str, fmt: Format, *, strict: bool = False) -> Iterator[tuple[int, dict, Parsed]]:
+    """(line, row, parsed trajectory) per row; a bad row raises :class:`RowError`."""
     for line, row in read_jsonl(path):
         try:
             parsed = parse(trajectory_ids(row, fmt), fmt, strict=strict)
         except ValueError as err:  # TrajectoryFormatError included
             raise RowError(line, str(err)) from None
+        yield line, row, parsed
+
+
+def file_stats(path: str, fmt: Format, *, strict: bool = False) -> Iterator[RowStats]:
+    for line, row, parsed in parsed_rows(path, fmt, strict=strict):
         yield RowStats(line, str(row.get("id", line)), latency_stats(parsed.nodes),
                        tuple(str(p) for p in parsed.problems))
 
