@@ -115,6 +115,34 @@ def test_train_injected_trains_the_whole_sequential_path_without_conflicts(promp
     assert sum(flat.trained) == len(plan.trajectory)
 
 
+@given(prompts, sequences())
+def test_trained_first_layout_makes_plain_causal_labels_exact(prompt, tree):
+    """labels() shifted by one position is targets(): any trainer's own shift is right."""
+    plan = plan_requests(prompt, tree, FMT)
+    for train_injected in (False, True):
+        flat = trajectory_trie(plan, train_injected=train_injected)
+        labels = flat.labels()
+        assert labels[1:] + [-100] == flat.targets()
+        assert labels[0] == -100
+
+
+@given(prompts, sequences(), sequences())
+def test_insertion_from_the_previous_path_builds_the_same_trie(prompt, tree, other):
+    """The prefix shortcut in TokenTrie.add changes nothing: compare with root-first walks."""
+    plans = [plan_requests(prompt, tree, FMT), plan_requests(prompt, other, FMT)]
+    flat = trajectory_trie(plans, train_injected=True)
+    paths = {}
+    for i, p in enumerate(flat.parent):
+        paths[i] = (paths[p] if p >= 0 else ()) + (flat.input_ids[i],)
+    naive = set()
+    for plan in plans:
+        for r in plan.requests:
+            ids = r.context + r.completion
+            naive.update(ids[:k] for k in range(1, len(ids) + 1))
+    assert set(paths.values()) == naive
+    assert len(paths) == len(naive)
+
+
 def _blocks(nodes):
     for node in nodes:
         if isinstance(node, Block):

@@ -10,8 +10,12 @@ is a depth-first pre-order, so:
 * every prefix of the layout is ancestor-closed, so cutting at ``max_length`` never
   leaves a token without its context.
 
-In a trie a token is predicted from its *parent's* hidden state, which is not the
-previous flat position. :meth:`FlatTrie.targets` gives labels already shifted that way.
+In a trie a token is predicted from its *parent's* hidden state. Children are laid out
+trained-first, so where each position has at most one trained child (any one SFT
+trajectory) the parent of every trained token is the previous flat position and
+:meth:`FlatTrie.labels` are ordinary causal-LM labels: every trainer's own shift is
+right. :meth:`FlatTrie.targets` gives labels pre-shifted to the parent for the general
+case.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ class TokenTrie:
         self._trained: list[bool] = []
         self._children: list[dict[int, int]] = []
         self._roots: dict[int, int] = {}
+        self._last_ids: tuple[int, ...] = ()
+        self._last_path: list[int] = []
 
     def __len__(self) -> int:
         return len(self._token)
@@ -38,9 +44,14 @@ class TokenTrie:
     def add(self, ids: Sequence[int], trained: Sequence[bool]) -> None:
         if len(ids) != len(trained):
             raise ValueError(f"{len(ids)} tokens but {len(trained)} trained flags")
-        children = self._roots
-        parent = -1
-        for token, train in zip(ids, trained):
+        ids = tuple(ids)
+        # Paths usually share a long prefix with the previous one: start the walk there.
+        shared = _common_prefix(ids, self._last_ids)
+        path = self._last_path[:shared]
+        parent = path[-1] if path else -1
+        children = self._children[parent] if path else self._roots
+        for i in range(shared, len(ids)):
+            token = ids[i]
             node = children.get(token)
             if node is None:
                 node = len(self._token)
@@ -49,17 +60,20 @@ class TokenTrie:
                 self._trained.append(False)
                 self._children.append({})
                 children[token] = node
+            path.append(node)
+            parent, children = node, self._children[node]
+        for node, train in zip(path, trained):
             if train:
                 self._trained[node] = True
-            parent, children = node, self._children[node]
+        self._last_ids, self._last_path = ids, path
 
     def flatten(self) -> "FlatTrie":
         order: list[int] = []
-        stack = list(reversed(self._roots.values()))
+        stack = self._trained_first(self._roots.values())
         while stack:
             node = stack.pop()
             order.append(node)
-            stack.extend(reversed(self._children[node].values()))
+            stack.extend(self._trained_first(self._children[node].values()))
         index = {node: i for i, node in enumerate(order)}
         parent = [index[self._parent[n]] if self._parent[n] >= 0 else -1 for n in order]
         depth = [0] * len(order)
@@ -77,6 +91,22 @@ class TokenTrie:
             subtree_end=[i + s for i, s in enumerate(size)],
             trained=[self._trained[n] for n in order],
         )
+
+    def _trained_first(self, nodes) -> list[int]:
+        """``nodes`` in stack order (popped last-first) with trained nodes popped first."""
+        return sorted(reversed(list(nodes)), key=self._trained.__getitem__)
+
+
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """Length of the common prefix, by bisection over C-speed slice comparisons."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclass(frozen=True)
@@ -96,6 +126,27 @@ class FlatTrie:
 
     def attends(self, query: int, key: int) -> bool:
         return key <= query < self.subtree_end[key]
+
+    def labels(self, ignore_index: int = -100) -> list[int]:
+        """Causal-LM labels (the trainer shifts them): a trained token where its parent
+        is the previous position, ``ignore_index`` elsewhere.
+
+        Raises if a trained token is not its parent's first child, which happens only
+        when one position has two trained continuations; use :meth:`targets` then.
+        """
+        out = [ignore_index] * len(self.input_ids)
+        for i, p in enumerate(self.parent):
+            if not self.trained[i]:
+                continue
+            if p < 0:
+                raise ValueError(f"token {i} is trained but has no context to predict it from")
+            if p != i - 1:
+                raise ValueError(
+                    f"trained token {i} is not predicted from position {i - 1} (its parent is {p}): "
+                    "a position with two trained continuations needs targets()"
+                )
+            out[i] = self.input_ids[i]
+        return out
 
     def targets(self, ignore_index: int = -100) -> list[int]:
         """Per position, the trained token predicted from it (its trained child).

@@ -1,1 +1,28 @@
-"""threadweaver.hf_collator: trie SFT for transformers and TRL (collator and attention-mask hook)."""
+"""threadweaver.hf_collator: trie SFT for transformers and TRL.
+
+Importing this package registers the ``threadweaver_sdpa``, ``threadweaver_eager`` and
+``threadweaver_flex`` attention implementations with transformers.
+"""
+
+from threadweaver.hf_collator.attention import (
+    NAMES,
+    TreeAttentionError,
+    check_tree_attention,
+    register,
+    use_tree_attention,
+)
+from threadweaver.hf_collator.collator import TrieCollator
+from threadweaver.hf_collator.rows import RowEncoder, RowFormatError
+
+register()
+
+__all__ = [
+    "NAMES",
+    "RowEncoder",
+    "RowFormatError",
+    "TreeAttentionError",
+    "TrieCollator",
+    "check_tree_attention",
+    "register",
+    "use_tree_attention",
+]

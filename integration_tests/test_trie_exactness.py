@@ -1,0 +1,104 @@
+"""The trie forward reproduces separate forwards over every (context, completion) request.
+
+Real tiny Qwen3, real Qwen tokenizer, nested trajectories batched with padding (and one
+row cut at ``max_length``). Per-token log-probs of one trie-flattened forward must equal
+those of plain causal forwards over each request the orchestrator would issue, to float32
+rounding, for every attention backend. FlexAttention has no backward on CPU, but its
+forward runs here (compiled by inductor, about a minute), which checks the BlockMask.
+"""
+
+import pytest
+import torch
+
+from threadweaver.hf_collator import TrieCollator, use_tree_attention
+from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
+from threadweaver.kit.tokenizers import qwen_tokenizer
+from threadweaver.requests import plan_requests
+from threadweaver.tree import parse
+from threadweaver.trie import trajectory_trie
+
+NESTED = (
+    "<think>\nSplit the work.<Parallel><Outlines><Outline>1: left half</Outline><Outline>2: right half</Outline>"
+    "</Outlines><Thread>1: the left half needs two checks <Parallel><Outlines><Outline>1: check a</Outline>"
+    "<Outline>2: check b</Outline></Outlines><Thread>1: a holds</Thread><Thread>2: b holds too, so</Thread>"
+    "</Parallel> left is 3</Thread><Thread>2: right is 4</Thread></Parallel>\nTogether 7.</think>\n\\boxed{7}"
+)
+TWO_BLOCKS = (
+    "<think>\n<Parallel><Outlines><Outline>1: x</Outline><Outline>2: y</Outline><Outline>3: z</Outline></Outlines>"
+    "<Thread>1: x=2</Thread><Thread>2: y=5</Thread><Thread>3: z=1</Thread></Parallel> then "
+    "<Parallel><Outlines><Outline>1: x+y</Outline><Outline>2: z</Outline></Outlines><Thread>1: 7</Thread>"
+    "<Thread>2: 1</Thread></Parallel> so 8</think>\n\\boxed{8}"
+)
+PLAIN = "<think>\nNo need to branch: 1+1=2.</think>\n\\boxed{2}"
+ROWS = [
+    {"id": "nested", "messages": [{"role": "user", "content": "Add the halves."},
+                                  {"role": "assistant", "content": NESTED}]},
+    {"id": "two-blocks", "messages": [{"role": "user", "content": "x=2, y=5, z=1. What is x+y+z?"},
+                                      {"role": "assistant", "content": TWO_BLOCKS}]},
+    {"id": "plain", "messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": PLAIN}]},
+]
+MAX_LENGTH = 150  # cuts the nested row; the others are shorter
+BACKENDS = ["sdpa", "eager", "flex_attention"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return qwen_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    model = tiny_qwen3(tokenizer, TinyQwen3Config(hidden_size=64, num_hidden_layers=2, intermediate_size=128))
+    return model.float().eval()
+
+
+def _request_logprobs(model, ids):
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    return torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+
+def _errors(model, tokenizer, backend, tree_attention=True):
+    """Per compared token, |trie log-prob - separate-request log-prob|."""
+    collator = TrieCollator(tokenizer, max_length=MAX_LENGTH)
+    batch = collator(ROWS)
+    assert batch["input_ids"].shape[0] == 3 and (batch["attention_mask"] == 0).any(), "expected padding"
+    if tree_attention:
+        use_tree_attention(model, backend)
+    else:
+        model.set_attn_implementation(backend)
+    with torch.no_grad():
+        logits = model(**batch).logits.float()
+    model.set_attn_implementation(backend)
+
+    errors = []
+    for b, row in enumerate(ROWS):
+        prompt, trajectory = collator.encoder(row)
+        plan = plan_requests(prompt, parse(trajectory, collator.fmt).nodes, collator.fmt)
+        flat = trajectory_trie(plan, train_injected=True)
+        cut = min(len(flat), MAX_LENGTH)
+        assert batch["input_ids"][b, :cut].tolist() == flat.input_ids[:cut]
+        node_of = {(p, t): j for j, (p, t) in enumerate(zip(flat.parent, flat.input_ids))}
+        trie_lp = torch.log_softmax(logits[b], -1)
+        for request in plan.requests:
+            ids = list(request.context + request.completion)
+            separate = _request_logprobs(model, ids)
+            node = node_of[(-1, ids[0])]
+            for t in range(1, len(ids)):
+                parent, node = node, node_of[(node, ids[t])]
+                if node >= cut:
+                    break
+                errors.append(abs(trie_lp[parent, ids[t]].item() - separate[t - 1].item()))
+    return errors
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_trie_forward_equals_separate_request_forwards(model, tokenizer, backend):
+    errors = _errors(model, tokenizer, backend)
+    assert len(errors) > 500
+    assert max(errors) < 1e-5
+
+
+def test_the_oracle_fails_when_the_mask_is_dropped(model, tokenizer):
+    """Trie positions under plain causal attention: siblings see each other, log-probs move."""
+    assert max(_errors(model, tokenizer, "sdpa", tree_attention=False)) > 1e-3

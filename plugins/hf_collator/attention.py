@@ -1,0 +1,206 @@
+"""Tree attention for transformers: the trie mask is built inside the forward, on the model's device.
+
+A batch from :class:`~threadweaver.hf_collator.TrieCollator` carries ``subtree_end``
+([batch, N] integers) instead of an N x N mask: key ``kv`` is visible to query ``q`` iff
+``kv <= q < subtree_end[b, kv]``. Transformers passes extra forward kwargs down to the
+attention function, so the functions registered here receive it and build, once per
+forward, the mask their backend needs:
+
+* ``threadweaver_sdpa``: a dense bool mask for ``scaled_dot_product_attention`` (CPU training);
+* ``threadweaver_eager``: an additive float mask for the model's own eager attention;
+* ``threadweaver_flex``: a FlexAttention ``BlockMask`` (compiled ``create_block_mask`` on GPU).
+
+Select one with ``from_pretrained(..., attn_implementation="threadweaver_sdpa")`` or
+:func:`use_tree_attention` on a loaded model. Without ``subtree_end`` (generation) each
+behaves exactly like its base implementation. Flash attention cannot express a tree
+mask and is refused.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any, Callable
+
+import torch
+
+TREE_KWARG = "subtree_end"
+
+NAMES = {"sdpa": "threadweaver_sdpa", "eager": "threadweaver_eager", "flex_attention": "threadweaver_flex"}
+"""Base implementation -> the tree-masked implementation registered for it."""
+
+FLASH_REFUSAL = (
+    "flash attention cannot run a ThreadWeaver trie: it only knows causal order (and packed "
+    "sequences from position_ids), so sibling threads would silently attend to each other. Use "
+    "attn_implementation='threadweaver_flex' on GPU or 'threadweaver_sdpa' on CPU"
+)
+
+
+class TreeAttentionError(ValueError):
+    """The model cannot run tree attention as configured."""
+
+
+def tree_bool_mask(subtree_end: torch.Tensor) -> torch.Tensor:
+    """[B, 1, N, N] bool, True where query ``q`` may attend to key ``kv``."""
+    n = subtree_end.shape[-1]
+    idx = torch.arange(n, device=subtree_end.device)
+    causal = idx[None, :] <= idx[:, None]
+    inside = idx[None, :, None] < subtree_end[:, None, :]
+    return (causal & inside).unsqueeze(1)
+
+
+def tree_additive_mask(subtree_end: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, 1, N, N] float: 0 where attention is allowed, the dtype's minimum elsewhere."""
+    allowed = tree_bool_mask(subtree_end)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=subtree_end.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+def tree_block_mask(subtree_end: torch.Tensor, compile: bool | None = None):
+    """A FlexAttention ``BlockMask`` for the trie; compiled on GPU, where it stays O(N) in memory."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if compile is None:
+        compile = subtree_end.device.type == "cuda"
+
+    def mask_mod(b, h, q, kv):
+        return (kv <= q) & (q < subtree_end[b, kv])
+
+    batch, n = subtree_end.shape
+    return create_block_mask(mask_mod, batch, None, n, n, device=subtree_end.device, _compile=compile)
+
+
+class DeferredMask:
+    """The mask transformers would build for a plain forward, built only when a layer needs it.
+
+    Training batches carry a tree, so the standard (padding-aware, N x N) mask is never
+    materialised for them.
+    """
+
+    def __init__(self, build: Callable[..., Any], kwargs: dict):
+        self._build, self._kwargs = build, kwargs
+        self._built, self._mask = False, None
+
+    def materialize(self):
+        if not self._built:
+            self._mask, self._built = self._build(**self._kwargs), True
+        return self._mask
+
+
+class _TreeMaskCache:
+    """One mask per forward: every layer receives the same ``subtree_end`` tensor object."""
+
+    def __init__(self) -> None:
+        self._source: weakref.ref | None = None
+        self._key: tuple = ()
+        self._mask: Any = None
+
+    def get(self, subtree_end: torch.Tensor, key: tuple, build: Callable[[], Any]):
+        if self._source is not None and self._source() is subtree_end and self._key == key:
+            return self._mask
+        self._mask = build()
+        self._key = key
+        self._source = weakref.ref(subtree_end, self._forget)
+        return self._mask
+
+    def _forget(self, _ref) -> None:
+        self._source, self._mask = None, None
+
+
+_CACHE = _TreeMaskCache()
+
+
+def _eager_base(module, query, key, value, attention_mask, **kwargs):
+    """The model's own eager attention (each modeling file defines ``eager_attention_forward``)."""
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        raise TreeAttentionError(f"{type(module).__name__} defines no eager_attention_forward; use threadweaver_sdpa")
+    return eager(module, query, key, value, attention_mask, **kwargs)
+
+
+def _bases() -> dict[str, tuple[Callable, Callable, Callable]]:
+    """Per base name: (attention function, standard mask function, tree mask builder)."""
+    from transformers.integrations.flex_attention import flex_attention_forward
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import eager_mask, flex_attention_mask, sdpa_mask
+
+    return {
+        "sdpa": (sdpa_attention_forward, sdpa_mask, lambda end, dtype: tree_bool_mask(end)),
+        "eager": (_eager_base, eager_mask, tree_additive_mask),
+        "flex_attention": (flex_attention_forward, flex_attention_mask, lambda end, dtype: tree_block_mask(end)),
+    }
+
+
+def _tree_attention(name: str, attention: Callable, build_tree_mask: Callable) -> Callable:
+    def tree_attention(module, query, key, value, attention_mask, subtree_end=None, **kwargs):
+        if subtree_end is None:
+            if isinstance(attention_mask, DeferredMask):
+                attention_mask = attention_mask.materialize()
+            return attention(module, query, key, value, attention_mask, **kwargs)
+        n = subtree_end.shape[-1]
+        if query.shape[-2] != n or key.shape[-2] != n:
+            raise TreeAttentionError(
+                f"{name}: a trie forward runs over the whole flattened batch without a KV cache "
+                f"(queries {query.shape[-2]}, keys {key.shape[-2]}, subtree_end {n})"
+            )
+        if kwargs.get("sliding_window") is not None:
+            raise TreeAttentionError(f"{name}: sliding-window layers are not supported with a trie")
+        mask = _CACHE.get(subtree_end, (name, query.dtype, query.device),
+                          lambda: build_tree_mask(subtree_end.to(query.device), query.dtype))
+        return attention(module, query, key, value, mask, **kwargs)
+
+    tree_attention.__name__ = name
+    return tree_attention
+
+
+def _deferred(build: Callable) -> Callable:
+    def deferred_mask(**kwargs):
+        return DeferredMask(build, kwargs)
+
+    return deferred_mask
+
+
+def register() -> None:
+    """Register the ``threadweaver_*`` implementations with transformers (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    for base, (attention, standard_mask, build_tree_mask) in _bases().items():
+        name = NAMES[base]
+        AttentionInterface.register(name, _tree_attention(name, attention, build_tree_mask))
+        AttentionMaskInterface.register(name, _deferred(standard_mask))
+
+
+def use_tree_attention(model, backend: str | None = None):
+    """Switch ``model`` to tree attention in place and return it.
+
+    ``backend`` is ``"sdpa"``, ``"eager"`` or ``"flex_attention"``; by default the
+    model's current implementation. Flash attention is refused: see ``FLASH_REFUSAL``.
+    """
+    current = model.config._attn_implementation
+    if backend is None:
+        if current in NAMES.values():
+            return model
+        backend = current
+    if backend.startswith("flash"):
+        raise TreeAttentionError(FLASH_REFUSAL)
+    if backend not in NAMES:
+        raise TreeAttentionError(f"no tree attention for {backend!r}; choose one of {sorted(NAMES)}")
+    layer_types = set(getattr(model.config.get_text_config(), "layer_types", None) or ["full_attention"])
+    if layer_types != {"full_attention"}:
+        raise TreeAttentionError(f"tree attention needs full-attention layers only, not {sorted(layer_types)}")
+    model.set_attn_implementation(NAMES[backend])
+    return model
+
+
+def check_tree_attention(model) -> None:
+    """Raise unless ``model`` runs a ``threadweaver_*`` implementation (before training on tries)."""
+    current = model.config._attn_implementation
+    if current in NAMES.values():
+        return
+    if current.startswith("flash"):
+        raise TreeAttentionError(FLASH_REFUSAL)
+    raise TreeAttentionError(
+        f"the model runs {current!r}, which ignores the trie and trains siblings on each other; "
+        "load it with attn_implementation='threadweaver_sdpa' (or call use_tree_attention(model))"
+    )

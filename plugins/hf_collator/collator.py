@@ -1,0 +1,131 @@
+"""A data collator that flattens each ThreadWeaver trajectory into a token trie.
+
+``SFTTrainer(..., data_collator=TrieCollator(tokenizer))`` with a model loaded with
+``attn_implementation="threadweaver_sdpa"`` (or ``_flex`` on GPU) trains every
+(context, completion) request the orchestrator issues for a row, each shared prefix
+once, in one row of the batch. The batch is:
+
+* ``input_ids``, ``labels`` (trajectory tokens only; ordinary causal-LM labels, since the
+  trie puts every trained token right after its parent), ``position_ids`` (trie depth),
+  ``attention_mask`` (1 on real tokens, for the trainers' token counts);
+* ``subtree_end``: the O(N) tree metadata the attention hook turns into the mask on the
+  model's device. No N x N tensor is built on the host.
+
+With ``sequential=True`` rows are plain causal sequences (prompt + trajectory, the tags
+as ordinary tokens): the paper's sequential baseline, for any attention implementation.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from threadweaver.hf_collator.rows import RowEncoder, RowFormatError
+from threadweaver.requests import plan_requests
+from threadweaver.tree import TrajectoryFormatError, parse
+from threadweaver.trie import trajectory_trie
+
+IGNORE_INDEX = -100
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class FlatRow:
+    input_ids: list[int]
+    labels: list[int]
+    position_ids: list[int]
+    subtree_end: list[int] | None
+    """None for a plain causal row."""
+
+
+@dataclass
+class TrieCollator:
+    tokenizer: Any = field(metadata={"help": "The model's tokenizer, with the ThreadWeaver tags as single tokens."})
+    max_length: int | None = field(default=None, metadata={
+        "help": "Cut longer rows at a pre-order prefix (always ancestor-closed)."})
+    sequential: bool = field(default=False, metadata={
+        "help": "Plain causal rows (prompt + trajectory, tags as ordinary tokens): the sequential baseline."})
+    skip_malformed: bool = field(default=False, metadata={
+        "help": "Skip (and log) rows that fail to parse instead of raising."})
+    train_injected: bool = field(default=True, metadata={
+        "help": "Also train the orchestrator's injected tokens on the sequential path, so the model "
+                "runs with branching off too."})
+    max_depth: int = field(default=3, metadata={"help": "Deepest nesting of parallel blocks accepted."})
+    pad_to_multiple_of: int | None = field(default=None, metadata={"help": "Pad the batch length to a multiple."})
+    row_key: str = field(default="id", metadata={"help": "Row field that names a row in errors and logs."})
+    skipped: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self.encoder = RowEncoder(self.tokenizer)
+        self.fmt = self.encoder.fmt
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = self.encoder.end_of_turn if pad is None else pad
+
+    def flatten(self, row: dict, name: str | None = None) -> FlatRow:
+        """One row, flattened; raises :class:`RowFormatError` naming the row and position."""
+        name = name if name is not None else str(row.get(self.row_key, "?"))
+        try:
+            prompt, trajectory = self.encoder(row)
+            if not prompt:
+                raise ValueError("empty prompt: the first trajectory token has no context to be predicted from")
+            if self.sequential:
+                return _plain(prompt, trajectory, self.max_length)
+            tree = parse(trajectory, self.fmt, strict=True, max_depth=self.max_depth)
+            flat = trajectory_trie(plan_requests(prompt, tree.nodes, self.fmt), train_injected=self.train_injected)
+            if self.max_length is not None:
+                flat = flat.truncate(self.max_length)
+            return FlatRow(flat.input_ids, flat.labels(IGNORE_INDEX), flat.position_ids, flat.subtree_end)
+        except TrajectoryFormatError as err:
+            raise RowFormatError(name, f"trajectory {err}", err.position) from None
+        except ValueError as err:
+            raise RowFormatError(name, str(err)) from None
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        rows = []
+        for k, row in enumerate(features):
+            name = str(row[self.row_key]) if self.row_key in row else f"#{k} of the batch"
+            try:
+                rows.append(self.flatten(row, name))
+            except RowFormatError as err:
+                if not self.skip_malformed:
+                    raise
+                self.skipped += 1
+                logger.warning("skipped malformed %s (%d skipped so far)", err, self.skipped)
+        if not rows:
+            raise RowFormatError(", ".join(str(r.get(self.row_key, "?")) for r in features),
+                                 f"every row of the batch is malformed ({self.skipped} skipped so far)")
+        return self.pad(rows)
+
+    def pad(self, rows: list[FlatRow]) -> dict[str, torch.Tensor]:
+        length = max(len(r.input_ids) for r in rows)
+        if self.pad_to_multiple_of:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        batch = {
+            "input_ids": torch.full((len(rows), length), self.pad_id, dtype=torch.long),
+            "labels": torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.long),
+            "position_ids": torch.zeros((len(rows), length), dtype=torch.long),
+            "attention_mask": torch.zeros((len(rows), length), dtype=torch.long),
+        }
+        tree = not self.sequential
+        if tree:
+            # A padding token sees only itself and nobody sees it.
+            batch["subtree_end"] = torch.arange(1, length + 1, dtype=torch.int32).repeat(len(rows), 1)
+        for b, row in enumerate(rows):
+            n = len(row.input_ids)
+            batch["input_ids"][b, :n] = torch.tensor(row.input_ids)
+            batch["labels"][b, :n] = torch.tensor(row.labels)
+            batch["position_ids"][b, :n] = torch.tensor(row.position_ids)
+            batch["attention_mask"][b, :n] = 1
+            if tree:
+                batch["subtree_end"][b, :n] = torch.tensor(row.subtree_end, dtype=torch.int32)
+        return batch
+
+
+def _plain(prompt: list[int], trajectory: list[int], max_length: int | None) -> FlatRow:
+    ids = (prompt + trajectory)[:max_length]
+    labels = ([IGNORE_INDEX] * len(prompt) + trajectory)[:max_length]
+    return FlatRow(ids, labels, list(range(len(ids))), None)
