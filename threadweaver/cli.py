@@ -8,6 +8,7 @@ import os
 import sys
 
 from threadweaver.cli_args import add_arguments, from_args
+from threadweaver.sft_args import SFTArgs
 from threadweaver.synth import SynthConfig
 
 
@@ -58,6 +59,20 @@ def _quickstart(args: argparse.Namespace) -> None:
     run(args.out, train=args.train, validation=args.validation, seed=args.seed)
 
 
+def _sft(args: argparse.Namespace) -> None:
+    import logging
+
+    from threadweaver.hf_collator import RowFormatError
+    from threadweaver.hf_collator.sft import train
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        out = train(from_args(SFTArgs, args))
+    except RowFormatError as err:
+        sys.exit(f"threadweaver sft: {args.data}: {err} (--skip-malformed skips such rows)")
+    print(f"saved model and tokenizer to {out}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from threadweaver import __version__
     from threadweaver.kit.models import TinyQwen3Config
@@ -89,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", action=argparse.BooleanOptionalAction, default=True, help="also save a tiny model")
     add_arguments(p, TinyQwen3Config)
     p.set_defaults(func=_kit)
+
+    p = commands.add_parser("sft", help="fine-tune a model on trajectories with TRL's SFTTrainer and tree attention")
+    add_arguments(p, SFTArgs)
+    p.set_defaults(func=_sft)
 
     p = commands.add_parser("quickstart", help="the main job on the embedded default kit")
     p.add_argument("--out", default=os.path.join("runs", "quickstart"), help="output directory (default: runs/quickstart)")

@@ -65,7 +65,7 @@ def latency_stats(nodes: Sequence[Node]) -> LatencyStats:
         blocks=len(walk.threads_per_block),
         threads_per_block=tuple(walk.threads_per_block),
         max_depth=walk.max_depth,
-        reference_longest_thread=None if nested else _reference_longest(nodes),
+        reference_longest_thread=None if nested else reference_longest(nodes),
         reference_total_tokens=total + walk.injected,
     )
 
@@ -100,7 +100,7 @@ class _Walk:
         return total, critical
 
 
-def _reference_longest(nodes: Sequence[Node]) -> int:
+def reference_longest(nodes: Sequence[Node]) -> int:
     """The reference's longest-thread count on a one-level response (see module doc)."""
     count = 0
     for node in nodes:

@@ -107,6 +107,21 @@ def parse_text(text: str, fmt: Format, **kwargs) -> Parsed:
     return parse(fmt.encode(text), fmt, **kwargs)
 
 
+def parse_head(ids: Sequence[int], fmt: Format) -> tuple[Outline, ...]:
+    """The outlines of a block head (``<Parallel>`` ... ``</Outlines>``, nothing after).
+
+    Raises :class:`TrajectoryFormatError` naming the position of the first fault.
+    """
+    parser = _Parser(list(ids), fmt, True, DEFAULT_MAX_DEPTH)
+    try:
+        outlines = parser.head()
+    except _Malformed as err:
+        raise TrajectoryFormatError(err.problem) from None
+    if parser.pos != len(ids):
+        raise TrajectoryFormatError(parser.problem(parser.pos, "tokens after </Outlines> in a block head"))
+    return tuple(outlines)
+
+
 def render(nodes: Sequence[Node], fmt: Format) -> list[int]:
     """The exact token ids of a tree."""
     out: list[int] = []
@@ -208,10 +223,20 @@ class _Parser:
         self.pos += 1
 
     def block(self, depth: int) -> Block:
-        ids, tags = self.ids, self.tags
         start = self.pos
         if depth > self.max_depth and self.strict:
             raise self.malformed(start, f"parallel block nested {depth} deep; max_depth is {self.max_depth}")
+        outlines = self.head()
+        head = tuple(self.ids[start:self.pos])
+        threads = [self.thread(outline.number, depth) for outline in outlines]
+        if self.pos < len(self.ids) and self.ids[self.pos] == self.tags.thread:
+            raise self.malformed(self.pos, f"more threads than the {len(outlines)} outlines")
+        self.expect(self.tags.parallel_end, f"</Parallel> after thread {len(outlines)}")
+        return Block(head, tuple(outlines), tuple(threads))
+
+    def head(self) -> list[Outline]:
+        """``<Parallel>`` through ``</Outlines>``: the outlines, numbered 1..k."""
+        ids, tags = self.ids, self.tags
         self.pos += 1
         self.skip_text()
         self.expect(tags.outlines, "<Outlines> after <Parallel>")
@@ -229,12 +254,7 @@ class _Parser:
             outlines.append(self.outline(len(outlines) + 1))
         if not outlines:
             raise self.malformed(self.pos - 1, "a parallel block needs at least one outline")
-        head = tuple(ids[start:self.pos])
-        threads = [self.thread(outline.number, depth) for outline in outlines]
-        if self.pos < len(ids) and ids[self.pos] == tags.thread:
-            raise self.malformed(self.pos, f"more threads than the {len(outlines)} outlines")
-        self.expect(tags.parallel_end, f"</Parallel> after thread {len(outlines)}")
-        return Block(head, tuple(outlines), tuple(threads))
+        return outlines
 
     def skip_text(self) -> None:
         while self.pos < len(self.ids) and self.ids[self.pos] not in self.structural:

@@ -21,6 +21,7 @@ case.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress
 from typing import Iterable, Sequence
 
 from threadweaver.requests import RequestPlan
@@ -33,6 +34,7 @@ class TokenTrie:
         self._token: list[int] = []
         self._parent: list[int] = []
         self._trained: list[bool] = []
+        self._depth: list[int] = []
         self._children: list[dict[int, int]] = []
         self._roots: dict[int, int] = {}
         self._last_ids: tuple[int, ...] = ()
@@ -50,47 +52,63 @@ class TokenTrie:
         path = self._last_path[:shared]
         parent = path[-1] if path else -1
         children = self._children[parent] if path else self._roots
-        for i in range(shared, len(ids)):
-            token = ids[i]
+        depth = shared
+        for token in ids[shared:]:
             node = children.get(token)
             if node is None:
                 node = len(self._token)
                 self._token.append(token)
                 self._parent.append(parent)
+                self._depth.append(depth)
                 self._trained.append(False)
                 self._children.append({})
                 children[token] = node
             path.append(node)
-            parent, children = node, self._children[node]
-        for node, train in zip(path, trained):
-            if train:
-                self._trained[node] = True
+            parent, children, depth = node, self._children[node], depth + 1
+        for node in compress(path, trained):
+            self._trained[node] = True
         self._last_ids, self._last_path = ids, path
 
     def flatten(self) -> "FlatTrie":
+        order = self._preorder()
+        n = len(order)
+        index = [0] * n
+        for i, node in enumerate(order):
+            index[node] = i
+        # Node ids grow along every path, so one backward sweep sums subtree sizes.
+        size = [1] * n
+        for node in range(n - 1, -1, -1):
+            p = self._parent[node]
+            if p >= 0:
+                size[p] += size[node]
+        index.append(-1)  # index[-1]: a root's parent
+        return FlatTrie(
+            input_ids=[self._token[node] for node in order],
+            position_ids=[self._depth[node] for node in order],
+            parent=[index[self._parent[node]] for node in order],
+            subtree_end=[i + size[node] for i, node in enumerate(order)],
+            trained=[self._trained[node] for node in order],
+        )
+
+    def _preorder(self) -> list[int]:
+        """Depth-first node order, trained children first, following single-child chains without the stack."""
         order: list[int] = []
         stack = self._trained_first(self._roots.values())
         while stack:
             node = stack.pop()
-            order.append(node)
-            stack.extend(self._trained_first(self._children[node].values()))
-        index = {node: i for i, node in enumerate(order)}
-        parent = [index[self._parent[n]] if self._parent[n] >= 0 else -1 for n in order]
-        depth = [0] * len(order)
-        for i, p in enumerate(parent):
-            if p >= 0:
-                depth[i] = depth[p] + 1
-        size = [1] * len(order)
-        for i in range(len(order) - 1, 0, -1):
-            if parent[i] >= 0:
-                size[parent[i]] += size[i]
-        return FlatTrie(
-            input_ids=[self._token[n] for n in order],
-            position_ids=depth,
-            parent=parent,
-            subtree_end=[i + s for i, s in enumerate(size)],
-            trained=[self._trained[n] for n in order],
-        )
+            while True:
+                order.append(node)
+                kids = self._children[node]
+                if len(kids) == 1:
+                    (node,) = kids.values()
+                    continue
+                if kids:
+                    ranked = self._trained_first(kids.values())
+                    node = ranked.pop()
+                    stack.extend(ranked)
+                    continue
+                break
+        return order
 
     def _trained_first(self, nodes) -> list[int]:
         """``nodes`` in stack order (popped last-first) with trained nodes popped first."""

@@ -1,0 +1,169 @@
+"""TrieCollator and the tree-attention switch, with the real Qwen tokenizer and transformers."""
+
+import logging
+
+import pytest
+import torch
+
+from threadweaver.hf_collator import (
+    RowFormatError,
+    TreeAttentionError,
+    TrieCollator,
+    check_tree_attention,
+    use_tree_attention,
+)
+from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
+from threadweaver.kit.tokenizers import qwen_tokenizer
+
+TRAJECTORY = (
+    "<think>\nTwo parts.<Parallel><Outlines><Outline>1: a</Outline><Outline>2: b</Outline></Outlines>"
+    "<Thread>1: a is 2</Thread><Thread>2: b is 3</Thread></Parallel>\nSo 5.</think>\n\\boxed{5}"
+)
+QUESTION = "a=2, b=3. a+b?"
+
+
+def chat(row_id, trajectory=TRAJECTORY, question=QUESTION):
+    return {"id": row_id, "messages": [{"role": "user", "content": question},
+                                       {"role": "assistant", "content": trajectory}]}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return qwen_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def collator(tokenizer):
+    return TrieCollator(tokenizer)
+
+
+def test_every_row_shape_flattens_to_the_same_trie(tokenizer, collator):
+    prompt_text = tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], tokenize=False,
+                                                add_generation_prompt=True)
+    prompt_ids, trajectory_ids = collator.encoder(chat("m"))
+    shapes = [
+        chat("messages"),
+        {"prompt": [{"role": "user", "content": QUESTION}],
+         "completion": [{"role": "assistant", "content": TRAJECTORY}]},
+        {"prompt": prompt_text, "completion": TRAJECTORY},
+        {"text": prompt_text + TRAJECTORY + "<|im_end|>\n"},
+        {"prompt_ids": prompt_ids, "completion_ids": trajectory_ids},
+    ]
+    flats = [collator.flatten(row) for row in shapes]
+    assert all(f == flats[0] for f in flats)
+    assert trajectory_ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_only_trajectory_tokens_are_trained(tokenizer, collator):
+    prompt, trajectory = collator.encoder(chat("r"))
+    flat = collator.flatten(chat("r"))
+    trained = [i for i, label in enumerate(flat.labels) if label != -100]
+    # every trajectory token once (train_injected), none of the prompt
+    assert len(trained) == len(trajectory)
+    assert min(flat.position_ids[i] for i in trained) == len(prompt)
+    untrained_injected = TrieCollator(tokenizer, train_injected=False).flatten(chat("r"))
+    assert sum(label != -100 for label in untrained_injected.labels) < len(trajectory)
+
+
+def test_batch_is_padded_with_self_only_attention(collator):
+    short = chat("short", "<think>\nNo branching.</think>\n\\boxed{5}")
+    batch = collator([chat("long"), short])
+    n = len(collator.flatten(short).input_ids)
+    length = batch["input_ids"].shape[1]
+    assert n < length
+    assert batch["attention_mask"][1].tolist() == [1] * n + [0] * (length - n)
+    assert batch["labels"][1, n:].eq(-100).all()
+    assert batch["subtree_end"][1, n:].tolist() == list(range(n + 1, length + 1))
+    assert batch["subtree_end"].dtype == torch.int32
+
+
+def test_max_length_cuts_an_ancestor_closed_prefix(tokenizer):
+    full = TrieCollator(tokenizer).flatten(chat("r"))
+    cut = TrieCollator(tokenizer, max_length=60).flatten(chat("r"))
+    assert cut.input_ids == full.input_ids[:60]
+    assert max(cut.subtree_end) <= 60
+    assert cut.labels == full.labels[:60]
+
+
+def test_sequential_mode_is_plain_causal(tokenizer):
+    collator = TrieCollator(tokenizer, sequential=True)
+    prompt, trajectory = collator.encoder(chat("r"))
+    batch = collator([chat("r")])
+    assert "subtree_end" not in batch
+    assert batch["input_ids"][0].tolist() == prompt + trajectory
+    assert batch["labels"][0].tolist() == [-100] * len(prompt) + trajectory
+    assert batch["position_ids"][0].tolist() == list(range(len(prompt) + len(trajectory)))
+
+
+MALFORMED = TRAJECTORY.replace("<Thread>2: b is 3</Thread>", "<Thread>3: b is 3</Thread>")
+
+
+def test_malformed_row_names_the_row_and_token_position(collator):
+    with pytest.raises(RowFormatError) as err:
+        collator([chat("good"), chat("bad-7", MALFORMED)])
+    assert err.value.row == "bad-7"
+    assert isinstance(err.value.position, int)
+    assert str(err.value).startswith("row bad-7: trajectory token ")
+    assert "<Thread>" in str(err.value)
+
+
+def test_skipped_row_is_logged_and_the_rest_of_the_batch_kept(tokenizer, caplog):
+    collator = TrieCollator(tokenizer, skip_malformed=True)
+    other = chat("other", TRAJECTORY.replace("is 3", "is three"))
+    with caplog.at_level(logging.WARNING):
+        batch = collator([chat("good"), chat("bad-7", MALFORMED), other])
+    clean = TrieCollator(tokenizer)([chat("good"), other])
+    assert collator.skipped == 1
+    assert "bad-7" in caplog.text and "1 skipped so far" in caplog.text
+    assert batch.keys() == clean.keys()
+    assert all(torch.equal(batch[k], clean[k]) for k in batch)
+    with pytest.raises(RowFormatError, match="every row of the batch is malformed"):
+        collator([chat("bad-8", MALFORMED)])
+
+
+def test_a_row_without_prompt_is_refused(collator):
+    with pytest.raises(RowFormatError, match="empty prompt"):
+        collator([{"id": "x", "prompt": "", "completion": TRAJECTORY}])
+
+
+@pytest.fixture(scope="module")
+def tiny(tokenizer):
+    return tiny_qwen3(tokenizer, TinyQwen3Config(hidden_size=64, num_hidden_layers=1, intermediate_size=128)).eval()
+
+
+def test_flash_attention_is_refused_with_the_reason(tiny):
+    with pytest.raises(TreeAttentionError, match="sibling threads would silently attend"):
+        use_tree_attention(tiny, "flash_attention_2")
+
+
+def test_plain_attention_is_caught_before_training(tiny):
+    tiny.set_attn_implementation("sdpa")
+    with pytest.raises(TreeAttentionError, match="ignores the trie"):
+        check_tree_attention(tiny)
+    use_tree_attention(tiny)
+    check_tree_attention(tiny)
+    assert tiny.config._attn_implementation == "threadweaver_sdpa"
+    tiny.set_attn_implementation("sdpa")
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_without_a_tree_the_model_generates_exactly_as_before(tiny, collator, backend):
+    """Generation (no subtree_end, padded batch, KV cache) is untouched by the switch."""
+    batch = collator.encoder.tokenizer([QUESTION, "a+b?"], return_tensors="pt", padding=True, padding_side="left")
+    tiny.set_attn_implementation(backend)
+    plain = tiny.generate(**batch, max_new_tokens=8, do_sample=False)
+    use_tree_attention(tiny)
+    tree = tiny.generate(**batch, max_new_tokens=8, do_sample=False)
+    tiny.set_attn_implementation("sdpa")
+    assert torch.equal(plain, tree)
+
+
+def test_a_tree_batch_refuses_a_kv_cache(tiny, collator):
+    batch = collator([chat("r")])
+    use_tree_attention(tiny)
+    with torch.no_grad():
+        out = tiny(**batch, use_cache=True)
+        with pytest.raises(TreeAttentionError, match="without a KV cache"):
+            tiny(input_ids=batch["input_ids"][:, -1:], subtree_end=batch["subtree_end"],
+                 past_key_values=out.past_key_values)
+    tiny.set_attn_implementation("sdpa")
