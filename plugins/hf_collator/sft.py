@@ -28,7 +28,7 @@ def load_rows(path: str, collator: TrieCollator) -> list[dict]:
     """
     rows = []
     for line, row in tqdm(read_jsonl(path), desc="checking rows", unit=" rows"):
-        name = f"{line}" + (f" (id {row[collator.row_key]})" if collator.row_key in row else "")
+        name = f"{line}" + (f" (id {row['id']})" if "id" in row else "")
         try:
             collator.flatten(row, name)
         except RowFormatError as err:

