@@ -205,7 +205,7 @@ class _Run:
                 ended = halt.reason
                 break
             tokens = list(completion.token_ids)
-            if tags.parallel_end in tokens:
+            if branching and tags.parallel_end in tokens:
                 self.problems.append(f"{self.where(path)}: the model wrote </Parallel> itself; kept as text")
             total += len(tokens)
             critical += len(tokens)

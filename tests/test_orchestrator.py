@@ -1,0 +1,181 @@
+"""The orchestration state machine over a scripted engine that honours the engine contract.
+
+The engine answers by the end of the context (the text after the last match of a
+script key) and applies stop ids and max_tokens as vLLM does: the stop token is kept.
+"""
+
+import asyncio
+
+import pytest
+
+from threadweaver.orchestrator import Completion, Limits, Orchestrator
+from threadweaver.requests import plan_requests
+from threadweaver.stats import latency_stats
+from threadweaver.tree import Block, parse
+
+from conftest import EOS
+
+
+class ScriptedEngine:
+    def __init__(self, fmt, script: dict[str, str], delay: float = 0.0):
+        self.fmt, self.script, self.delay = fmt, script, delay
+        self.calls = []
+
+    async def generate(self, prompt_ids, stop_ids, max_tokens, sampling):
+        self.calls.append(list(prompt_ids))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        context = self.fmt.decode(prompt_ids)
+        key = max((k for k in self.script if context.endswith(k)), key=len)
+        reply = [EOS if t == "EOS" else t for t in _split_eos(self.script[key])]
+        ids = []
+        for piece in reply:
+            ids.extend([EOS] if piece == EOS else self.fmt.encode(piece))
+        for i, t in enumerate(ids[:max_tokens]):
+            if t in stop_ids:
+                return Completion(tuple(ids[: i + 1]), "stop")
+        return Completion(tuple(ids[:max_tokens]), "length")
+
+
+def _split_eos(text):
+    parts = text.split("<EOS>")
+    out = []
+    for i, part in enumerate(parts):
+        if part:
+            out.append(part)
+        if i < len(parts) - 1:
+            out.append("EOS")
+    return out
+
+
+PROMPT = "Q?"
+HEAD = "<Parallel><Outlines><Outline>1:a</Outline><Outline>2:b</Outline></Outlines>"
+GOOD = {
+    PROMPT: "think " + HEAD + " never reached",
+    "<Thread>1:": "aa</Thread>",
+    "<Thread>2:": "bbbb</Thread>",
+    "</Parallel>": " done<EOS>",
+}
+WELL_FORMED = ("think " + HEAD + "<Thread>1:aa</Thread><Thread>2:bbbb</Thread></Parallel> done")
+
+
+def decode(fmt, script, limits=Limits(), delay=0.0):
+    engine = ScriptedEngine(fmt, script, delay)
+    trajectory = asyncio.run(Orchestrator(engine, fmt, limits).run(fmt.encode(PROMPT)))
+    return trajectory, engine
+
+
+def test_a_block_forks_joins_and_matches_the_post_hoc_plan(fmt):
+    t, _ = decode(fmt, GOOD)
+    assert t.token_ids == tuple(fmt.encode(WELL_FORMED) + [EOS])
+    assert t.problems == () and t.finish_reason == "stop"
+    nodes = parse(t.token_ids, fmt).nodes
+    assert latency_stats(nodes) == t.stats
+    plan = plan_requests(fmt.encode(PROMPT), nodes, fmt)
+    assert t.generated == plan.generated
+    assert [r.completion_tokens for r in t.requests] == [len(r.completion) for r in plan.requests]
+    assert [r.thread_path for r in t.requests] == [(), ((0, 1),), ((0, 2),), ()]
+    assert t.stats.critical_path_tokens == len(fmt.encode("think " + HEAD)) + len("bbbb") + 1 + len(" done") + 1
+
+
+def test_engine_sees_exactly_the_planned_requests(fmt):
+    t, engine = decode(fmt, GOOD)
+    plan = plan_requests(fmt.encode(PROMPT), parse(t.token_ids, fmt).nodes, fmt)
+    assert sorted(tuple(c) for c in engine.calls) == sorted(r.context for r in plan.requests)
+
+
+def test_nested_blocks_recurse(fmt):
+    script = dict(GOOD)
+    script["<Thread>1:"] = "x<Parallel><Outlines><Outline>1:c</Outline></Outlines>"
+    script["<Thread>1:x<Parallel><Outlines><Outline>1:c</Outline></Outlines><Thread>1:"] = "cc</Thread>"
+    script["<Thread>1:cc</Thread></Parallel>"] = "y</Thread>"
+    t, _ = decode(fmt, script)
+    assert t.problems == ()
+    parsed = parse(t.token_ids, fmt)
+    assert latency_stats(parsed.nodes) == t.stats
+    assert t.stats.max_depth == 2 and t.stats.threads_per_block == (2, 1)
+
+
+def test_branching_off_is_one_plain_request(fmt):
+    script = {PROMPT: WELL_FORMED + "<EOS>"}
+    t, engine = decode(fmt, script, Limits(branching=False))
+    assert len(engine.calls) == 1 and t.problems == ()
+    assert t.stats.critical_path_tokens == t.stats.total_tokens == len(fmt.encode(WELL_FORMED)) + 1
+
+
+@pytest.mark.parametrize("head, problem", [
+    ("<Parallel><Outlines><Outline>1:a</Outline><Outline>3:b</Outline></Outlines>", "malformed outlines"),
+    ("<Parallel><Outlines></Outlines>", "malformed outlines"),
+    ("<Outlines><Outline>1:a</Outline></Outlines>", "without <Parallel>"),
+    ("<Parallel><Outlines><Outline>a</Outline></Outlines>", "malformed outlines"),
+])
+def test_malformed_outlines_degrade_to_sequential(fmt, head, problem):
+    script = {PROMPT: "t " + head, head: " then plain<EOS>"}
+    t, engine = decode(fmt, script)
+    assert len(t.problems) == 1 and problem in t.problems[0] and "decoded sequentially" in t.problems[0]
+    assert t.token_ids == tuple(fmt.encode("t " + head + " then plain") + [EOS])
+    assert t.stats.blocks == 0 and t.stats.critical_path_tokens == t.stats.total_tokens
+    assert len(engine.calls) == 2
+
+
+def test_eos_inside_a_thread_closes_it(fmt):
+    script = dict(GOOD, **{"<Thread>2:": "bb<EOS>"})
+    t, _ = decode(fmt, script)
+    assert len(t.problems) == 1 and "thread 2: end-of-sequence" in t.problems[0]
+    parsed = parse(t.token_ids, fmt)  # strict: the structure was closed
+    assert isinstance(parsed.nodes[1], Block)
+    close = t.token_ids.index(fmt.tags.thread_end, t.token_ids.index(fmt.tags.thread_end) + 1)
+    assert t.generated[close] is False
+    assert t.stats.total_tokens == sum(t.generated)
+
+
+def test_a_thread_that_never_closes_hits_the_request_limit(fmt):
+    script = dict(GOOD, **{"<Thread>1:": "a" * 50})
+    t, _ = decode(fmt, script, Limits(max_request_tokens=20))
+    assert any("thread 1: stopped by the length limit" in p for p in t.problems)
+    parse(t.token_ids, fmt)
+    assert t.stats.total_tokens == sum(t.generated)
+
+
+def test_model_written_parallel_end_is_recorded(fmt):
+    script = {PROMPT: "x</Parallel>y<EOS>"}
+    t, _ = decode(fmt, script)
+    assert any("wrote </Parallel> itself" in p for p in t.problems)
+    assert t.token_ids == tuple(fmt.encode("x</Parallel>y") + [EOS])
+
+
+def test_too_many_threads_decode_sequentially(fmt):
+    script = {PROMPT: HEAD, HEAD: "<Thread>1:aa</Thread><Thread>2:b</Thread></Parallel> ok<EOS>"}
+    t, _ = decode(fmt, script, Limits(max_threads=1))
+    assert len(t.problems) == 1 and "exceed max_threads=1" in t.problems[0]
+    assert t.token_ids == tuple(fmt.encode(WELL_FORMED.replace("think ", "").replace("bbbb", "b").replace(
+        " done", " ok")) + [EOS])
+
+
+def test_too_deep_nesting_stays_inside_its_thread(fmt):
+    """The model's own <Thread>...</Thread> in degraded text does not end the enclosing thread."""
+    inner = "<Parallel><Outlines><Outline>1:c</Outline></Outlines>"
+    script = dict(GOOD)
+    script["<Thread>1:"] = "x" + inner
+    script[inner] = "<Thread>1:cc</Thread>"
+    script["<Thread>1:cc</Thread>"] = "</Parallel>y</Thread>"
+    t, _ = decode(fmt, script, Limits(max_depth=1))
+    assert any("over max_depth=1" in p for p in t.problems)
+    thread_one = parse(t.token_ids, fmt, strict=False, max_depth=1).nodes[1].threads[0]
+    assert fmt.decode([i for n in thread_one.body for i in n.ids]).endswith("y")
+    assert t.stats.max_depth == 1
+
+
+def test_token_budget_ends_the_trajectory(fmt):
+    t, _ = decode(fmt, GOOD, Limits(max_tokens=len(fmt.encode("think " + HEAD)) + 3))
+    assert t.finish_reason == "length"
+    parse(t.token_ids, fmt, strict=False)
+    assert t.stats.total_tokens <= len(fmt.encode("think " + HEAD)) + 3
+
+
+def test_deadline_closes_everything(fmt):
+    t, _ = decode(fmt, GOOD, Limits(timeout_s=0.05), delay=0.03)
+    assert t.finish_reason == "timeout"
+    assert t.problems and all("timeout" in p for p in t.problems)
+    # closed structure: at worst some threads are empty
+    assert all("is empty" in p.message for p in parse(t.token_ids, fmt, strict=False).problems)
