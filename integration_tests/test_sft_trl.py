@@ -137,3 +137,12 @@ def test_sequential_baseline_trains_plain_sequences(tmp_path):
         "--output-dir", str(tmp_path / "out"), "--max-steps", "2", "--batch-size", "2", "--logging-steps", "1")
     history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
     assert [e["step"] for e in history if "loss" in e] == [1, 2]
+
+
+def test_example_script_trains_with_sfttrainer(tmp_path):
+    run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
+    run("synth", "--out", str(tmp_path / "data"), "--train", "8", "--validation", "1", *SYNTH)
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "sft_trl.py")
+    subprocess.run([sys.executable, example, str(tmp_path / "kit"), str(tmp_path / "data" / "parallel" / "train.jsonl"),
+                    str(tmp_path / "out"), "2"], check=True, capture_output=True, cwd=tmp_path)
+    assert (tmp_path / "out" / "model.safetensors").exists()
