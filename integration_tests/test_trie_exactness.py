@@ -74,8 +74,9 @@ def _errors(model, tokenizer, backend, tree_attention=True):
     errors = []
     for b, row in enumerate(ROWS):
         prompt, trajectory = collator.encoder(row)
-        plan = plan_requests(prompt, parse(trajectory, collator.fmt).nodes, collator.fmt)
-        flat = trajectory_trie(plan, train_injected=True)
+        nodes = parse(trajectory, collator.fmt).nodes
+        plan = plan_requests(prompt, nodes, collator.fmt)
+        flat = trajectory_trie(prompt, nodes, collator.fmt, train_injected=True)
         cut = min(len(flat), MAX_LENGTH)
         assert batch["input_ids"][b, :cut].tolist() == flat.input_ids[:cut]
         node_of = {(p, t): j for j, (p, t) in enumerate(zip(flat.parent, flat.input_ids))}

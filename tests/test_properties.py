@@ -3,11 +3,12 @@
 import itertools
 
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from threadweaver.requests import plan_requests
 from threadweaver.stats import latency_stats
 from threadweaver.tree import Block, Text, parse, render
-from threadweaver.trie import trajectory_trie
+from threadweaver.trie import TokenTrie, trajectory_trie
 
 from trees import FMT, prompts, sequences
 
@@ -72,7 +73,7 @@ def _ancestor_path(flat, q):
 @given(prompts, sequences(max_depth=2))
 def test_trie_ancestors_are_exactly_the_request_context(prompt, tree):
     plan = plan_requests(prompt, tree, FMT)
-    flat = trajectory_trie(plan)
+    flat = trajectory_trie(prompt, tree, FMT)
     paths, index = [], {}
     for i, token in enumerate(flat.input_ids):
         paths.append((paths[flat.parent[i]] if flat.parent[i] >= 0 else ()) + (token,))
@@ -89,7 +90,7 @@ def test_trie_ancestors_are_exactly_the_request_context(prompt, tree):
 
 @given(prompts, sequences())
 def test_every_prefix_is_ancestor_closed(prompt, tree):
-    flat = trajectory_trie(plan_requests(prompt, tree, FMT), train_injected=True)
+    flat = trajectory_trie(prompt, tree, FMT, train_injected=True)
     assert all(p < i for i, p in enumerate(flat.parent))
     for m in range(0, len(flat) + 1, max(1, len(flat) // 7)):
         cut = flat.truncate(m)
@@ -106,7 +107,7 @@ def test_every_prefix_is_ancestor_closed(prompt, tree):
 def test_train_injected_trains_the_whole_sequential_path_without_conflicts(prompt, tree):
     plan = plan_requests(prompt, tree, FMT)
     for train_injected in (False, True):
-        flat = trajectory_trie(plan, train_injected=train_injected)
+        flat = trajectory_trie(prompt, tree, FMT, train_injected=train_injected)
         targets = flat.targets()
         assert sum(t != -100 for t in targets) == sum(flat.trained)
         for i, p in enumerate(flat.parent):
@@ -118,29 +119,36 @@ def test_train_injected_trains_the_whole_sequential_path_without_conflicts(promp
 @given(prompts, sequences())
 def test_trained_first_layout_makes_plain_causal_labels_exact(prompt, tree):
     """labels() shifted by one position is targets(): any trainer's own shift is right."""
-    plan = plan_requests(prompt, tree, FMT)
     for train_injected in (False, True):
-        flat = trajectory_trie(plan, train_injected=train_injected)
+        flat = trajectory_trie(prompt, tree, FMT, train_injected=train_injected)
         labels = flat.labels()
         assert labels[1:] + [-100] == flat.targets()
         assert labels[0] == -100
 
 
-@given(prompts, sequences(), sequences())
-def test_insertion_from_the_previous_path_builds_the_same_trie(prompt, tree, other):
-    """The prefix shortcut in TokenTrie.add changes nothing: compare with root-first walks."""
-    plans = [plan_requests(prompt, tree, FMT), plan_requests(prompt, other, FMT)]
-    flat = trajectory_trie(plans, train_injected=True)
+@given(prompts, sequences(), sequences(), st.booleans())
+def test_direct_construction_equals_inserting_every_request(prompt, tree, other, train_injected):
+    """The tree walk builds exactly the trie of all (context, completion) paths, same trained
+    tokens; two trajectories (a group of samples) share their prompt in one trie."""
+    trie = TokenTrie()
+    for nodes in (tree, other):
+        trie.add_trajectory(prompt, nodes, FMT, train_injected=train_injected)
+    flat = trie.flatten()
     paths = {}
     for i, p in enumerate(flat.parent):
         paths[i] = (paths[p] if p >= 0 else ()) + (flat.input_ids[i],)
-    naive = set()
-    for plan in plans:
+    naive, trained = set(), set()
+    for nodes in (tree, other):
+        plan = plan_requests(prompt, nodes, FMT)
         for r in plan.requests:
             ids = r.context + r.completion
             naive.update(ids[:k] for k in range(1, len(ids) + 1))
-    assert set(paths.values()) == naive
-    assert len(paths) == len(naive)
+            trained.update(ids[:k] for k in range(len(r.context) + 1, len(ids) + 1))
+        if train_injected:
+            ids = prompt + plan.trajectory
+            trained.update(ids[:len(prompt) + k + 1] for k, g in enumerate(plan.generated) if not g)
+    assert set(paths.values()) == naive and len(paths) == len(naive)
+    assert {paths[i] for i in range(len(flat)) if flat.trained[i]} == trained
 
 
 def _blocks(nodes):

@@ -32,9 +32,9 @@ def run(out: str, *, train: int, validation: int, seed: int) -> dict:
     trie_tokens = expanded_tokens = 0
     for _, row, tree in tqdm(parsed_rows(os.path.join(data, "parallel", "train.jsonl"), fmt, strict=True),
                              total=train, unit=" rows"):
-        plan = plan_requests(fmt.encode(row["messages"][0]["content"]), tree.nodes, fmt)
-        trie_tokens += len(trajectory_trie(plan, train_injected=True))
-        expanded_tokens += plan.expanded_tokens
+        prompt = fmt.encode(row["messages"][0]["content"])
+        trie_tokens += len(trajectory_trie(prompt, tree.nodes, fmt, train_injected=True))
+        expanded_tokens += plan_requests(prompt, tree.nodes, fmt).expanded_tokens
 
     print("[3/3] token latency on the held-out problems")
     result = {"trie_tokens": trie_tokens, "expanded_request_tokens": expanded_tokens}

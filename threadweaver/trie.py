@@ -21,14 +21,14 @@ case.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import compress
-from typing import Iterable, Sequence
+from typing import Sequence
 
-from threadweaver.requests import RequestPlan
+from threadweaver.format import Format
+from threadweaver.tree import Node, Text
 
 
 class TokenTrie:
-    """A forest of token paths; ``add`` marks which tokens of a path are trained."""
+    """A forest of token paths; a token is trained if any path that reaches it trains it."""
 
     def __init__(self) -> None:
         self._token: list[int] = []
@@ -37,37 +37,38 @@ class TokenTrie:
         self._depth: list[int] = []
         self._children: list[dict[int, int]] = []
         self._roots: dict[int, int] = {}
-        self._last_ids: tuple[int, ...] = ()
-        self._last_path: list[int] = []
 
     def __len__(self) -> int:
         return len(self._token)
 
-    def add(self, ids: Sequence[int], trained: Sequence[bool]) -> None:
-        if len(ids) != len(trained):
-            raise ValueError(f"{len(ids)} tokens but {len(trained)} trained flags")
-        ids = tuple(ids)
-        # Paths usually share a long prefix with the previous one: start the walk there.
-        shared = _common_prefix(ids, self._last_ids)
-        path = self._last_path[:shared]
-        parent = path[-1] if path else -1
-        children = self._children[parent] if path else self._roots
-        depth = shared
-        for token in ids[shared:]:
-            node = children.get(token)
-            if node is None:
-                node = len(self._token)
+    def extend(self, node: int, ids: Sequence[int], trained: bool) -> int:
+        """Walk (creating as needed) ``ids`` below ``node`` (-1: the root); return the last node."""
+        children = self._children[node] if node >= 0 else self._roots
+        depth = self._depth[node] + 1 if node >= 0 else 0
+        for token in ids:
+            child = children.get(token)
+            if child is None:
+                child = len(self._token)
                 self._token.append(token)
-                self._parent.append(parent)
+                self._parent.append(node)
                 self._depth.append(depth)
                 self._trained.append(False)
                 self._children.append({})
-                children[token] = node
-            path.append(node)
-            parent, children, depth = node, self._children[node], depth + 1
-        for node in compress(path, trained):
-            self._trained[node] = True
-        self._last_ids, self._last_path = ids, path
+                children[token] = child
+            if trained:
+                self._trained[child] = True
+            node, children, depth = child, self._children[child], depth + 1
+        return node
+
+    def add_trajectory(self, prompt: Sequence[int], nodes: Sequence[Node], fmt: Format, *,
+                       train_injected: bool = False) -> None:
+        """Every request of the trajectory ``prompt`` + ``nodes``, built straight from the tree.
+
+        The same trie as inserting each (context, completion) of
+        :func:`threadweaver.requests.plan_requests`, in O(trie size) rather than O(sum of
+        request lengths), which grows with the square of the number of blocks.
+        """
+        _TrajectoryBuilder(self, fmt, train_injected).walk(self.extend(-1, prompt, False), nodes, True, True)
 
     def flatten(self) -> "FlatTrie":
         order = self._preorder()
@@ -113,18 +114,6 @@ class TokenTrie:
     def _trained_first(self, nodes) -> list[int]:
         """``nodes`` in stack order (popped last-first) with trained nodes popped first."""
         return sorted(reversed(list(nodes)), key=self._trained.__getitem__)
-
-
-def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """Length of the common prefix, by bisection over C-speed slice comparisons."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 @dataclass(frozen=True)
@@ -200,21 +189,53 @@ class FlatTrie:
         )
 
 
-def trajectory_trie(plans: RequestPlan | Iterable[RequestPlan], *, train_injected: bool = False) -> FlatTrie:
-    """The trie of one or more trajectories' requests.
+class _TrajectoryBuilder:
+    """Lays out a trajectory's requests: each sequence once, with each thread 2..k both as
+    a context copy on its block's continuation and as its own request's branch.
+
+    ``own``: tokens here are completions of the request whose path this is (trained when
+    generated); False inside context copies. ``main``: on the trajectory's own sequential
+    path, where ``train_injected`` also trains the injected tokens.
+    """
+
+    def __init__(self, trie: TokenTrie, fmt: Format, train_injected: bool):
+        self.trie, self.tags, self.fmt = trie, fmt.tags, fmt
+        self.train_injected = train_injected
+
+    def walk(self, at: int, nodes: Sequence[Node], own: bool, main: bool) -> int:
+        extend, tags = self.trie.extend, self.tags
+        injected = main and self.train_injected
+        for node in nodes:
+            if isinstance(node, Text):
+                at = extend(at, node.ids, own)
+                continue
+            fork = extend(extend(at, node.head, own), (tags.thread,), injected)
+            at = fork
+            for k, thread in enumerate(node.threads):
+                if k:
+                    at = extend(at, (tags.thread,), injected)
+                at = extend(at, thread.seed, injected)
+                at = self.walk(at, thread.body, own and not k, main)
+                at = extend(at, (tags.thread_end,), own and not k)
+                if k and own:
+                    branch = self.walk(extend(fork, thread.seed, False), thread.body, True, False)
+                    extend(branch, (tags.thread_end,), True)
+            at = extend(at, (tags.parallel_end,), injected)
+        return at
+
+
+def trajectory_trie(prompt: Sequence[int], nodes: Sequence[Node], fmt: Format, *,
+                    train_injected: bool = False) -> FlatTrie:
+    """The flattened trie of one trajectory's requests.
 
     Completion tokens are trained; contexts are not, so the copies of threads 2..k in
     the continuation's context (which attend to the threads before them, a conditioning
     inference never uses) carry no loss. With ``train_injected`` the orchestrator's
     injected tokens on the trajectory's own sequential path are trained too, so the
     model also writes them itself when it is run with branching off (SFT default).
+    Several trajectories (a group of samples) share one :class:`TokenTrie` through
+    :meth:`TokenTrie.add_trajectory`.
     """
     trie = TokenTrie()
-    for plan in [plans] if isinstance(plans, RequestPlan) else plans:
-        for request in plan.requests:
-            trie.add(request.context + request.completion,
-                     [False] * len(request.context) + [True] * len(request.completion))
-        if train_injected:
-            trie.add(plan.prompt + plan.trajectory,
-                     [False] * len(plan.prompt) + [not g for g in plan.generated])
+    trie.add_trajectory(prompt, nodes, fmt, train_injected=train_injected)
     return trie.flatten()

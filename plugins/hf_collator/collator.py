@@ -18,13 +18,13 @@ as ordinary tokens): the paper's sequential baseline, for any attention implemen
 from __future__ import annotations
 
 import logging
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from threadweaver.hf_collator.rows import RowEncoder, RowFormatError
-from threadweaver.requests import plan_requests
 from threadweaver.tree import TrajectoryFormatError, parse
 from threadweaver.trie import trajectory_trie
 
@@ -75,7 +75,7 @@ class TrieCollator:
             if self.sequential:
                 return _plain(prompt, trajectory, self.max_length)
             tree = parse(trajectory, self.fmt, strict=True, max_depth=self.max_depth)
-            flat = trajectory_trie(plan_requests(prompt, tree.nodes, self.fmt), train_injected=self.train_injected)
+            flat = trajectory_trie(prompt, tree.nodes, self.fmt, train_injected=self.train_injected)
             if self.max_length is not None:
                 flat = flat.truncate(self.max_length)
             return FlatRow(flat.input_ids, flat.labels(IGNORE_INDEX), flat.position_ids, flat.subtree_end)
@@ -116,13 +116,18 @@ class TrieCollator:
             batch["subtree_end"] = torch.arange(1, length + 1, dtype=torch.int32).repeat(len(rows), 1)
         for b, row in enumerate(rows):
             n = len(row.input_ids)
-            batch["input_ids"][b, :n] = torch.tensor(row.input_ids)
-            batch["labels"][b, :n] = torch.tensor(row.labels)
-            batch["position_ids"][b, :n] = torch.tensor(row.position_ids)
+            batch["input_ids"][b, :n] = _tensor(row.input_ids)
+            batch["labels"][b, :n] = _tensor(row.labels)
+            batch["position_ids"][b, :n] = _tensor(row.position_ids)
             batch["attention_mask"][b, :n] = 1
             if tree:
-                batch["subtree_end"][b, :n] = torch.tensor(row.subtree_end, dtype=torch.int32)
+                batch["subtree_end"][b, :n] = _tensor(row.subtree_end)
         return batch
+
+
+def _tensor(values: list[int]) -> torch.Tensor:
+    """int64 tensor from a list, through a typed buffer (several times faster than torch.tensor)."""
+    return torch.frombuffer(array("q", values), dtype=torch.int64) if values else torch.zeros(0, dtype=torch.long)
 
 
 def _plain(prompt: list[int], trajectory: list[int], max_length: int | None) -> FlatRow:
