@@ -141,19 +141,13 @@ class FlatTrie:
         Raises if a trained token is not its parent's first child, which happens only
         when one position has two trained continuations; use :meth:`targets` then.
         """
-        out = [ignore_index] * len(self.input_ids)
-        for i, p in enumerate(self.parent):
-            if not self.trained[i]:
-                continue
-            if p < 0:
-                raise ValueError(f"token {i} is trained but has no context to predict it from")
-            if p != i - 1:
-                raise ValueError(
-                    f"trained token {i} is not predicted from position {i - 1} (its parent is {p}): "
-                    "a position with two trained continuations needs targets()"
-                )
-            out[i] = self.input_ids[i]
-        return out
+        stray = next((i for i, p in enumerate(self.parent) if self.trained[i] and 0 <= p != i - 1), None)
+        if stray is not None:
+            raise ValueError(
+                f"trained token {stray} is not predicted from position {stray - 1} (its parent is "
+                f"{self.parent[stray]}): a position with two trained continuations needs targets()"
+            )
+        return ([ignore_index] + self.targets(ignore_index))[:len(self.input_ids)]
 
     def targets(self, ignore_index: int = -100) -> list[int]:
         """Per position, the trained token predicted from it (its trained child).
