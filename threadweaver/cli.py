@@ -70,6 +70,8 @@ def _sft(args: argparse.Namespace) -> None:
         out = train(from_args(SFTArgs, args))
     except RowFormatError as err:
         sys.exit(f"threadweaver sft: {args.data}: {err} (--skip-malformed skips such rows)")
+    except ValueError as err:
+        sys.exit(f"threadweaver sft: {err}")
     print(f"saved model and tokenizer to {out}")
 
 

@@ -55,6 +55,8 @@ def train(args: SFTArgs) -> str:
 
     cuda = torch.cuda.is_available()
     attention = args.attention if args.attention != "auto" else ("flex_attention" if cuda else "sdpa")
+    if attention == "flex_attention" and not cuda:
+        raise ValueError("FlexAttention has no backward pass on CPU; train with --attention sdpa")
     dtype = args.dtype
     if dtype == "auto":
         dtype = "bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32"
