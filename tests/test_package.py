@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_import_threadweaver_imports_no_host():
     code = (
         "import sys, json, threadweaver as tw\n"
-        "tw.Format, tw.parse, tw.plan_requests, tw.trajectory_trie, tw.latency_stats, tw.grade\n"
+        "tw.Format, tw.parse, tw.plan_requests, tw.trajectory_trie, tw.latency_stats, tw.grade, tw.Orchestrator\n"
         f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout

@@ -22,6 +22,9 @@ _EXPORTS = {
     "plan_requests": "threadweaver.requests",
     "trajectory_trie": "threadweaver.trie",
     "latency_stats": "threadweaver.stats",
+    "Orchestrator": "threadweaver.orchestrator",
+    "Limits": "threadweaver.orchestrator",
+    "Sampling": "threadweaver.orchestrator",
     "RewardConfig": "threadweaver.reward",
     "grade": "threadweaver.reward",
 }
