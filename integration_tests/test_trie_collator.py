@@ -167,3 +167,16 @@ def test_a_tree_batch_refuses_a_kv_cache(tiny, collator):
             tiny(input_ids=batch["input_ids"][:, -1:], subtree_end=batch["subtree_end"],
                  past_key_values=out.past_key_values)
     tiny.set_attn_implementation("sdpa")
+
+
+def test_compiled_block_mask_is_the_tree(collator):
+    """The GPU path compiles create_block_mask; on CPU it compiles too (a few seconds)."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    from threadweaver.hf_collator.attention import tree_block_mask, tree_bool_mask
+
+    end = collator([chat("a"), chat("b", "<think>\nshort</think>\n\\boxed{5}")])["subtree_end"]
+    compiled, eager = tree_block_mask(end, compile=True), tree_block_mask(end, compile=False)
+    assert torch.equal(compiled.to_dense(), eager.to_dense())
+    n = end.shape[-1]
+    assert torch.equal(create_mask(compiled.mask_mod, 2, 1, n, n, device="cpu"), tree_bool_mask(end))

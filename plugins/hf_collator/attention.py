@@ -18,6 +18,7 @@ mask and is refused.
 
 from __future__ import annotations
 
+import functools
 import sys
 import weakref
 from typing import Any, Callable
@@ -67,7 +68,16 @@ def tree_block_mask(subtree_end: torch.Tensor, compile: bool | None = None):
         return (kv <= q) & (q < subtree_end[b, kv])
 
     batch, n = subtree_end.shape
-    return create_block_mask(mask_mod, batch, None, n, n, device=subtree_end.device, _compile=compile)
+    build = _compiled_create_block_mask() if compile else create_block_mask
+    return build(mask_mod, batch, None, n, n, device=subtree_end.device)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_create_block_mask():
+    """Compiled once: without compilation ``create_block_mask`` materialises N x N intermediates."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return torch.compile(create_block_mask)
 
 
 class DeferredMask:
