@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from threadweaver.tree import Block, Node, Text
+from threadweaver.tree import Node, Text
 
 
 @dataclass(frozen=True)
