@@ -84,17 +84,23 @@ class TrieCollator:
         except ValueError as err:
             raise RowFormatError(name, str(err)) from None
 
+    def flatten_or_skip(self, row: dict, name: str) -> FlatRow | None:
+        """:meth:`flatten`, or with ``skip_malformed`` None for a bad row (logged and counted)."""
+        try:
+            return self.flatten(row, name)
+        except RowFormatError as err:
+            if not self.skip_malformed:
+                raise
+            self.skipped += 1
+            logger.warning("skipped malformed %s (%d skipped so far)", err, self.skipped)
+            return None
+
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         rows = []
         for k, row in enumerate(features):
-            name = str(row[self.row_key]) if self.row_key in row else f"#{k} of the batch"
-            try:
-                rows.append(self.flatten(row, name))
-            except RowFormatError as err:
-                if not self.skip_malformed:
-                    raise
-                self.skipped += 1
-                logger.warning("skipped malformed %s (%d skipped so far)", err, self.skipped)
+            flat = self.flatten_or_skip(row, str(row[self.row_key]) if self.row_key in row else f"#{k} of the batch")
+            if flat is not None:
+                rows.append(flat)
         if not rows:
             raise RowFormatError(", ".join(str(r.get(self.row_key, "?")) for r in features),
                                  f"every row of the batch is malformed ({self.skipped} skipped so far)")

@@ -14,7 +14,6 @@ from tqdm import tqdm
 
 from threadweaver.hf_collator.attention import use_tree_attention
 from threadweaver.hf_collator.collator import TrieCollator
-from threadweaver.hf_collator.rows import RowFormatError
 from threadweaver.report import read_jsonl
 from threadweaver.sft_args import SFTArgs
 
@@ -29,15 +28,8 @@ def load_rows(path: str, collator: TrieCollator) -> list[dict]:
     rows = []
     for line, row in tqdm(read_jsonl(path), desc="checking rows", unit=" rows"):
         name = f"{line}" + (f" (id {row['id']})" if "id" in row else "")
-        try:
-            collator.flatten(row, name)
-        except RowFormatError as err:
-            if not collator.skip_malformed:
-                raise
-            collator.skipped += 1
-            logger.warning("skipped malformed %s", err)
-            continue
-        rows.append({**row, "_row": name})
+        if collator.flatten_or_skip(row, name) is not None:
+            rows.append({**row, "_row": name})
     if collator.skipped:
         logger.warning("skipped %d malformed rows of %s", collator.skipped, path)
     if not rows:
