@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from threadweaver.format import Format
@@ -88,15 +88,6 @@ class Trajectory:
     @property
     def degraded(self) -> bool:
         return bool(self.problems)
-
-    def as_dict(self) -> dict:
-        return {
-            "token_ids": list(self.token_ids),
-            "finish_reason": self.finish_reason,
-            "problems": list(self.problems),
-            "stats": self.stats.as_dict(),
-            "requests": [asdict(r) for r in self.requests],
-        }
 
 
 class _Stop(Exception):
