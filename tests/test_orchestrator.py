@@ -140,7 +140,7 @@ def test_a_thread_that_never_closes_hits_the_request_limit(fmt):
 def test_model_written_parallel_end_is_recorded(fmt):
     script = {PROMPT: "x</Parallel>y<EOS>"}
     t, _ = decode(fmt, script)
-    assert any("wrote </Parallel> itself" in p for p in t.problems)
+    assert any("stray </Parallel>" in p for p in t.problems)
     assert t.token_ids == tuple(fmt.encode("x</Parallel>y") + [EOS])
 
 

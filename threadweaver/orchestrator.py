@@ -8,8 +8,9 @@ recurse the same way up to ``max_depth``.
 
 Model output never makes it raise. Malformed outlines, too many threads or nesting too
 deep decode the rest of that sequence sequentially; a thread that ends with EOS, hits a
-token limit or the deadline is closed with an injected ``</Thread>``. Each such event is
-listed in the trajectory's ``problems``. Token latency is counted from the requests as
+token limit or the deadline is closed with an injected ``</Thread>``. Tags the model
+writes outside a block head are kept as text, and an empty thread stays empty. Each
+such event is listed in the trajectory's ``problems``. Token latency is counted from the requests as
 they ran: a sequence's own generated tokens plus, per block, its longest thread.
 """
 
@@ -148,6 +149,9 @@ class _Run:
         self.threads_per_block: list[int] = []
         self.max_depth = 0
         self.closed_by_orchestrator: set[tuple] = set()
+        tags = self.tags
+        self.structural = frozenset((tags.parallel, tags.parallel_end, tags.outlines, tags.outlines_end,
+                                     tags.outline, tags.outline_end, tags.thread, tags.thread_end))
 
     async def request(self, context: tuple[int, ...], stop: frozenset[int], path) -> Completion:
         limits = self.o.limits
@@ -171,6 +175,13 @@ class _Run:
 
     def where(self, path) -> str:
         return "main sequence" if not path else "thread " + ".".join(str(n) for _, n in path)
+
+    def check_stray(self, text: list[int], path) -> None:
+        """Record structural tags the model wrote in plain text (they are kept as text)."""
+        stray = sorted({t for t in text if t in self.structural}, key=text.index)
+        if stray:
+            names = ", ".join(self.o.fmt.tag_name(t) for t in stray)
+            self.problems.append(f"{self.where(path)}: stray {names} outside a block; kept as text")
 
     async def sequence(self, context: tuple[int, ...], path, depth: int) -> _Decoded:
         """Decode one sequence from ``context``: the main one (to EOS) or a thread (to ``</Thread>``)."""
@@ -196,8 +207,6 @@ class _Run:
                 ended = halt.reason
                 break
             tokens = list(completion.token_ids)
-            if branching and tags.parallel_end in tokens:
-                self.problems.append(f"{self.where(path)}: the model wrote </Parallel> itself; kept as text")
             total += len(tokens)
             critical += len(tokens)
             out.extend(tokens)
@@ -210,6 +219,7 @@ class _Run:
                     continue
                 node, head_start, b_total, b_critical = block
                 if head_start:
+                    self.check_stray(text[:head_start], path)
                     nodes.append(Text(tuple(text[:head_start])))
                 text = []
                 nodes.append(node)
@@ -235,7 +245,11 @@ class _Run:
                 ended = "length"
                 break
         if text:
+            if branching:
+                self.check_stray(text, path)
             nodes.append(Text(tuple(text)))
+        if in_thread and not nodes and ended == "stop":
+            self.problems.append(f"{self.where(path)}: the thread is empty")
         if in_thread and (ended != "stop" or last != tags.thread_end):
             self.closed_by_orchestrator.add(path)
             if ended != "stop":
