@@ -75,9 +75,40 @@ def _sft(args: argparse.Namespace) -> None:
     print(f"saved model and tokenizer to {out}")
 
 
+def _serve(args: argparse.Namespace) -> None:
+    from threadweaver.vllm_orchestrator.serve import ServeArgs, serve_until_stopped
+
+    try:
+        serve_until_stopped(from_args(ServeArgs, args), args.vllm_args)
+    except RuntimeError as err:
+        sys.exit(f"threadweaver serve: {err}")
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from threadweaver.orchestrator import Limits, Sampling
+    from threadweaver.report import RowError
+    from threadweaver.vllm_orchestrator.engines import EngineArgs
+    from threadweaver.vllm_orchestrator.generate import GenerateArgs, run
+    from threadweaver.vllm_orchestrator.http import EngineError
+
+    try:
+        count = run(from_args(GenerateArgs, args), from_args(EngineArgs, args),
+                    from_args(Limits, args, branching=not args.sequential), from_args(Sampling, args))
+    except RowError as err:
+        sys.exit(f"threadweaver generate: {args.problems}: {err}")
+    except (EngineError, ValueError, OSError) as err:
+        sys.exit(f"threadweaver generate: {err}\nfinished trajectories are in {args.out}; "
+                 "rerun the same command to resume")
+    print(f"decoded {count} trajectories into {args.out}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from threadweaver import __version__
     from threadweaver.kit.models import TinyQwen3Config
+    from threadweaver.orchestrator import Limits, Sampling
+    from threadweaver.vllm_orchestrator.engines import EngineArgs
+    from threadweaver.vllm_orchestrator.generate import GenerateArgs
+    from threadweaver.vllm_orchestrator.serve import ServeArgs
 
     parser = argparse.ArgumentParser(prog="threadweaver", description=__doc__)
     parser.add_argument("--version", action="version", version=f"threadweaver {__version__}")
@@ -110,6 +141,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("sft", help="fine-tune a model on trajectories with TRL's SFTTrainer and tree attention")
     add_arguments(p, SFTArgs)
     p.set_defaults(func=_sft)
+
+    p = commands.add_parser("serve", help="start a vLLM server set up for fork-join decoding; prints its URL")
+    add_arguments(p, ServeArgs)
+    p.add_argument("vllm_args", nargs=argparse.REMAINDER,
+                   help="after --: more vLLM server flags, passed as they are")
+    p.set_defaults(func=_serve)
+
+    p = commands.add_parser("generate", help="decode JSONL problems into JSONL trajectories (resumable)")
+    add_arguments(p, GenerateArgs)
+    add_arguments(p, EngineArgs)
+    add_arguments(p, Limits, exclude=("branching",))
+    add_arguments(p, Sampling)
+    p.set_defaults(func=_generate)
 
     p = commands.add_parser("quickstart", help="the main job on the embedded default kit")
     p.add_argument("--out", default=os.path.join("runs", "quickstart"), help="output directory (default: runs/quickstart)")

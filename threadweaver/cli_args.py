@@ -7,14 +7,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import types
 import typing
 
 
-def add_arguments(parser: argparse.ArgumentParser, config_cls: type) -> None:
+def _value_type(hint):
+    """``X | None`` and ``Optional[X]`` parse as ``X``."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+    return hint
+
+
+def add_arguments(parser: argparse.ArgumentParser, config_cls: type, exclude: tuple[str, ...] = ()) -> None:
     hints = typing.get_type_hints(config_cls)
     for f in dataclasses.fields(config_cls):
+        if f.name in exclude:
+            continue
         flag = "--" + f.name.replace("_", "-")
-        kind = hints[f.name]
+        kind = _value_type(hints[f.name])
         help_text = f.metadata.get("help", "")
         if f.default is dataclasses.MISSING:
             parser.add_argument(f.name, type=kind, help=help_text)
@@ -22,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser, config_cls: type) -> None:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
         else:
             parser.add_argument(flag, type=kind, default=f.default, choices=f.metadata.get("choices"),
-                                help=f"{help_text} (default: {f.default})")
+                                help=help_text if "default" in help_text else f"{help_text} (default: {f.default})")
 
 
-def from_args(config_cls: type, args: argparse.Namespace):
-    return config_cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config_cls)})
+def from_args(config_cls: type, args: argparse.Namespace, **overrides):
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(config_cls) if f.name not in overrides}
+    return config_cls(**values, **overrides)

@@ -17,6 +17,7 @@ they ran: a sequence's own generated tokens plus, per block, its longest thread.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -41,6 +42,8 @@ class Completion:
     finish_reason: str
     """``"stop"`` (a stop token) or ``"length"`` (``max_tokens``)."""
     logprobs: tuple[float, ...] | None = None
+    cached_tokens: int | None = None
+    """Context tokens the engine served from its prefix cache, where it says."""
 
 
 class Engine(Protocol):
@@ -70,6 +73,8 @@ class RequestRecord:
     started: float
     """Seconds since the trajectory started."""
     ended: float
+    cached_tokens: int | None = None
+    """Context tokens served from the engine's prefix cache (``None``: the engine does not say)."""
 
 
 @dataclass(frozen=True)
@@ -112,8 +117,9 @@ class Orchestrator:
     def __init__(self, engine: Engine, fmt: Format, limits: Limits = Limits(), sampling: Sampling = Sampling()):
         self.engine, self.fmt, self.limits, self.sampling = engine, fmt, limits, sampling
 
-    async def run(self, prompt_ids: Sequence[int]) -> Trajectory:
-        run = _Run(self, tuple(prompt_ids))
+    async def run(self, prompt_ids: Sequence[int], sampling: Sampling | None = None) -> Trajectory:
+        """Decode one trajectory; ``sampling`` overrides the orchestrator's for this one."""
+        run = _Run(self, tuple(prompt_ids), sampling or self.sampling)
         main = await run.sequence(run.prompt, (), 0)
         nodes = tuple(main.nodes)
         ids, generated = _render_with_flags(nodes, self.fmt, run.closed_by_orchestrator)
@@ -135,8 +141,9 @@ class Orchestrator:
 class _Run:
     """The state of one trajectory: shared token budget, deadline, records."""
 
-    def __init__(self, orchestrator: Orchestrator, prompt: tuple[int, ...]):
+    def __init__(self, orchestrator: Orchestrator, prompt: tuple[int, ...], sampling: Sampling):
         self.o = orchestrator
+        self.sampling = sampling
         self.tags = orchestrator.fmt.tags
         self.prompt = prompt
         self.start = time.monotonic()
@@ -159,7 +166,7 @@ class _Run:
         if max_tokens <= 0:
             raise _Stop("length")
         started = time.monotonic()
-        call = self.o.engine.generate(context, sorted(stop), max_tokens, self.o.sampling)
+        call = self.o.engine.generate(context, sorted(stop), max_tokens, self.sampling)
         if self.deadline is None:
             completion = await call
         else:
@@ -170,8 +177,9 @@ class _Run:
         tokens = tuple(completion.token_ids[:max_tokens])
         self.budget -= len(tokens)
         self.records.append(RequestRecord(path, len(context), len(tokens), completion.finish_reason,
-                                          started - self.start, time.monotonic() - self.start))
-        return Completion(tokens, completion.finish_reason, completion.logprobs)
+                                          started - self.start, time.monotonic() - self.start,
+                                          completion.cached_tokens))
+        return dataclasses.replace(completion, token_ids=tokens)
 
     def where(self, path) -> str:
         return "main sequence" if not path else "thread " + ".".join(str(n) for _, n in path)

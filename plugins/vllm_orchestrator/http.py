@@ -1,0 +1,111 @@
+"""A small JSON-over-HTTP client for engine servers: pooled, bounded, retrying.
+
+One aiohttp session per event loop (a session cannot move between loops), a
+semaphore that bounds requests in flight, and retries with exponential backoff on
+connection errors, 429 and 5xx. Anything else fails at once with the server's own
+message, wrapped in :class:`EngineError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+
+class EngineError(RuntimeError):
+    """The engine could not serve a request; the message says why and what to check."""
+
+
+@dataclass(frozen=True)
+class HTTPOptions:
+    concurrency: int = field(default=256, metadata={"help": "Most requests in flight to the server."})
+    retries: int = field(default=4, metadata={"help": "Retries on connection errors, 429 and 5xx."})
+    backoff_s: float = field(default=0.5, metadata={"help": "First retry delay; it doubles each retry."})
+    timeout_s: float = field(default=3600.0, metadata={"help": "Most seconds one request may take."})
+    api_key: str | None = field(default=None, metadata={"help": "Sent as a bearer token."})
+
+
+_RETRIED_STATUS = {429, 500, 502, 503, 504}
+
+
+class JSONClient:
+    def __init__(self, base_url: str, options: HTTPOptions = HTTPOptions(), *, what: str = "server"):
+        self.base_url = base_url.rstrip("/")
+        self.options = options
+        self.what = what
+        self._session = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots: asyncio.Semaphore | None = None
+
+    def _ready(self):
+        import aiohttp
+
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._session is None or self._session.closed:
+            headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else None
+            connector = aiohttp.TCPConnector(limit=self.options.concurrency, limit_per_host=self.options.concurrency)
+            timeout = aiohttp.ClientTimeout(total=self.options.timeout_s)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers)
+            self._slots = asyncio.Semaphore(self.options.concurrency)
+            self._loop = loop
+        return self._session
+
+    async def get(self, path: str) -> dict:
+        return await self._call("GET", path, None)
+
+    async def post(self, path: str, payload: dict) -> dict:
+        return await self._call("POST", path, payload)
+
+    async def _call(self, method: str, path: str, payload: dict | None) -> dict:
+        import aiohttp
+
+        session = self._ready()
+        url = self.base_url + path
+        delay = self.options.backoff_s
+        attempt = 0
+        async with self._slots:
+            while True:
+                try:
+                    async with session.request(method, url, json=payload) as response:
+                        body = await response.text()
+                        if response.status < 400:
+                            return json.loads(body)
+                        if response.status not in _RETRIED_STATUS or attempt >= self.options.retries:
+                            raise EngineError(f"{self.what} at {self.base_url} answered {method} {path} with "
+                                              f"HTTP {response.status}: {_server_message(body)}")
+                        failure = f"HTTP {response.status}: {_server_message(body)}"
+                except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as err:
+                    if attempt >= self.options.retries:
+                        raise EngineError(
+                            f"cannot reach the {self.what} at {self.base_url} ({type(err).__name__}: {err}) "
+                            f"after {attempt + 1} tries; is it running? `threadweaver serve MODEL` starts one"
+                        ) from err
+                    failure = f"{type(err).__name__}: {err}"
+                attempt += 1
+                logger.warning("%s %s failed (%s); retry %d of %d in %.1fs", method, url, failure, attempt,
+                               self.options.retries, delay)
+                await asyncio.sleep(delay)
+                delay *= 2
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
+
+def _server_message(body: str) -> str:
+    """The error text of an OpenAI-style or FastAPI error body, else the body itself."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body[:500]
+    if isinstance(data, dict):
+        error = data.get("error", data.get("detail", data.get("message")))
+        if isinstance(error, dict):
+            error = error.get("message", error)
+        if error is not None:
+            return str(error)[:500]
+    return body[:500]

