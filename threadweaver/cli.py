@@ -142,10 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(p, SFTArgs)
     p.set_defaults(func=_sft)
 
-    p = commands.add_parser("serve", help="start a vLLM server set up for fork-join decoding; prints its URL")
+    p = commands.add_parser("serve", help="start a vLLM server set up for fork-join decoding; prints its URL",
+                            epilog="Flags after a lone -- go to the vLLM server as they are.")
     add_arguments(p, ServeArgs)
-    p.add_argument("vllm_args", nargs=argparse.REMAINDER,
-                   help="after --: more vLLM server flags, passed as they are")
     p.set_defaults(func=_serve)
 
     p = commands.add_parser("generate", help="decode JSONL problems into JSONL trajectories (resumable)")
@@ -165,7 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    passthrough: list[str] = []
+    if "--" in argv:
+        argv, passthrough = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    args = parser.parse_args(argv)
+    if passthrough and args.func is not _serve:
+        parser.error("only `threadweaver serve` passes flags after --")
+    args.vllm_args = passthrough
     args.func(args)
 
 

