@@ -60,4 +60,6 @@ class AsyncLLMEngine:
                              final.num_cached_tokens, where="vLLM AsyncLLM")
 
     async def aclose(self) -> None:
-        self.llm.shutdown()
+        llm, self.llm = self.llm, None  # dropped now, so AsyncLLM.__del__ does not run at interpreter exit
+        if llm is not None:
+            llm.shutdown()
