@@ -13,6 +13,7 @@ from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.tree import Block, Text, render
 
 from test_orchestrator import GOOD, HEAD, PROMPT, ScriptedEngine
+from trees import all_blocks
 
 NESTED = "<Parallel><Outlines><Outline>1:c</Outline></Outlines>"
 
@@ -84,21 +85,13 @@ CASES = {
 }
 
 
-def blocks(nodes):
-    for node in nodes:
-        if isinstance(node, Block):
-            yield node
-            for thread in node.threads:
-                yield from blocks(thread.body)
-
-
 @pytest.mark.parametrize("script, limits, problem", CASES.values(), ids=CASES.keys())
 def test_bad_output_ends_closed_with_a_recorded_problem(fmt, script, limits, problem):
     engine = ScriptedEngine(fmt, script)
     t = asyncio.run(Orchestrator(engine, fmt, limits).run(fmt.encode(PROMPT)))
     assert any(problem in p for p in t.problems), t.problems
     assert render(t.nodes, fmt) == list(t.token_ids)
-    for block in blocks(t.nodes):
+    for block in all_blocks(t.nodes):
         assert [th.number for th in block.threads] == [o.number for o in block.outlines]
     assert len(t.generated) == len(t.token_ids)
     assert t.stats.total_tokens == sum(t.generated)

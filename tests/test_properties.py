@@ -7,10 +7,10 @@ from hypothesis import strategies as st
 
 from threadweaver.requests import plan_requests
 from threadweaver.stats import latency_stats
-from threadweaver.tree import Block, Text, parse, render
+from threadweaver.tree import Text, parse, render
 from threadweaver.trie import TokenTrie, trajectory_trie
 
-from trees import FMT, prompts, sequences
+from trees import FMT, all_blocks, prompts, sequences
 
 settings.register_profile("ci", max_examples=150, deadline=None)
 settings.load_profile("ci")
@@ -45,7 +45,7 @@ def test_requests_reconstruct_the_trajectory(prompt, tree):
     # every generated token comes from exactly one request; injected ones from none
     assert covered == [1 if g else 0 for g in plan.generated]
     assert sum(not g for g in plan.generated) == sum(
-        1 + sum(1 + len(t.seed) for t in b.threads) for b in _blocks(tree))
+        1 + sum(1 + len(t.seed) for t in b.threads) for b in all_blocks(tree))
 
 
 @given(prompts, sequences())
@@ -149,14 +149,6 @@ def test_direct_construction_equals_inserting_every_request(prompt, tree, other,
             trained.update(ids[:len(prompt) + k + 1] for k, g in enumerate(plan.generated) if not g)
     assert set(paths.values()) == naive and len(paths) == len(naive)
     assert {paths[i] for i in range(len(flat)) if flat.trained[i]} == trained
-
-
-def _blocks(nodes):
-    for node in nodes:
-        if isinstance(node, Block):
-            yield node
-            for thread in node.threads:
-                yield from _blocks(thread.body)
 
 
 def _all_path_lengths(nodes):

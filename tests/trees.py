@@ -51,3 +51,12 @@ def sequences(draw, depth=0, max_depth=3, min_size=0):
 
 
 prompts = st.lists(st.integers(1, 200), min_size=1, max_size=5).map(tuple)
+
+
+def all_blocks(nodes):
+    """Every block of a tree, nested ones included, in pre-order."""
+    for node in nodes:
+        if isinstance(node, Block):
+            yield node
+            for thread in node.threads:
+                yield from all_blocks(thread.body)
