@@ -92,14 +92,18 @@ def _generate(args: argparse.Namespace) -> None:
     from threadweaver.vllm_orchestrator.http import EngineError
 
     try:
-        count = run(from_args(GenerateArgs, args), from_args(EngineArgs, args),
+        progress = run(from_args(GenerateArgs, args), from_args(EngineArgs, args),
                     from_args(Limits, args, branching=not args.sequential), from_args(Sampling, args))
     except RowError as err:
         sys.exit(f"threadweaver generate: {args.problems}: {err}")
     except (EngineError, ValueError, OSError) as err:
         sys.exit(f"threadweaver generate: {err}\nfinished trajectories are in {args.out}; "
                  "rerun the same command to resume")
-    print(f"decoded {count} trajectories into {args.out}")
+    if not progress.done:
+        print(f"nothing to decode: every trajectory is already in {args.out}")
+        return
+    print(f"decoded {progress.done} trajectories into {args.out}: mean speedup {progress.mean_speedup:.2f}x, "
+          f"{progress.tokens_per_s:.0f} generated tokens/s, {progress.degraded} degraded")
 
 
 def build_parser() -> argparse.ArgumentParser:

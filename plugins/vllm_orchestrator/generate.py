@@ -32,8 +32,8 @@ async def _tokenizer_source(args: GenerateArgs, engine) -> str:
     raise ValueError("--model is needed to load the tokenizer")
 
 
-async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, sampling: Sampling) -> int:
-    """Decode every unfinished (row, sample); returns the number decoded now."""
+async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, sampling: Sampling):
+    """Decode every unfinished (row, sample); returns the :class:`BatchProgress` of this run."""
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
@@ -57,15 +57,14 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
                                 f"degraded {progress.degraded}")
 
         try:
-            await run_batch(jobs, orchestrator, args.out, concurrency=args.concurrency, seed=sampling.seed,
-                            on_done=report)
+            return await run_batch(jobs, orchestrator, args.out, concurrency=args.concurrency, seed=sampling.seed,
+                                   on_done=report)
         finally:
             bar.close()
-        return len(jobs)
     finally:
         if hasattr(engine, "aclose"):
             await engine.aclose()
 
 
-def run(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, sampling: Sampling) -> int:
+def run(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, sampling: Sampling):
     return asyncio.run(generate(args, engine_args, limits, sampling))
