@@ -112,8 +112,15 @@ def test_a_wrong_model_name_is_a_clear_error(trained_server):
     from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
 
     engine = VLLMServerEngine(trained_server, "no-such-model")
+
+    async def one():
+        try:
+            return await engine.generate([1, 2, 3], [2], 4, Sampling())
+        finally:
+            await engine.aclose()
+
     with pytest.raises(EngineError, match="does not serve model 'no-such-model'; it serves"):
-        asyncio.run(engine.generate([1, 2, 3], [2], 4, Sampling()))
+        asyncio.run(one())
 
 
 def test_a_killed_server_is_a_clear_error_and_the_output_resumes(trained, tmp_path):

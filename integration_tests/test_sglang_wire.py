@@ -141,5 +141,12 @@ def test_sglang_errors_name_the_server_and_its_message(stand_in):
 
     server, url = stand_in
     engine = SGLangEngine(url, extra_sampling={"not_an_sglang_field": 1})
+
+    async def one():
+        try:
+            return await engine.generate([1, 5], [2], 3, Sampling())
+        finally:
+            await engine.aclose()
+
     with pytest.raises(EngineError, match=r"SGLang server at .* HTTP 400: unknown fields \['not_an_sglang_field'\]"):
-        asyncio.run(engine.generate([1, 5], [2], 3, Sampling()))
+        asyncio.run(one())
