@@ -10,8 +10,9 @@ Model output never makes it raise. Malformed outlines, too many threads or nesti
 deep decode the rest of that sequence sequentially; a thread that ends with EOS, hits a
 token limit or the deadline is closed with an injected ``</Thread>``. Tags the model
 writes outside a block head are kept as text, and an empty thread stays empty. Each
-such event is listed in the trajectory's ``problems``. Token latency is counted from the requests as
-they ran: a sequence's own generated tokens plus, per block, its longest thread.
+such event is listed in the trajectory's ``problems``. Token latency is counted from
+the requests as they ran: a sequence's own generated tokens plus, per block, its
+longest thread.
 """
 
 from __future__ import annotations
