@@ -38,6 +38,19 @@ def decode(engine, fmt, prompt_list, limits=Limits()):
     return asyncio.run(run_all())
 
 
+def generate_once(engine, prompt_ids, stop_ids, max_tokens):
+    """One greedy request through ``engine``, closing its connections afterwards."""
+    from threadweaver.orchestrator import Sampling
+
+    async def one():
+        try:
+            return await engine.generate(prompt_ids, stop_ids, max_tokens, Sampling())
+        finally:
+            await engine.aclose()
+
+    return asyncio.run(one())
+
+
 @pytest.fixture(scope="module")
 def tokenizer(trained):
     from transformers import AutoTokenizer
@@ -107,20 +120,12 @@ def test_sequential_equals_plain_generation(trained, trained_server, tokenizer, 
 
 
 def test_a_wrong_model_name_is_a_clear_error(trained_server):
-    from threadweaver.orchestrator import Sampling
     from threadweaver.vllm_orchestrator.http import EngineError
     from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
 
     engine = VLLMServerEngine(trained_server, "no-such-model")
-
-    async def one():
-        try:
-            return await engine.generate([1, 2, 3], [2], 4, Sampling())
-        finally:
-            await engine.aclose()
-
     with pytest.raises(EngineError, match="does not serve model 'no-such-model'; it serves"):
-        asyncio.run(one())
+        generate_once(engine, [1, 2, 3], [2], 4)
 
 
 def test_a_killed_server_is_a_clear_error_and_the_output_resumes(trained, tmp_path):

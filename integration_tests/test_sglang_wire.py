@@ -17,7 +17,7 @@ import pytest
 from threadweaver.format import Format
 from threadweaver.orchestrator import Limits
 
-from test_orchestrator_vllm import decode, prompts
+from test_orchestrator_vllm import decode, generate_once, prompts
 
 REQUEST_FIELDS = {"text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
                   "top_logprobs_num", "return_text_in_logprobs", "stream"}
@@ -114,39 +114,23 @@ def test_sglang_engine_decodes_the_same_trajectories(trained, trained_server, st
 
 
 def test_sglang_engine_retries_overload_and_returns_logprobs(trained, stand_in):
-    from threadweaver.orchestrator import Sampling
     from threadweaver.vllm_orchestrator.http import HTTPOptions
     from threadweaver.vllm_orchestrator.sglang_engine import SGLangEngine
 
     server, url = stand_in
     server.fail_first = 2
     engine = SGLangEngine(url, options=HTTPOptions(retries=2, backoff_s=0.01), logprobs=True)
-
-    async def one():
-        try:
-            return await engine.generate([1, 5, 6, 7], [2], 5, Sampling())
-        finally:
-            await engine.aclose()
-
-    completion = asyncio.run(one())
+    completion = generate_once(engine, [1, 5, 6, 7], [2], 5)
     assert len(server.requests) == 3
     assert len(completion.logprobs) == len(completion.token_ids) >= 1
     assert all(lp <= 0 for lp in completion.logprobs)
 
 
 def test_sglang_errors_name_the_server_and_its_message(stand_in):
-    from threadweaver.orchestrator import Sampling
     from threadweaver.vllm_orchestrator.http import EngineError
     from threadweaver.vllm_orchestrator.sglang_engine import SGLangEngine
 
     server, url = stand_in
     engine = SGLangEngine(url, extra_sampling={"not_an_sglang_field": 1})
-
-    async def one():
-        try:
-            return await engine.generate([1, 5], [2], 3, Sampling())
-        finally:
-            await engine.aclose()
-
     with pytest.raises(EngineError, match=r"SGLang server at .* HTTP 400: unknown fields \['not_an_sglang_field'\]"):
-        asyncio.run(one())
+        generate_once(engine, [1, 5], [2], 3)
