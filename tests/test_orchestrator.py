@@ -103,6 +103,21 @@ def test_branching_off_is_one_plain_request(fmt):
     assert t.stats.critical_path_tokens == t.stats.total_tokens == len(fmt.encode(WELL_FORMED)) + 1
 
 
+def test_serial_threads_send_the_same_requests_one_after_another(fmt):
+    forked, forked_engine = decode(fmt, GOOD, delay=0.01)
+    serial, serial_engine = decode(fmt, GOOD, Limits(concurrent_threads=False), delay=0.01)
+    assert serial.token_ids == forked.token_ids and serial.problems == ()
+    assert serial_engine.calls == sorted(forked_engine.calls, key=forked_engine.calls.index)
+    threads = [r for r in serial.requests if r.thread_path]
+    assert [r.thread_path for r in threads] == [((0, 1),), ((0, 2),)]
+    assert threads[1].started >= threads[0].ended
+    forked_threads = [r for r in forked.requests if r.thread_path]
+    assert forked_threads[1].started < forked_threads[0].ended
+    assert serial.stats.total_tokens == forked.stats.total_tokens
+    assert serial.stats.critical_path_tokens == serial.stats.total_tokens
+    assert forked.stats.critical_path_tokens == forked.stats.total_tokens - len(fmt.encode("aa</Thread>"))
+
+
 @pytest.mark.parametrize("head, problem", [
     ("<Parallel><Outlines><Outline>1:a</Outline><Outline>3:b</Outline></Outlines>", "malformed outlines"),
     ("<Parallel><Outlines></Outlines>", "malformed outlines"),

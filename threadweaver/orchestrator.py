@@ -12,7 +12,8 @@ token limit or the deadline is closed with an injected ``</Thread>``. Tags the m
 writes outside a block head are kept as text, and an empty thread stays empty. Each
 such event is listed in the trajectory's ``problems``. Token latency is counted from
 the requests as they ran: a sequence's own generated tokens plus, per block, its
-longest thread.
+longest thread (all of them, when ``concurrent_threads`` is off and they run one after
+another).
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class Engine(Protocol):
 @dataclass(frozen=True)
 class Limits:
     branching: bool = field(default=True, metadata={"help": "Decode threads concurrently (off: one plain request)."})
+    concurrent_threads: bool = field(default=True, metadata={
+        "help": "Run a block's threads at the same time; off runs the same requests one after another "
+                "(same tokens under greedy decoding, sequential wall-clock and token latency)."})
     max_threads: int = field(default=16, metadata={"help": "Most threads in one block; more decode sequentially."})
     max_depth: int = field(default=3, metadata={"help": "Deepest nesting of blocks; deeper ones decode sequentially."})
     max_tokens: int = field(default=8192, metadata={"help": "Most generated tokens in one trajectory."})
@@ -290,17 +294,23 @@ class _Run:
             return None
         self.max_depth = max(self.max_depth, depth + 1)
         self.threads_per_block.append(len(outlines))
-        decoded = await asyncio.gather(*[
-            self.sequence(context + (tags.thread,) + self.o.fmt.seed(o.number),
-                          path + ((block_index, o.number),), depth + 1)
-            for o in outlines
-        ])
+
+        def thread(o):
+            return self.sequence(context + (tags.thread,) + self.o.fmt.seed(o.number),
+                                 path + ((block_index, o.number),), depth + 1)
+
+        if limits.concurrent_threads:
+            decoded = await asyncio.gather(*map(thread, outlines))
+            critical = max(d.critical for d in decoded)
+        else:
+            decoded = [await thread(o) for o in outlines]
+            critical = sum(d.critical for d in decoded)
         threads = tuple(Thread(o.number, self.o.fmt.seed(o.number), tuple(d.nodes))
                         for o, d in zip(outlines, decoded))
         total = sum(d.total for d in decoded)
         if not path:
             self.thread_tokens += total
-        return Block(head, outlines, threads), head_start, total, max(d.critical for d in decoded)
+        return Block(head, outlines, threads), head_start, total, critical
 
 
 def _open_threads(text: list[int], tags) -> int:
