@@ -14,12 +14,13 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
 
 from lm_eval.api.model import LM
 
-from threadweaver.batch import BatchProgress, Job, decode_jobs, prompt_ids
+from threadweaver.batch import BatchProgress, Job, decode_jobs, prompt_ids, trajectory_row
 from threadweaver.format import Format
 from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory
 from threadweaver.vllm_orchestrator.engines import EngineArgs, make_engine, tokenizer_source
@@ -42,6 +43,9 @@ class ModelArgs:
         "help": "Decode threads concurrently; false: one plain request per prompt (the sequential baseline)."})
     concurrency: int = field(default=32, metadata={"help": "Trajectories decoded at once."})
     seed: int | None = field(default=0, metadata={"help": "Seed of the first sample of each prompt."})
+    trajectories: str | None = field(default=None, metadata={
+        "help": "Append each trajectory to this JSONL file as `threadweaver generate` writes it (tokens, tree, "
+                "request timings, stats, wall_s), with the lm-eval context and request index."})
 
 
 def split_model_args(kwargs: dict) -> tuple[ModelArgs, EngineArgs, Limits]:
@@ -147,14 +151,20 @@ class ThreadWeaverLM(LM):
 
         bar = tqdm(total=len(requests), desc="threadweaver", unit=" traj", disable=disable_tqdm, dynamic_ncols=True)
         out: list[str | None] = [None] * len(requests)
+        dump = None
+        if self.args.trajectories:
+            os.makedirs(os.path.dirname(self.args.trajectories) or ".", exist_ok=True)
+            dump = open(self.args.trajectories, "a", encoding="utf-8")
         try:
             for indices in by_kwargs.values():
-                self._run(self._generate([requests[i] for i in indices], indices, out, bar))
+                self._run(self._generate([requests[i] for i in indices], indices, out, bar, dump))
         finally:
             bar.close()
+            if dump is not None:
+                dump.close()
         return out
 
-    async def _generate(self, requests, indices: list[int], out: list, bar) -> None:
+    async def _generate(self, requests, indices: list[int], out: list, bar, dump) -> None:
         sampling, max_tokens, until = sampling_from(requests[0].args[1], self.args.seed)
         limits = self.limits
         if max_tokens is not None:
@@ -169,11 +179,16 @@ class ThreadWeaverLM(LM):
             jobs.append(Job(str(position), copies[context], self._prompt_ids(context), {}))
             copies[context] += 1
         progress = BatchProgress()
-        async for job, trajectory, _ in decode_jobs(jobs, orchestrator, concurrency=self.args.concurrency,
-                                                    seed=sampling.seed):
+        async for job, trajectory, wall_s in decode_jobs(jobs, orchestrator, concurrency=self.args.concurrency,
+                                                         seed=sampling.seed):
             position = int(job.row_id)
             text = response_text(trajectory, self.fmt, until)
             measured.record(text, counts_of(trajectory))
+            if dump is not None:
+                row = trajectory_row(job, trajectory, self.fmt, wall_s)
+                row.update(id=str(indices[position]), context=requests[position].args[0])
+                dump.write(json.dumps(row) + "\n")
+                dump.flush()
             out[indices[position]] = text
             self.cache_hook.add_partial("generate_until", requests[position].args, text)
             progress.add(trajectory)
