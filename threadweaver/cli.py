@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from threadweaver.cli_args import add_arguments, from_args
@@ -54,9 +53,12 @@ def _kit(args: argparse.Namespace) -> None:
 
 
 def _quickstart(args: argparse.Namespace) -> None:
-    from threadweaver.quickstart import run
+    from threadweaver.quickstart import QuickstartArgs, run
 
-    run(args.out, train=args.train, validation=args.validation, seed=args.seed)
+    try:
+        run(from_args(QuickstartArgs, args))
+    except (ValueError, RuntimeError, FileNotFoundError) as err:
+        sys.exit(f"threadweaver quickstart: {err}")
 
 
 def _sft(args: argparse.Namespace) -> None:
@@ -110,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     from threadweaver import __version__
     from threadweaver.kit.models import TinyQwen3Config
     from threadweaver.orchestrator import Limits, Sampling
+    from threadweaver.quickstart import QuickstartArgs
     from threadweaver.vllm_orchestrator.engines import EngineArgs
     from threadweaver.vllm_orchestrator.generate import GenerateArgs
     from threadweaver.vllm_orchestrator.serve import ServeArgs
@@ -158,11 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(p, Sampling)
     p.set_defaults(func=_generate)
 
-    p = commands.add_parser("quickstart", help="the main job on the embedded default kit")
-    p.add_argument("--out", default=os.path.join("runs", "quickstart"), help="output directory (default: runs/quickstart)")
-    p.add_argument("--train", type=int, default=4000, help="training problems (default: 4000)")
-    p.add_argument("--validation", type=int, default=200, help="held-out problems (default: 200)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p = commands.add_parser("quickstart", help="serve, evaluate and compare the embedded ThreadWeaver model and "
+                                               "its sequential baseline with vLLM and lm_eval")
+    add_arguments(p, QuickstartArgs)
     p.set_defaults(func=_quickstart)
     return parser
 

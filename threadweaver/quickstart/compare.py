@@ -1,0 +1,98 @@
+"""Per-problem results of each decoding mode, the comparison table, and per-problem speedups.
+
+Pure functions over what ``lm_eval`` logged (per-sample metrics) and the trajectories
+the threadweaver model wrote (request timings, ``wall_s``); nothing here decodes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from statistics import fmean
+
+
+@dataclass(frozen=True)
+class Problem:
+    doc_id: int
+    acc: float
+    format_valid: float
+    token_latency: float
+    total_tokens: float
+    wall_s: float
+    """Mean wall-clock seconds of this problem's trajectories (one per repeat)."""
+    trajectories: tuple[dict, ...] = field(default=(), repr=False)
+
+
+def problems(samples: list[dict], trajectories: list[dict]) -> dict[int, Problem]:
+    """Join lm-eval's samples to the trajectories of the same prompt: ``{doc_id: Problem}``."""
+    by_context: dict[str, list[dict]] = defaultdict(list)
+    for row in trajectories:
+        by_context[row["context"]].append(row)
+    out = {}
+    for sample in samples:
+        context = sample["arguments"]["gen_args_0"]["arg_0"]
+        rows = by_context.get(context)
+        if not rows:
+            raise ValueError(f"doc {sample['doc_id']}: no trajectory was written for its prompt")
+        out[sample["doc_id"]] = Problem(sample["doc_id"], sample["acc"], sample["format_valid"],
+                                        sample["token_latency"], sample["total_tokens"],
+                                        fmean(row["wall_s"] for row in rows), tuple(rows))
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    acc: float
+    format_valid: float
+    token_latency: float
+    total_tokens: float
+    wall_s: float
+    token_speedup: float
+    """The reference's mean total tokens over this mode's mean token latency."""
+    wall_speedup: float
+    """The reference's mean wall-clock per problem over this mode's."""
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _mean(results: dict[int, Problem], name: str) -> float:
+    return fmean(getattr(p, name) for p in results.values())
+
+
+def table(runs: dict[str, dict[int, Problem]], labels: dict[str, str], reference: str) -> list[Row]:
+    """One row per mode; speedups are against ``reference`` (ratios of means, on the same problems)."""
+    shared = set.intersection(*(set(results) for results in runs.values()))
+    runs = {key: {d: results[d] for d in shared} for key, results in runs.items()}
+    ref = runs[reference]
+    rows = []
+    for key, results in runs.items():
+        rows.append(Row(labels[key], _mean(results, "acc"), _mean(results, "format_valid"),
+                        _mean(results, "token_latency"), _mean(results, "total_tokens"), _mean(results, "wall_s"),
+                        _mean(ref, "total_tokens") / _mean(results, "token_latency"),
+                        _mean(ref, "wall_s") / _mean(results, "wall_s")))
+    return rows
+
+
+def per_problem_speedups(run: dict[int, Problem], reference: dict[int, Problem]) -> dict[str, list[float]]:
+    """Per shared problem: ``tokens`` (reference total / token latency) and ``wall`` (reference wall / wall)."""
+    shared = sorted(set(run) & set(reference))
+    return {"tokens": [reference[d].total_tokens / run[d].token_latency for d in shared],
+            "wall": [reference[d].wall_s / run[d].wall_s for d in shared]}
+
+
+def format_table(rows: list[Row], reference_label: str) -> str:
+    headers = ("decoding", "accuracy", "well-formed", "token latency", "total tokens",
+               "token-latency speedup", "wall-clock / problem", "wall-clock speedup")
+    cells = [(r.label, f"{r.acc:.1%}", f"{r.format_valid:.1%}", f"{r.token_latency:.1f}", f"{r.total_tokens:.1f}",
+              f"{r.token_speedup:.2f}x", f"{r.wall_s * 1000:.0f} ms", f"{r.wall_speedup:.2f}x") for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+
+    def line(values):
+        return "| " + " | ".join(v.ljust(w) if i == 0 else v.rjust(w)
+                                 for i, (v, w) in enumerate(zip(values, widths))) + " |"
+
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(headers), rule, *map(line, cells),
+                      f"speedups are against the {reference_label} (its mean total tokens and wall-clock)"])

@@ -1,0 +1,133 @@
+"""Serve the models and evaluate each decoding mode with the real ``lm_eval`` CLI.
+
+Each mode is one ``lm_eval run --model threadweaver --tasks TASK`` in a subprocess; its
+log goes to a file, and a progress bar follows the trajectories the model appends
+(``--model_args trajectories=...``) as each one finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from threadweaver.report import read_jsonl
+
+
+@dataclass(frozen=True)
+class Mode:
+    key: str
+    label: str
+    model: str
+    """Which model decodes: ``"parallel"`` or ``"baseline"``."""
+    parallel: bool
+    concurrent_threads: bool = True
+
+
+MODES = (
+    Mode("fork_join", "ThreadWeaver, fork-join", "parallel", parallel=True),
+    Mode("one_after_another", "same tokens, threads one after another", "parallel", parallel=True,
+         concurrent_threads=False),
+    Mode("baseline", "sequential baseline model", "baseline", parallel=False),
+)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a model is decoded: a server URL, or an in-process engine over a model directory."""
+
+    engine: str
+    base_url: str | None = None
+    model: str | None = None
+
+    def model_args(self) -> dict:
+        args = {"engine": self.engine}
+        if self.base_url:
+            args["base_url"] = self.base_url
+        if self.model and not self.base_url:
+            args["model"] = self.model
+        return args
+
+
+@contextmanager
+def served(models: dict[str, str], log_dir: Path, dtype: str) -> Iterator[dict[str, Endpoint]]:
+    """One vLLM server per model directory, started side by side; stopped on exit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    servers = {name: VLLMServer(ServeArgs(model=path, port=0, max_model_len=2048, cpu_kv_cache_gib=1, dtype=dtype),
+                                log_path=str(log_dir / f"server-{name}.log"))
+               for name, path in models.items()}
+    with ExitStack() as stack:
+        for server in servers.values():
+            stack.callback(server.stop)
+        with ThreadPoolExecutor(len(servers) or 1) as pool:
+            for future in [pool.submit(server.start) for server in servers.values()]:
+                future.result()
+        yield {name: Endpoint("vllm", base_url=server.url) for name, server in servers.items()}
+
+
+def lm_eval_command(task: str, model_args: dict, out: Path, limit: int | None) -> list[str]:
+    joined = ",".join(f"{key}={value}" for key, value in model_args.items())
+    command = [sys.executable, "-m", "lm_eval", "run", "--model", "threadweaver", "--model_args", joined,
+               "--tasks", task, "--output_path", str(out), "--log_samples"]
+    return command + (["--limit", str(limit)] if limit else [])
+
+
+def read_lm_eval_output(out: Path) -> dict:
+    """The newest results JSON under ``out``, with ``samples[task]`` (sorted by doc id) from its sample files."""
+    results_paths = sorted(out.rglob("results_*.json"), key=os.path.getmtime)
+    if not results_paths:
+        raise FileNotFoundError(f"lm_eval wrote no results_*.json under {out}")
+    results = json.loads(results_paths[-1].read_text())
+    stamp = results_paths[-1].name[len("results_"):-len(".json")]
+    results["samples"] = {}
+    for path in out.rglob(f"samples_*_{stamp}.jsonl"):
+        task = path.name[len("samples_"):-len(f"_{stamp}.jsonl")]
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        results["samples"][task] = sorted(rows, key=lambda row: row["doc_id"])
+    return results
+
+
+def evaluate(mode: Mode, endpoint: Endpoint, task: str, out: Path, *, limit: int | None, concurrency: int,
+             expected: int | None) -> tuple[dict, list[dict]]:
+    """Run one mode through ``lm_eval``: (its results with samples, its trajectories)."""
+    from tqdm import tqdm
+
+    run_dir = out / mode.key
+    trajectories = run_dir / "trajectories.jsonl"
+    log_path = run_dir / "lm_eval.log"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    trajectories.unlink(missing_ok=True)
+    model_args = {**endpoint.model_args(), "parallel": mode.parallel, "concurrent_threads": mode.concurrent_threads,
+                  "concurrency": concurrency, "trajectories": trajectories}
+    command = lm_eval_command(task, model_args, run_dir / "lm_eval", limit)
+    with open(log_path, "w") as log, tqdm(total=expected, desc=f"      {mode.label}", unit=" problems",
+                                           dynamic_ncols=True) as bar:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        while process.poll() is None:
+            time.sleep(0.5)
+            if (done := _count_lines(trajectories)) > bar.n:
+                bar.update(done - bar.n)
+    if process.returncode != 0:
+        tail = log_path.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"lm_eval failed with exit code {process.returncode} ({' '.join(command)}); "
+                           f"its log is {log_path}:\n{tail}")
+    rows = [row for _, row in read_jsonl(str(trajectories))] if trajectories.exists() else []
+    return read_lm_eval_output(run_dir / "lm_eval"), rows
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0

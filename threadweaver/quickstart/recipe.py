@@ -1,0 +1,75 @@
+"""The two embedded default models, and the recipe that reproduces them.
+
+Both are the kit's tiny Qwen3 (hidden 128, 4 layers, the 64-token synth tokenizer)
+fine-tuned by ``threadweaver sft`` on the same 4000 synthetic problems for the same
+600 steps of 16 rows: the ThreadWeaver model on the parallel trajectories with tree
+attention, the baseline on the same solutions written sequentially. Each model's
+learning rate is the better of the values tried for it (see ``models/RECIPE.md``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from threadweaver.sft_args import SFTArgs
+from threadweaver.synth import SynthConfig
+
+EMBEDDED = Path(__file__).parent / "models"
+MODELS = ("parallel", "sequential")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    synth: SynthConfig = field(default_factory=SynthConfig)
+    train: int = 4000
+    validation: int = 200
+    seed: int = 0
+    max_steps: int = 600
+    batch_size: int = 16
+    warmup: int = 30
+    learning_rate: dict = field(default_factory=lambda: {"parallel": 3e-3, "sequential": 1e-3})
+
+    def shortened(self, steps: int) -> "Recipe":
+        """The same recipe with fewer steps: a quick check of the training path, not the recipe."""
+        return replace(self, max_steps=steps, warmup=min(self.warmup, steps // 10))
+
+    def sft_args(self, model: str, kit: str, data: str, out: str) -> SFTArgs:
+        form = "sequential" if model == "sequential" else "parallel"
+        return SFTArgs(model=kit, data=os.path.join(data, form, "train.jsonl"), output_dir=out,
+                       sequential=form == "sequential", max_steps=self.max_steps, batch_size=self.batch_size,
+                       learning_rate=self.learning_rate[model], warmup=self.warmup, logging_steps=50,
+                       seed=self.seed)
+
+
+RECIPE = Recipe()
+
+
+def embedded_models() -> dict[str, Path]:
+    """The shipped models; a clear error if the package was installed without them."""
+    models = {name: EMBEDDED / name for name in MODELS}
+    missing = [str(path) for path in models.values() if not (path / "model.safetensors").exists()]
+    if missing:
+        raise FileNotFoundError(f"the embedded quickstart models are missing ({', '.join(missing)}); "
+                                "rebuild them with `threadweaver quickstart --retrain`")
+    return models
+
+
+def retrain(out: str, recipe: Recipe = RECIPE) -> dict[str, Path]:
+    """Write the data and the kit, then train both models under ``out``: ``{name: model dir}``."""
+    from threadweaver.dataset import write_synth
+    from threadweaver.hf_collator.sft import train
+    from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
+    from threadweaver.kit.tokenizers import synth_tokenizer
+
+    data, kit = os.path.join(out, "data"), os.path.join(out, "kit")
+    write_synth(data, recipe.synth, recipe.train, recipe.validation, recipe.seed)
+    tokenizer = synth_tokenizer()
+    tokenizer.save_pretrained(kit)
+    tiny_qwen3(tokenizer, TinyQwen3Config()).save_pretrained(kit)
+    models = {}
+    for name in MODELS:
+        print(f"      training the {name} model ({recipe.max_steps} steps)", flush=True)
+        models[name] = Path(train(recipe.sft_args(name, kit, data, os.path.join(out, "models", name))))
+    return models
