@@ -95,10 +95,20 @@ class Trajectory:
     stats: LatencyStats
     finish_reason: str
     """``"stop"`` (EOS), ``"length"`` (a token limit) or ``"timeout"``."""
+    closed_threads: frozenset[tuple[tuple[int, int], ...]] = frozenset()
+    """Thread paths whose ``</Thread>`` the orchestrator injected (a limit or a dropped EOS ended them)."""
 
     @property
     def degraded(self) -> bool:
         return bool(self.problems)
+
+
+def trajectory_text(trajectory: Trajectory, fmt: Format) -> str:
+    """The generated text, tags included, without its final end-of-sequence token."""
+    ids = list(trajectory.token_ids)
+    if ids and ids[-1] in fmt.eos_ids:
+        ids.pop()
+    return fmt.decode(ids)
 
 
 class _Stop(Exception):
@@ -140,7 +150,7 @@ class Orchestrator:
             reference_total_tokens=len(ids),
         )
         return Trajectory(run.prompt, tuple(ids), tuple(generated), nodes, tuple(run.records),
-                          tuple(run.problems), stats, main.ended)
+                          tuple(run.problems), stats, main.ended, frozenset(run.closed_by_orchestrator))
 
 
 class _Run:

@@ -21,7 +21,7 @@ case.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 from threadweaver.format import Format
 from threadweaver.tree import Node, Text
@@ -61,14 +61,17 @@ class TokenTrie:
         return node
 
     def add_trajectory(self, prompt: Sequence[int], nodes: Sequence[Node], fmt: Format, *,
-                       train_injected: bool = False) -> None:
+                       train_injected: bool = False, closed_threads: Collection[tuple] = ()) -> None:
         """Every request of the trajectory ``prompt`` + ``nodes``, built straight from the tree.
 
         The same trie as inserting each (context, completion) of
         :func:`threadweaver.requests.plan_requests`, in O(trie size) rather than O(sum of
         request lengths), which grows with the square of the number of blocks.
+        ``closed_threads``: paths (as in :class:`~threadweaver.orchestrator.Trajectory`)
+        whose ``</Thread>`` was injected, not generated; it is not trained.
         """
-        _TrajectoryBuilder(self, fmt, train_injected).walk(self.extend(-1, prompt, False), nodes, True, True)
+        builder = _TrajectoryBuilder(self, fmt, train_injected, frozenset(closed_threads))
+        builder.walk(self.extend(-1, prompt, False), nodes, True, True, ())
 
     def flatten(self) -> "FlatTrie":
         order = self._preorder()
@@ -192,13 +195,15 @@ class _TrajectoryBuilder:
     path, where ``train_injected`` also trains the injected tokens.
     """
 
-    def __init__(self, trie: TokenTrie, fmt: Format, train_injected: bool):
+    def __init__(self, trie: TokenTrie, fmt: Format, train_injected: bool, closed_threads: frozenset):
         self.trie, self.tags, self.fmt = trie, fmt.tags, fmt
         self.train_injected = train_injected
+        self.closed_threads = closed_threads
 
-    def walk(self, at: int, nodes: Sequence[Node], own: bool, main: bool) -> int:
+    def walk(self, at: int, nodes: Sequence[Node], own: bool, main: bool, path: tuple) -> int:
         extend, tags = self.trie.extend, self.tags
         injected = main and self.train_injected
+        blocks = 0
         for node in nodes:
             if isinstance(node, Text):
                 at = extend(at, node.ids, own)
@@ -206,20 +211,23 @@ class _TrajectoryBuilder:
             fork = extend(extend(at, node.head, own), (tags.thread,), injected)
             at = fork
             for k, thread in enumerate(node.threads):
+                thread_path = path + ((blocks, thread.number),)
+                generated_end = thread_path not in self.closed_threads
                 if k:
                     at = extend(at, (tags.thread,), injected)
                 at = extend(at, thread.seed, injected)
-                at = self.walk(at, thread.body, own and not k, main)
-                at = extend(at, (tags.thread_end,), own and not k)
+                at = self.walk(at, thread.body, own and not k, main, thread_path)
+                at = extend(at, (tags.thread_end,), own and not k and (generated_end or injected))
                 if k and own:
-                    branch = self.walk(extend(fork, thread.seed, False), thread.body, True, False)
-                    extend(branch, (tags.thread_end,), True)
+                    branch = self.walk(extend(fork, thread.seed, False), thread.body, True, False, thread_path)
+                    extend(branch, (tags.thread_end,), generated_end)
             at = extend(at, (tags.parallel_end,), injected)
+            blocks += 1
         return at
 
 
 def trajectory_trie(prompt: Sequence[int], nodes: Sequence[Node], fmt: Format, *,
-                    train_injected: bool = False) -> FlatTrie:
+                    train_injected: bool = False, closed_threads: Collection[tuple] = ()) -> FlatTrie:
     """The flattened trie of one trajectory's requests.
 
     Completion tokens are trained; contexts are not, so the copies of threads 2..k in
@@ -231,5 +239,5 @@ def trajectory_trie(prompt: Sequence[int], nodes: Sequence[Node], fmt: Format, *
     :meth:`TokenTrie.add_trajectory`.
     """
     trie = TokenTrie()
-    trie.add_trajectory(prompt, nodes, fmt, train_injected=train_injected)
+    trie.add_trajectory(prompt, nodes, fmt, train_injected=train_injected, closed_threads=closed_threads)
     return trie.flatten()

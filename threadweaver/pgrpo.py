@@ -1,0 +1,73 @@
+"""Host-free pieces of P-GRPO: a rollout as one training row, and what to log about a batch.
+
+A trajectory trains as ONE row: its trie (:func:`threadweaver.trie.trajectory_trie`)
+split after the prompt. Every token the model sampled is scored from the position that
+preceded it in the request that sampled it (its trie parent), under the tree mask, so
+the row gives each thread exactly the context it was decoded in. Injected tokens
+(``<Thread>`` + ``i:`` seeds, ``</Parallel>``, a ``</Thread>`` the orchestrator closed
+a thread with) and the context copies of threads 2..k carry no loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import fmean
+from typing import Sequence
+
+from threadweaver.format import Format
+from threadweaver.orchestrator import Trajectory
+from threadweaver.trie import trajectory_trie
+
+
+@dataclass(frozen=True)
+class TrieRow:
+    """One trajectory's trie, split after the prompt; indices count from the row's first prompt token."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    """The trie after the prompt, in pre-order: branches and context copies included."""
+    trained: list[int]
+    """Per completion token: 1 if the model sampled it in this context (it carries loss), else 0."""
+    parent: list[int]
+    """Per completion token: the row index whose logits predict it."""
+    position_ids: list[int]
+    """Per completion token: its position in its own request (the trie depth)."""
+    subtree_end: list[int]
+    """Per completion token: the row index just past its subtree (see :mod:`threadweaver.trie`)."""
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(self.trained)
+
+
+def trie_row(trajectory: Trajectory, fmt: Format) -> TrieRow:
+    """``trajectory`` as one training row (its prompt stays a plain prefix of the row)."""
+    prompt = list(trajectory.prompt_ids)
+    flat = trajectory_trie(prompt, trajectory.nodes, fmt, closed_threads=trajectory.closed_threads)
+    n = len(prompt)
+    if flat.input_ids[:n] != prompt or any(flat.parent[i] != i - 1 for i in range(n)):
+        raise ValueError("the trajectory's prompt is not a plain prefix of its trie")
+    return TrieRow(prompt, flat.input_ids[n:], [int(t) for t in flat.trained[n:]], flat.parent[n:],
+                   flat.position_ids[n:], flat.subtree_end[n:])
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory], correct: Sequence[bool] | None = None) -> dict[str, float]:
+    """Means over a batch of rollouts: what the P-GRPO trainers log.
+
+    ``acceleration_ratio`` is total generated tokens over the critical path per trajectory
+    (1.0 for a sequential one); ``parallel_usage`` the share with at least one block;
+    ``format_valid`` the share that decoded without degrading.
+    """
+    if not trajectories:
+        raise ValueError("no rollouts to summarise")
+    stats = [t.stats for t in trajectories]
+    metrics = {
+        "acceleration_ratio": fmean(s.speedup for s in stats),
+        "parallel_usage": fmean(s.blocks > 0 for s in stats),
+        "critical_path_tokens": fmean(s.critical_path_tokens for s in stats),
+        "total_tokens": fmean(s.total_tokens for s in stats),
+        "format_valid": fmean(not t.degraded for t in trajectories),
+    }
+    if correct is not None:
+        metrics["correct_rate"] = fmean(map(bool, correct))
+    return metrics
