@@ -44,7 +44,7 @@ def test_grade(response, gold, correct):
     (r"4.6 \times 10^{33}", "4.5e33", False), ("x=2", "2", True),
 ])
 def test_grade_edge_cases(answer, gold, correct):
-    """Each answer boxed at the end of a response, graded by math-verify in the worker pool."""
+    """Each answer boxed at the end of a response, graded by math-verify on the main thread."""
     assert grade(f"so the answer is \\boxed{{{answer}}}", gold).correct is correct
 
 
@@ -54,6 +54,15 @@ def test_grade_from_a_worker_thread_uses_math_verify():
     worker.start()
     worker.join(timeout=120)
     assert results and results[0].correct and results[0].detail == "math-verify"
+
+
+def test_grade_on_the_main_thread_starts_no_worker_process(monkeypatch):
+    """Spawned workers would re-import an unguarded __main__ script (and rerun it)."""
+    import threadweaver.reward as module
+
+    monkeypatch.setattr(module._pool, "run", lambda *args: pytest.fail("graded in a worker process"))
+    result = grade(r"\boxed{\frac{2}{4}}", "1/2")
+    assert result.correct and result.detail == "math-verify"
 
 
 def test_grade_from_asyncio():

@@ -2,10 +2,12 @@
 
 math-verify enforces its time limits with ``signal.alarm``, which raises outside the
 main thread, and verl reward managers and TRL async rewards call from worker threads.
-So grading runs in a small pool of worker processes, where each call is in the
-worker's main thread and the library's own time limits work; a hard deadline on the
-caller's side replaces a stuck pool. ``grade`` is safe to call from any thread;
-``agrade`` from asyncio code.
+On the main thread (TRL's reward functions, lm-eval's scoring) math-verify runs in
+process with its own time limits. From any other thread grading runs in a small pool of
+worker processes, where each call is in the worker's main thread; a hard deadline on the
+caller's side replaces a stuck pool. Only that pool starts processes, which re-import an
+unguarded ``__main__`` script. ``grade`` is safe to call from any thread; ``agrade`` from
+asyncio code.
 """
 
 from __future__ import annotations
@@ -107,6 +109,11 @@ def grade(response: str, gold: str, timeout_s: float = 5.0) -> Grade:
         return Grade(False, "no boxed answer")
     if _normalise(answer) == _normalise(gold):
         return Grade(True, "exact")
+    if threading.current_thread() is threading.main_thread():
+        try:
+            return Grade(_verify_in_worker(answer, gold, timeout_s), "math-verify")
+        except Exception as err:  # a grading failure is a wrong answer, never a crash
+            return Grade(False, f"error: {type(err).__name__}: {err}")
     return _pool.run(answer, gold, timeout_s)
 
 
@@ -116,6 +123,7 @@ async def agrade(response: str, gold: str, timeout_s: float = 5.0) -> Grade:
 
 
 def _verify_in_worker(answer: str, gold: str, timeout_s: float) -> bool:
+    """math-verify on one answer; must run on its process's main thread (its time limits use signals)."""
     from math_verify import parse, verify
 
     limit = max(1, int(round(timeout_s)))
