@@ -49,21 +49,22 @@ def prompt_ids(row: dict, tokenizer: Any) -> list[int]:
             messages = messages[:-1]
         if not messages:
             raise ValueError("field 'messages' has no turn before the assistant's")
-        return _chat(tokenizer, messages)
+        return chat_prompt_ids(tokenizer, messages)
     if "prompt" in row:
         prompt = row["prompt"]
         if isinstance(prompt, list):
-            return _chat(tokenizer, prompt)
+            return chat_prompt_ids(tokenizer, prompt)
         if not isinstance(prompt, str):
             raise ValueError("field 'prompt' must be a string or a list of messages")
         if getattr(tokenizer, "chat_template", None):
-            return _chat(tokenizer, [{"role": "user", "content": prompt}])
+            return chat_prompt_ids(tokenizer, [{"role": "user", "content": prompt}])
         return tokenizer.encode(prompt, add_special_tokens=False)
     raise ValueError("no prompt: expected 'messages', 'prompt' or 'prompt_ids'")
 
 
-def _chat(tokenizer: Any, messages: list[dict]) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+def chat_prompt_ids(tokenizer: Any, messages: list[dict], **template_kwargs) -> list[int]:
+    """``messages`` through the chat template, with the generation prompt, as token ids."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
     return tokenizer.encode(text, add_special_tokens=False)
 
 

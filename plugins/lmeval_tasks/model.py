@@ -22,7 +22,7 @@ from lm_eval.api.model import LM
 
 from threadweaver.batch import BatchProgress, Job, decode_jobs, prompt_ids, trajectory_row
 from threadweaver.format import Format
-from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory
+from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, trajectory_text
 from threadweaver.vllm_orchestrator.engines import EngineArgs, make_engine, tokenizer_source
 
 from . import measured
@@ -85,10 +85,7 @@ def sampling_from(gen_kwargs: dict, seed: int | None) -> tuple[Sampling, int | N
 
 def response_text(trajectory: Trajectory, fmt: Format, until: list[str]) -> str:
     """The generated text without its final end-of-sequence token, cut at the first stop string."""
-    ids = list(trajectory.token_ids)
-    if ids and ids[-1] in fmt.eos_ids:
-        ids.pop()
-    text = fmt.decode(ids)
+    text = trajectory_text(trajectory, fmt)
     cuts = [text.index(s) for s in until if s and s in text]
     return text[:min(cuts)] if cuts else text
 
