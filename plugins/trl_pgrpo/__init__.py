@@ -1,1 +1,12 @@
-"""threadweaver.trl_pgrpo: P-GRPO for TRL (PGRPOConfig, PGRPOTrainer)."""
+"""threadweaver.trl_pgrpo: P-GRPO for TRL.
+
+``PGRPOTrainer(model, args=PGRPOConfig(...), train_dataset=...)`` trains with fork-join
+rollouts (the shared orchestrator), one token-trie row per trajectory under the tree
+mask, and the correctness + acceleration rewards (:func:`pgrpo_rewards`).
+"""
+
+from threadweaver.trl_pgrpo.config import PGRPOConfig
+from threadweaver.trl_pgrpo.rewards import pgrpo_rewards
+from threadweaver.trl_pgrpo.trainer import PGRPOTrainer
+
+__all__ = ["PGRPOConfig", "PGRPOTrainer", "pgrpo_rewards"]

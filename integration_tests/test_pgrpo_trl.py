@@ -1,0 +1,183 @@
+"""P-GRPO inside TRL: a real ``PGRPOTrainer`` on the embedded SFT'd ThreadWeaver model
+(a 1M-parameter Qwen3 trained by ``threadweaver sft``), rollouts decoded in-process by
+the shared orchestrator, on synthetic problems, on CPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from threadweaver.orchestrator import trajectory_text
+from threadweaver.quickstart.recipe import embedded_models
+from threadweaver.reward import RewardConfig, acceleration, grade
+from threadweaver.synth import make_rows
+from threadweaver.trl_pgrpo import PGRPOConfig, PGRPOTrainer
+from threadweaver.vllm_orchestrator.transformers_engine import TransformersEngine
+
+GROUP = 4
+METRICS = ("threadweaver/correct_rate", "threadweaver/acceleration_ratio", "threadweaver/parallel_usage",
+           "threadweaver/critical_path_tokens", "threadweaver/total_tokens", "threadweaver/format_valid",
+           "rewards/correctness/mean", "rewards/acceleration/mean")
+
+
+class Recording:
+    """An engine that keeps each (context, completion) it answered."""
+
+    def __init__(self, engine):
+        self.engine, self.answered = engine, []
+
+    async def generate(self, prompt_ids, stop_ids, max_tokens, sampling):
+        completion = await self.engine.generate(prompt_ids, stop_ids, max_tokens, sampling)
+        self.answered.append((tuple(prompt_ids), tuple(completion.token_ids)))
+        return completion
+
+
+def dataset(n: int) -> Dataset:
+    rows = make_rows(n, 7, split="pgrpo-test")
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
+                              for r in rows])
+
+
+def config(tmp_path, **overrides) -> PGRPOConfig:
+    settings = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", logging_steps=1,
+                    per_device_train_batch_size=GROUP, num_generations=GROUP, max_completion_length=640,
+                    learning_rate=1e-5, save_strategy="no", seed=0, disable_tqdm=True)
+    return PGRPOConfig(**{**settings, **overrides})
+
+
+def trainer_for(tmp_path, engine=None, **overrides):
+    path = str(embedded_models()["parallel"])
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return PGRPOTrainer(model, args=config(tmp_path, **overrides), train_dataset=dataset(8),
+                        processing_class=tokenizer, engine=engine)
+
+
+class Recorder:
+    """Wraps the trainer's generate-and-score step to keep what each step produced."""
+
+    def __init__(self, trainer):
+        self.steps = []
+        inner = trainer._generate_and_score_completions
+
+        def generate_and_score(inputs):
+            out = inner(inputs)
+            self.steps.append((inputs, list(trainer._trajectories), out))
+            return out
+
+        trainer._generate_and_score_completions = generate_and_score
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    trainer = trainer_for(tmp_path_factory.mktemp("pgrpo"), max_steps=3)
+    recorder = Recorder(trainer)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.train()
+    return trainer, recorder.steps, before
+
+
+def test_a_run_trains_on_parallel_rollouts_and_logs_every_metric(trained):
+    trainer, steps, before = trained
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logs) == 3 and all(math.isfinite(entry["loss"]) for entry in logs)
+    for name in METRICS:
+        assert all(name in entry for entry in logs), name
+    assert all(entry["threadweaver/parallel_usage"] > 0 for entry in logs)
+    assert max(entry["threadweaver/acceleration_ratio"] for entry in logs) > 1.2
+    changed = [name for name, p in trainer.model.named_parameters() if not torch.equal(before[name], p.detach())]
+    assert len(changed) == len(before)
+    trajectories = [t for _, batch, _ in steps for t in batch]
+    assert any(t.stats.blocks > 0 for t in trajectories)
+
+
+def test_advantages_are_group_mean_centred_and_not_std_scaled(trained):
+    trainer, steps, _ = trained
+    reward = RewardConfig(factor=0.5, clip=0.2)
+    spread = False
+    for inputs, trajectories, out in steps:
+        rewards = []
+        for row, t in zip(inputs, trajectories):
+            correct = grade(trajectory_text(t, trainer.fmt), row["answer"]).correct
+            rewards.append(float(correct) + (acceleration(t.stats.total_tokens, t.stats.critical_path_tokens, reward)
+                                             if correct else 0.0))
+        rewards = torch.tensor(rewards).view(-1, GROUP)
+        advantages = out["advantages"].view(-1, GROUP)
+        assert torch.allclose(advantages.sum(1), torch.zeros(len(advantages)), atol=1e-5)
+        assert torch.allclose(advantages, rewards - rewards.mean(1, keepdim=True), atol=1e-5)
+        spread = spread or bool((rewards.std(1) > 0).any())
+    assert spread, "no group had rewards that differ: the std check above proved nothing"
+
+
+def test_every_trained_token_scores_as_in_its_own_request_at_step_0(tmp_path):
+    """Before any update, the trainer's log-prob of each sampled token equals a separate plain forward
+    over the request that sampled it, so the importance ratio against the sampler is 1."""
+    path = str(embedded_models()["parallel"])
+    sampler = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    engine = Recording(TransformersEngine(sampler, pad_token_id=0))
+    trainer = trainer_for(tmp_path, engine=engine, max_steps=1)
+    out = trainer._generate_and_score_completions([dict(row) for row in dataset(2) for _ in range(GROUP)])
+    assert any(t.stats.blocks > 0 for t in trainer._trajectories)
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+    mask = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+    trainer._tree = {key: out[key] for key in ("tree_parent", "tree_position", "tree_end")}
+    with torch.no_grad():
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask,
+                                                                 out["completion_ids"].shape[1])
+    trainer._tree = None
+
+    separate = {}
+    with torch.no_grad():
+        for context, completion in engine.answered:
+            sequence = torch.tensor([context + completion])
+            scores = torch.log_softmax(sampler(sequence).logits[0].float(), -1)
+            for i, token in enumerate(completion):
+                separate[(context + completion[:i], token)] = scores[len(context) + i - 1, token].item()
+
+    errors, width = [], out["prompt_ids"].shape[1]
+    for b in range(len(ids)):
+        pad = width - int(out["prompt_mask"][b].sum())
+        row = ids[b, pad:].tolist()
+        parent = list(range(-1, width - pad - 1)) + [p for p in out["tree_parent"][b].tolist()]
+        for t in torch.nonzero(out["tool_mask"][b] * out["completion_mask"][b])[:, 0].tolist():
+            j, path, at = width - pad + t, [], parent[width - pad + t]
+            while at >= 0:
+                path.append(row[at])
+                at = parent[at]
+            errors.append(abs(logps[b, t].item() - separate[(tuple(reversed(path)), row[j])]))
+    assert len(errors) == sum(t.stats.total_tokens for t in trainer._trajectories)
+    assert max(errors) < 1e-5
+
+
+def test_the_sequential_baseline_rolls_out_plainly_and_earns_no_acceleration(tmp_path):
+    trainer = trainer_for(tmp_path, branching=False, max_steps=1)
+    recorder = Recorder(trainer)
+    trainer.train()
+    [(_, trajectories, out)] = recorder.steps
+    assert all(t.stats.blocks == 0 and len(t.requests) == 1 for t in trajectories)
+    assert bool((out["tool_mask"] * out["completion_mask"]).sum(1).eq(out["completion_mask"].sum(1)).all())
+    [log] = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert log["rewards/acceleration/mean"] == 0.0 and log["threadweaver/parallel_usage"] == 0.0
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"scale_rewards": "group"}, "does not divide by their std"),
+    ({"scale_rewards": "batch"}, "does not divide by their std"),
+    ({"multi_objective_aggregation": "normalize_then_sum"}, "normalises each reward"),
+    ({"mask_truncated_completions": True}, "token trie whose last token ends a branch"),
+])
+def test_settings_that_break_p_grpo_are_refused_with_the_reason(tmp_path, setting, message):
+    with pytest.raises(ValueError, match=message):
+        config(tmp_path, **setting)
+
+
+def test_paper_defaults(tmp_path):
+    args = PGRPOConfig(output_dir=str(tmp_path), use_cpu=True)
+    assert (args.learning_rate, args.num_generations, args.epsilon, args.epsilon_high) == (1e-6, 8, 0.2, 0.28)
+    assert (args.scale_rewards, args.acceleration_factor, args.acceleration_clip) == ("none", 0.5, 0.2)
+    assert args.reward_config().factor == 0.5
+    assert PGRPOConfig(output_dir=str(tmp_path), use_cpu=True, branching=False).reward_config().factor == 0.0

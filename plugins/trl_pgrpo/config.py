@@ -1,0 +1,64 @@
+"""``PGRPOConfig``: TRL's ``GRPOConfig`` with P-GRPO's defaults and the rollout settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from threadweaver.orchestrator import Limits
+from threadweaver.reward import RewardConfig
+
+STD_REFUSAL = (
+    "P-GRPO centres rewards on their group mean and does not divide by their std (scale_rewards='none'). When every "
+    "rollout of a group is correct, the correctness reward cancels and only the small acceleration term is left; "
+    "dividing by its std blows it up to unit scale, so speed outweighs correctness (the paper's ablation: 74.8% "
+    "instead of 79.9% on AIME24, with longer trajectories)"
+)
+
+
+@dataclass
+class PGRPOConfig(GRPOConfig):
+    """GRPO with the paper's P-GRPO settings; the fields below are the ThreadWeaver ones."""
+
+    learning_rate: float = field(default=1e-6, metadata={"help": "Initial AdamW learning rate (the paper's 1e-6)."})
+    num_generations: int | None = field(default=8, metadata={"help": "Rollouts per prompt (the paper's 8)."})
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clip of the importance ratio (the paper's 0.2)."})
+    epsilon_high: float | None = field(default=0.28, metadata={
+        "help": "Upper clip of the importance ratio (the paper's 0.28)."})
+    scale_rewards: str = field(default="none", metadata={
+        "help": "Must be 'none': advantages are mean-centred per group, never divided by the std."})
+    temperature: float = field(default=1.0, metadata={"help": "Rollout sampling temperature (the paper's 1.0)."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping (the paper's 1.0)."})
+
+    branching: bool = field(default=True, metadata={
+        "help": "Fork-join rollouts; False trains the sequential baseline: one plain request per rollout and no "
+                "acceleration reward."})
+    acceleration_factor: float = field(default=0.5, metadata={
+        "help": "Weight of the acceleration reward (the paper's 0.5)."})
+    acceleration_clip: float = field(default=0.2, metadata={
+        "help": "Upper clip of 1 - critical path / total tokens before weighting (the paper's clip_max 0.2)."})
+    max_threads: int = field(default=16, metadata={"help": "Most threads in one block; more decode sequentially."})
+    max_depth: int = field(default=3, metadata={"help": "Deepest nesting of blocks; deeper ones decode sequentially."})
+
+    def __post_init__(self) -> None:
+        if self.scale_rewards is False:
+            self.scale_rewards = "none"
+        if self.scale_rewards != "none":
+            raise ValueError(f"scale_rewards={self.scale_rewards!r}: {STD_REFUSAL}")
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(f"multi_objective_aggregation={self.multi_objective_aggregation!r} normalises each "
+                             f"reward by its std before summing: {STD_REFUSAL}")
+        if self.mask_truncated_completions:
+            raise ValueError("mask_truncated_completions reads truncation off a row's last token, but a P-GRPO row is a "
+                             "token trie whose last token ends a branch; a rollout cut by max_completion_length "
+                             "already gets no correctness reward")
+        super().__post_init__()
+
+    def reward_config(self) -> RewardConfig:
+        return RewardConfig(factor=self.acceleration_factor if self.branching else 0.0, clip=self.acceleration_clip)
+
+    def limits(self) -> Limits:
+        """The orchestrator's limits for one rollout: ``max_completion_length`` generated tokens in all."""
+        return Limits(branching=self.branching, max_threads=self.max_threads, max_depth=self.max_depth,
+                      max_tokens=self.max_completion_length, max_request_tokens=self.max_completion_length)

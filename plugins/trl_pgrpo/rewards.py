@@ -1,0 +1,57 @@
+"""TRL reward functions for P-GRPO: correctness and acceleration, two functions so that
+TRL logs each part (``rewards/correctness/mean``, ``rewards/acceleration/mean``).
+
+Both read the gold answer from the dataset column ``answer``; the acceleration term reads
+the ``trajectory_stats`` that :class:`~threadweaver.trl_pgrpo.PGRPOTrainer`'s rollouts
+attach, and is paid only for a correct answer. Grades are cached, so the second function
+and the trainer's ``correct_rate`` do not grade an answer again.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+from threadweaver.reward import RewardConfig, acceleration, grade
+
+GOLD_COLUMN = "answer"
+
+
+def completion_text(completion) -> str:
+    """A TRL completion (a string, or a conversation ending in the assistant's turn) as text."""
+    if isinstance(completion, str):
+        return completion
+    return completion[-1]["content"]
+
+
+@functools.lru_cache(maxsize=16384)
+def is_correct(text: str, gold: str, timeout_s: float = 5.0) -> bool:
+    return grade(text, gold, timeout_s=timeout_s).correct
+
+
+def _golds(kwargs: dict, who: str) -> list[str]:
+    if GOLD_COLUMN not in kwargs:
+        columns = sorted(k for k in kwargs if k not in ("trainer_state", "log_extra", "log_metric"))
+        raise ValueError(f"{who} needs the gold answer in a dataset column {GOLD_COLUMN!r}; the rows have {columns}")
+    return [str(g) for g in kwargs[GOLD_COLUMN]]
+
+
+def pgrpo_rewards(config: RewardConfig = RewardConfig()) -> list[Callable]:
+    """``[correctness, acceleration]`` for ``GRPOTrainer(reward_funcs=...)``."""
+
+    def correctness(completions, **kwargs) -> list[float]:
+        golds = _golds(kwargs, "the correctness reward")
+        return [float(is_correct(completion_text(c), g, config.timeout_s)) for c, g in zip(completions, golds)]
+
+    def acceleration_reward(completions, **kwargs) -> list[float]:
+        golds = _golds(kwargs, "the acceleration reward")
+        stats = kwargs.get("trajectory_stats")
+        if stats is None:
+            raise ValueError("the acceleration reward needs the rollouts' trajectory_stats: train with PGRPOTrainer, "
+                             "whose fork-join rollouts attach them")
+        return [acceleration(s["total_tokens"], s["critical_path_tokens"], config)
+                if is_correct(completion_text(c), g, config.timeout_s) else 0.0
+                for c, g, s in zip(completions, golds, stats)]
+
+    acceleration_reward.__name__ = "acceleration"
+    return [correctness, acceleration_reward]

@@ -1,0 +1,223 @@
+"""``PGRPOTrainer``: TRL's ``GRPOTrainer`` with fork-join rollouts, each trained as one token trie.
+
+Rollouts: the shared orchestrator decodes each prompt's ``num_generations`` trajectories,
+by default with the policy itself in-process (a batched transformers ``generate`` per
+block). Any :class:`~threadweaver.orchestrator.Engine` may be passed as ``engine=``
+instead, e.g. a vLLM or SGLang server whose weights the caller keeps in sync.
+
+Training: each trajectory is ONE row, its trie split after the prompt
+(:func:`threadweaver.pgrpo.trie_row`). TRL sees the trie after the prompt as the
+"completion" and ``env_mask`` marks the tokens the model sampled in that very context.
+This trainer scores every completion token from its trie parent's logits under the tree
+mask, with trie depths as positions, so TRL's own advantages (one scalar per trajectory,
+broadcast to its tokens), clipping and loss apply unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from statistics import fmean
+
+import torch
+from trl import GRPOTrainer
+from trl.data_utils import is_conversational
+
+from threadweaver.batch import Job, chat_prompt_ids, decode_jobs
+from threadweaver.format import Format
+from threadweaver.hf_collator import use_tree_attention
+from threadweaver.orchestrator import Engine, Orchestrator, Sampling, Trajectory, trajectory_text
+from threadweaver.pgrpo import TrieRow, rollout_metrics, trie_row
+from threadweaver.trl_pgrpo.config import PGRPOConfig
+from threadweaver.trl_pgrpo.rewards import GOLD_COLUMN, is_correct, pgrpo_rewards
+
+TREE_KEYS = ("tree_parent", "tree_position", "tree_end")
+"""Per completion token of a row: its parent's row index, its trie depth, the end of its subtree."""
+
+
+class PGRPOTrainer(GRPOTrainer):
+    def __init__(self, model, reward_funcs=None, args: PGRPOConfig | None = None, train_dataset=None,
+                 eval_dataset=None, processing_class=None, *, engine: Engine | None = None, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = PGRPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-PGRPO")
+        elif not isinstance(args, PGRPOConfig):
+            raise TypeError(f"PGRPOTrainer needs a PGRPOConfig (P-GRPO's defaults and rollout settings), not a "
+                            f"{type(args).__name__}")
+        if kwargs.get("rollout_func") is not None:
+            raise TypeError("PGRPOTrainer decodes its own fork-join rollouts; pass engine= to choose where")
+        if reward_funcs is None:
+            reward_funcs = pgrpo_rewards(args.reward_config())
+        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class, rollout_func=self._rollout,
+                         **kwargs)
+        self.fmt = Format.from_tokenizer(self._tokenizer)
+        use_tree_attention(self.model)
+        if self.ref_model is not None:
+            use_tree_attention(self.ref_model)
+        self.engine = engine
+        self._tree: dict[str, torch.Tensor] | None = None
+        self._trajectories: list[Trajectory] = []
+
+    # Rollouts ---------------------------------------------------------------------------
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        """A dataset prompt as TRL tokenises it: a conversation through the chat template, text as it is."""
+        if is_conversational({"prompt": prompt}):
+            return chat_prompt_ids(self._tokenizer, prompt, **self.chat_template_kwargs)
+        return self._tokenizer(text=prompt)["input_ids"]
+
+    def _decode(self, prompt_ids: list[list[int]]) -> list[Trajectory]:
+        args = self.args
+        model = self.accelerator.unwrap_model(self.model)
+        training = model.training
+        engine = self.engine
+        if engine is None:
+            from threadweaver.vllm_orchestrator.transformers_engine import TransformersEngine
+
+            engine = TransformersEngine(model, pad_token_id=self._tokenizer.pad_token_id, max_batch=len(prompt_ids))
+        sampling = Sampling(temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k if args.top_k and args.top_k > 0 else -1)
+        orchestrator = Orchestrator(engine, self.fmt, args.limits(), sampling)
+        jobs = [Job(str(i), 0, tuple(ids), {}) for i, ids in enumerate(prompt_ids)]
+
+        async def decode_all() -> list[Trajectory]:
+            out: list[Trajectory | None] = [None] * len(jobs)
+            async for job, trajectory, _ in decode_jobs(jobs, orchestrator, concurrency=len(jobs)):
+                out[int(job.row_id)] = trajectory
+            return out
+
+        model.eval()
+        try:
+            return _run_sync(decode_all())
+        finally:
+            model.train(training)
+
+    def _rollout(self, prompts: list, trainer=None) -> dict:
+        """TRL's ``rollout_func``: one fork-join trajectory per prompt row, as trie rows."""
+        trajectories = self._decode([self._prompt_ids(p) for p in prompts])
+        rows = [trie_row(t, self.fmt) for t in trajectories]
+        self._trajectories = trajectories
+        self._tree = _tree_tensors(rows, self.accelerator.device)
+        return {
+            "prompt_ids": [r.prompt_ids for r in rows],
+            "completion_ids": [r.completion_ids for r in rows],
+            "logprobs": None,
+            "env_mask": [r.trained for r in rows],
+            "trajectory_stats": [t.stats.as_dict() for t in trajectories],
+        }
+
+    def _generate(self, prompts: list):
+        """TRL's generation step, with each rollout's own text as its completion (not the trie's tokens)."""
+        out = list(super()._generate(prompts))
+        texts = [trajectory_text(t, self.fmt) for t in self._trajectories]
+        out[3] = [[{"role": "assistant", "content": t}] for t in texts] if is_conversational(
+            {"prompt": prompts[0]}) else texts
+        mode = "train" if self.model.training else "eval"
+        clipped = self._metrics[mode]["completions/clipped_ratio"]
+        clipped[-1] = fmean(t.finish_reason != "stop" for t in self._trajectories)
+        return tuple(out)
+
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict:
+        try:
+            out = super()._generate_and_score_completions(inputs)
+            width = out["completion_ids"].shape[1]
+            out.update({key: _pad_to(value, width) for key, value in self._tree.items()})
+        finally:
+            self._tree = None
+        mode = "train" if self.model.training else "eval"
+        correct = None
+        if all(GOLD_COLUMN in row for row in inputs):
+            timeout = self.args.reward_config().timeout_s
+            correct = [is_correct(trajectory_text(t, self.fmt), str(row[GOLD_COLUMN]), timeout)
+                       for t, row in zip(self._trajectories, inputs)]
+        for name, value in rollout_metrics(self._trajectories, correct).items():
+            self._metrics[mode][f"threadweaver/{name}"].append(value)
+        return out
+
+    # Scoring ----------------------------------------------------------------------------
+
+    def _compute_loss(self, model, inputs):
+        self._tree = {key: inputs[key] for key in TREE_KEYS}
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._tree = None
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **multimodal):
+        """Per completion token, its log-prob from its trie parent's logits under the tree mask."""
+        if self._tree is None:
+            raise RuntimeError("PGRPOTrainer scores only the trie rows of its own rollouts")
+        if any(value is not None for value in multimodal.values()):
+            raise ValueError("PGRPOTrainer does not train multimodal inputs")
+        rows_in_batch, length = input_ids.shape
+        prompt_width = length - logits_to_keep
+        batch_size = batch_size or rows_in_batch
+        logps, entropies = [], []
+        for start in range(0, rows_in_batch, batch_size):
+            rows = slice(start, start + batch_size)
+            parent, position, end = _row_layout(self._tree, rows, attention_mask[rows], prompt_width)
+            with self.accelerator.autocast():
+                logits = model(input_ids=input_ids[rows], attention_mask=attention_mask[rows], position_ids=position,
+                               subtree_end=end, fused_lm_head=False).logits
+            index = parent[:, prompt_width:, None].expand(-1, -1, logits.shape[-1])
+            scores = torch.log_softmax(logits.gather(1, index).float() / self.temperature, dim=-1)
+            logps.append(scores.gather(-1, input_ids[rows, prompt_width:, None])[..., 0])
+            if compute_entropy:
+                entropies.append(-(scores.exp() * scores).sum(-1))
+        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
+
+def _run_sync(coroutine):
+    """Run ``coroutine`` to the end, also from inside a running event loop (a notebook)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def _tree_tensors(rows: list[TrieRow], device) -> dict[str, torch.Tensor]:
+    width = max(len(r.completion_ids) for r in rows)
+    out = {key: torch.zeros((len(rows), width), dtype=torch.long) for key in TREE_KEYS}
+    for b, row in enumerate(rows):
+        n = len(row.completion_ids)
+        out["tree_parent"][b, :n] = torch.tensor(row.parent)
+        out["tree_position"][b, :n] = torch.tensor(row.position_ids)
+        out["tree_end"][b, :n] = torch.tensor(row.subtree_end)
+    return {key: value.to(device) for key, value in out.items()}
+
+
+def _pad_to(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(tensor, (0, width - tensor.shape[1])) if tensor.shape[1] < width else tensor
+
+
+def _row_layout(tree: dict[str, torch.Tensor], rows: slice, attention_mask: torch.Tensor, prompt_width: int):
+    """(parent, position_ids, subtree_end) over TRL's row layout: left-padded prompt, right-padded completion.
+
+    Trie indices count from the row's first prompt token, so they shift by the row's left
+    padding. A padding position is its own parent, at depth 0, and visible to itself only.
+    """
+    count, length = attention_mask.shape
+    index = torch.arange(length, device=attention_mask.device).expand(count, length)
+    prompt_length = attention_mask[:, :prompt_width].sum(1, keepdim=True)
+    completion_length = attention_mask[:, prompt_width:].sum(1, keepdim=True)
+    offset = prompt_width - prompt_length
+    in_prompt = (index >= offset) & (index < prompt_width)
+    parent = torch.where(in_prompt & (index > offset), index - 1, index)
+    position = torch.where(in_prompt, index - offset, 0)
+    end = torch.where(in_prompt, prompt_width + completion_length, index + 1)
+    completion = slice(prompt_width, None)
+    in_completion = in_prompt.new_zeros(in_prompt.shape)
+    in_completion[:, completion] = index[:, completion] < prompt_width + completion_length
+    width = length - prompt_width
+    tree_part = {key: _pad_to(value[rows], width)[:, :width] for key, value in tree.items()}
+    parent[:, completion] = torch.where(in_completion[:, completion], offset + tree_part["tree_parent"],
+                                        parent[:, completion])
+    position[:, completion] = torch.where(in_completion[:, completion], tree_part["tree_position"],
+                                          position[:, completion])
+    end[:, completion] = torch.where(in_completion[:, completion], offset + tree_part["tree_end"],
+                                     end[:, completion])
+    return parent, position, end
