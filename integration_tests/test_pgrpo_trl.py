@@ -4,7 +4,11 @@ the shared orchestrator, on synthetic problems, on CPU."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,6 +21,7 @@ from threadweaver.reward import RewardConfig, acceleration, grade
 from threadweaver.synth import make_rows
 from threadweaver.trl_pgrpo import PGRPOConfig, PGRPOTrainer
 from threadweaver.vllm_orchestrator.transformers_engine import TransformersEngine
+from trained_model import run_cli
 
 GROUP = 4
 METRICS = ("threadweaver/correct_rate", "threadweaver/acceleration_ratio", "threadweaver/parallel_usage",
@@ -181,3 +186,42 @@ def test_paper_defaults(tmp_path):
     assert (args.scale_rewards, args.acceleration_factor, args.acceleration_clip) == ("none", 0.5, 0.2)
     assert args.reward_config().factor == 0.5
     assert PGRPOConfig(output_dir=str(tmp_path), use_cpu=True, branching=False).reward_config().factor == 0.0
+
+
+def problems_file(path, n: int, conversational: bool = True):
+    rows = make_rows(n, 3, split="pgrpo-cli")
+    with open(path, "w") as f:
+        for r in rows:
+            prompt = [{"role": "user", "content": r["prompt"]}] if conversational else r["prompt"]
+            f.write(json.dumps({"prompt": prompt, "answer": r["answer"]}) + "\n")
+    return path
+
+
+def test_the_command_trains_and_saves_a_plain_model(tmp_path):
+    data = problems_file(tmp_path / "problems.jsonl", 2, conversational=False)
+    out = tmp_path / "out"
+    done = run_cli("pgrpo", str(embedded_models()["parallel"]), str(data), "--output-dir", str(out), "--max-steps", "1",
+                   "--num-generations", "2", "--max-completion-length", "640")
+    assert f"saved model and tokenizer to {out}" in done.stdout
+    [log] = [entry for entry in json.loads((out / "log_history.json").read_text()) if "loss" in entry]
+    assert all(name in log for name in METRICS)
+    assert json.loads((out / "config.json").read_text()).get("_attn_implementation") in (None, "sdpa")
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_the_command_names_a_row_without_an_answer(tmp_path):
+    data = tmp_path / "problems.jsonl"
+    data.write_text(json.dumps({"prompt": "A=1+2\nA=?", "answer": "3"}) + "\n" + json.dumps({"prompt": "B=?"}) + "\n")
+    done = run_cli("pgrpo", str(embedded_models()["parallel"]), str(data), "--output-dir", str(tmp_path / "out"),
+                   check=False)
+    assert done.returncode != 0
+    assert f"threadweaver pgrpo: {data}: line 2: no 'answer' field" in done.stderr
+
+
+def test_example_script_trains_with_pgrpotrainer(tmp_path):
+    data = problems_file(tmp_path / "problems.jsonl", 2)
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "pgrpo_trl.py")
+    subprocess.run([sys.executable, example, str(embedded_models()["parallel"]), str(data), str(tmp_path / "out"), "1"],
+                   check=True, capture_output=True, cwd=tmp_path)
+    assert (tmp_path / "out" / "model.safetensors").exists()

@@ -7,6 +7,7 @@ import json
 import sys
 
 from threadweaver.cli_args import add_arguments, from_args
+from threadweaver.pgrpo_args import PGRPOArgs
 from threadweaver.sft_args import SFTArgs
 from threadweaver.synth import SynthConfig
 
@@ -74,6 +75,19 @@ def _sft(args: argparse.Namespace) -> None:
         sys.exit(f"threadweaver sft: {args.data}: {err} (--skip-malformed skips such rows)")
     except ValueError as err:
         sys.exit(f"threadweaver sft: {err}")
+    print(f"saved model and tokenizer to {out}")
+
+
+def _pgrpo(args: argparse.Namespace) -> None:
+    from threadweaver.report import RowError
+    from threadweaver.trl_pgrpo.command import train
+
+    try:
+        out = train(from_args(PGRPOArgs, args))
+    except RowError as err:
+        sys.exit(f"threadweaver pgrpo: {args.data}: {err}")
+    except (ValueError, TypeError) as err:
+        sys.exit(f"threadweaver pgrpo: {err}")
     print(f"saved model and tokenizer to {out}")
 
 
@@ -148,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("sft", help="fine-tune a model on trajectories with TRL's SFTTrainer and tree attention")
     add_arguments(p, SFTArgs)
     p.set_defaults(func=_sft)
+
+    p = commands.add_parser("pgrpo", help="P-GRPO: reinforce correct and faster fork-join reasoning with TRL "
+                                          "(the paper's defaults)")
+    add_arguments(p, PGRPOArgs)
+    p.set_defaults(func=_pgrpo)
 
     p = commands.add_parser("serve", help="start a vLLM server set up for fork-join decoding; prints its URL",
                             epilog="Flags after a lone -- go to the vLLM server as they are.")
