@@ -98,6 +98,11 @@ def test_a_run_trains_on_parallel_rollouts_and_logs_every_metric(trained):
     assert len(changed) == len(before)
     trajectories = [t for _, batch, _ in steps for t in batch]
     assert any(t.stats.blocks > 0 for t in trajectories)
+    for entry, (_, batch, _) in zip(logs, steps):
+        ended = [t.stats.total_tokens for t in batch if t.finish_reason == "stop"]
+        assert entry["completions/clipped_ratio"] == pytest.approx(1 - len(ended) / len(batch))
+        assert entry["completions/mean_length"] == pytest.approx(sum(t.stats.total_tokens for t in batch) / len(batch))
+        assert entry["completions/max_terminated_length"] == max(ended)
 
 
 def test_advantages_are_group_mean_centred_and_not_std_scaled(trained):
@@ -178,6 +183,11 @@ def test_the_sequential_baseline_rolls_out_plainly_and_earns_no_acceleration(tmp
 def test_settings_that_break_p_grpo_are_refused_with_the_reason(tmp_path, setting, message):
     with pytest.raises(ValueError, match=message):
         config(tmp_path, **setting)
+
+
+def test_trls_own_vllm_rollouts_are_refused_with_what_to_do_instead(tmp_path):
+    with pytest.raises(ValueError, match="pass engine=VLLMServerEngine"):
+        trainer_for(tmp_path, use_vllm=True)
 
 
 def test_paper_defaults(tmp_path):

@@ -25,7 +25,7 @@ RECIPE = {
             "--logging-steps", "20"],
 }
 
-_NOT_IN_TRAINING = {"orchestrator.py", "batch.py", "stats.py", "reward.py", "requests.py"}
+_NOT_IN_TRAINING = {"orchestrator.py", "batch.py", "stats.py", "reward.py", "requests.py", "pgrpo.py", "pgrpo_args.py"}
 """Core modules that training never runs (with the quickstart package): editing them keeps the cached model."""
 
 

@@ -44,6 +44,10 @@ class PGRPOTrainer(GRPOTrainer):
         elif not isinstance(args, PGRPOConfig):
             raise TypeError(f"PGRPOTrainer needs a PGRPOConfig (P-GRPO's defaults and rollout settings), not a "
                             f"{type(args).__name__}")
+        if args.use_vllm:
+            raise ValueError("PGRPOTrainer does not drive TRL's vLLM integration (use_vllm=True) yet: pass "
+                             "engine=VLLMServerEngine(...) (threadweaver.vllm_orchestrator) for a vLLM server whose "
+                             "weights you keep in sync, or leave it out to roll out with the policy in-process")
         if kwargs.get("rollout_func") is not None:
             raise TypeError("PGRPOTrainer decodes its own fork-join rollouts; pass engine= to choose where")
         if reward_funcs is None:
@@ -113,9 +117,13 @@ class PGRPOTrainer(GRPOTrainer):
         texts = [trajectory_text(t, self.fmt) for t in self._trajectories]
         out[3] = [[{"role": "assistant", "content": t}] for t in texts] if is_conversational(
             {"prompt": prompts[0]}) else texts
-        mode = "train" if self.model.training else "eval"
-        clipped = self._metrics[mode]["completions/clipped_ratio"]
-        clipped[-1] = fmean(t.finish_reason != "stop" for t in self._trajectories)
+        # TRL reads truncation off a row's last token, which in a trie ends a branch: redo it per trajectory.
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        ended = [t.stats.total_tokens for t in self._trajectories if t.finish_reason == "stop"] or [0]
+        metrics["completions/clipped_ratio"][-1] = fmean(t.finish_reason != "stop" for t in self._trajectories)
+        metrics["completions/mean_terminated_length"][-1] = fmean(ended)
+        metrics["completions/min_terminated_length"][-1] = min(ended)
+        metrics["completions/max_terminated_length"][-1] = max(ended)
         return tuple(out)
 
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict:
