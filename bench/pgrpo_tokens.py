@@ -21,13 +21,13 @@ import statistics
 import time
 
 
-def rollouts(problems: int, generations: int):
+def rollouts(problems: int, generations: int, max_tokens: int):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from threadweaver.batch import chat_prompt_ids
     from threadweaver.format import Format
-    from threadweaver.orchestrator import Orchestrator, Sampling
+    from threadweaver.orchestrator import Limits, Orchestrator, Sampling
     from threadweaver.quickstart.recipe import embedded_models
     from threadweaver.synth import make_rows
     from threadweaver.vllm_orchestrator.transformers_engine import TransformersEngine
@@ -37,7 +37,8 @@ def rollouts(problems: int, generations: int):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     fmt = Format.from_tokenizer(tokenizer)
     engine = TransformersEngine(model, pad_token_id=tokenizer.pad_token_id, max_batch=problems * generations)
-    orchestrator = Orchestrator(engine, fmt, sampling=Sampling(temperature=1.0))
+    limits = Limits(max_tokens=max_tokens, max_request_tokens=max_tokens)  # as PGRPOTrainer caps a rollout
+    orchestrator = Orchestrator(engine, fmt, limits, Sampling(temperature=1.0))
     prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": row["prompt"]}])
                for row in make_rows(problems, 0, split="validation")]
 
@@ -56,19 +57,26 @@ def expanded_rows(trajectory, fmt) -> list[tuple[list[int], list[int]]]:
     return [(list(r.context), list(r.completion)) for r in plan.requests]
 
 
-def fwd_bwd_seconds(model, batch: dict, repeats: int) -> float:
+def fwd_bwd_seconds(model, batches: list[dict], repeats: int) -> float:
+    """Median over ``repeats`` of one forward + backward over every micro-batch (gradients accumulate)."""
     import torch
 
     times = []
     for _ in range(repeats):
         model.zero_grad(set_to_none=True)
         started = time.perf_counter()
-        logits = model(**{k: v for k, v in batch.items() if k not in ("target_index", "targets", "weights")}).logits
-        picked = logits.gather(1, batch["target_index"][..., None].expand(-1, -1, logits.shape[-1]))
-        logps = torch.log_softmax(picked.float(), -1).gather(-1, batch["targets"][..., None])[..., 0]
-        (-(logps * batch["weights"]).sum()).backward()
+        for batch in batches:
+            inputs = {k: v for k, v in batch.items() if k not in ("target_index", "targets", "weights")}
+            logits = model(**inputs).logits
+            picked = logits.gather(1, batch["target_index"][..., None].expand(-1, -1, logits.shape[-1]))
+            logps = torch.log_softmax(picked.float(), -1).gather(-1, batch["targets"][..., None])[..., 0]
+            (-(logps * batch["weights"]).sum()).backward()
         times.append(time.perf_counter() - started)
     return statistics.median(times)
+
+
+def chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 def trie_batch(rows) -> dict:
@@ -118,39 +126,42 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=8)
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-completion-length", type=int, default=1024)
+    parser.add_argument("--micro-batch", type=int, default=8, help="rows per forward, in both layouts")
     args = parser.parse_args()
 
     from threadweaver.hf_collator import use_tree_attention
     from threadweaver.pgrpo import trie_row
 
     started = time.perf_counter()
-    model, fmt, trajectories = rollouts(args.problems, args.generations)
+    model, fmt, trajectories = rollouts(args.problems, args.generations, args.max_completion_length)
     print(f"{len(trajectories)} rollouts in {time.perf_counter() - started:.0f} s: "
           f"{sum(t.stats.blocks > 0 for t in trajectories)} with a parallel block, "
+          f"{sum(t.degraded for t in trajectories)} degraded, "
           f"{statistics.fmean(t.stats.total_tokens for t in trajectories):.0f} generated tokens each")
     rows = [trie_row(t, fmt) for t in trajectories]
     requests = [r for t in trajectories for r in expanded_rows(t, fmt)]
     trained = sum(r.trained_tokens for r in rows)
-    assert trained == sum(len(x) for _, x in requests) == sum(t.stats.total_tokens for t in trajectories)
+    assert trained == sum(t.stats.total_tokens for t in trajectories)
 
-    trie = trie_batch(rows)
-    causal = causal_batch(requests)
+    trie = [trie_batch(chunk) for chunk in chunks(rows, args.micro_batch)]
+    causal = [causal_batch(chunk) for chunk in chunks(requests, args.micro_batch)]
     trie_tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
     expanded_tokens = sum(len(c) + len(x) for c, x in requests)
     print(f"\ntrained (sampled) tokens in both layouts: {trained}")
-    print(f"{'layout':<28}{'rows':>6}{'tokens':>9}{'padded':>9}{'fwd+bwd s':>11}")
+    print(f"{'layout':<28}{'rows':>6}{'tokens':>9}{'padded':>9}{'fwd+bwd s':>11}   ({args.micro_batch} rows a forward)")
     model.train()
     use_tree_attention(model)
     trie_s = fwd_bwd_seconds(model, trie, args.repeats)
     model.set_attn_implementation("sdpa")
     causal_s = fwd_bwd_seconds(model, causal, args.repeats)
-    for name, count, tokens, batch, seconds in (("trie row per trajectory", len(rows), trie_tokens, trie, trie_s),
-                                                ("row per request (reference)", len(requests), expanded_tokens,
-                                                 causal, causal_s)):
-        print(f"{name:<28}{count:>6}{tokens:>9}{batch['input_ids'].numel():>9}{seconds:>11.2f}")
+    padded = {"trie": sum(b["input_ids"].numel() for b in trie), "causal": sum(b["input_ids"].numel() for b in causal)}
+    for name, count, tokens, width, seconds in (
+            ("trie row per trajectory", len(rows), trie_tokens, padded["trie"], trie_s),
+            ("row per request (reference)", len(requests), expanded_tokens, padded["causal"], causal_s)):
+        print(f"{name:<28}{count:>6}{tokens:>9}{width:>9}{seconds:>11.2f}")
     print(f"\nexpanded / trie: {expanded_tokens / trie_tokens:.2f}x tokens, "
-          f"{causal['input_ids'].numel() / trie['input_ids'].numel():.2f}x padded tokens, "
-          f"{causal_s / trie_s:.2f}x fwd+bwd time")
+          f"{padded['causal'] / padded['trie']:.2f}x padded tokens, {causal_s / trie_s:.2f}x fwd+bwd time")
 
 
 if __name__ == "__main__":
