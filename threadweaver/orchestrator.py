@@ -8,7 +8,9 @@ recurse the same way up to ``max_depth``.
 
 Model output never makes it raise. Malformed outlines, too many threads or nesting too
 deep decode the rest of that sequence sequentially; a thread that ends with EOS, hits a
-token limit or the deadline is closed with an injected ``</Thread>``. Tags the model
+token limit or the deadline is closed with an injected ``</Thread>``. An engine error
+raises, unless ``degrade_on_engine_error`` is set (RL rollouts, where one failed
+request must not lose a batch): then it ends that sequence like a limit would. Tags the model
 writes outside a block head are kept as text, and an empty thread stays empty. Each
 such event is listed in the trajectory's ``problems``. Token latency is counted from
 the requests as they ran: a sequence's own generated tokens plus, per block, its
@@ -94,7 +96,7 @@ class Trajectory:
     """What degraded, in order; empty for a well-formed run."""
     stats: LatencyStats
     finish_reason: str
-    """``"stop"`` (EOS), ``"length"`` (a token limit) or ``"timeout"``."""
+    """``"stop"`` (EOS), ``"length"`` (a token limit), ``"timeout"`` or ``"error"`` (the engine failed)."""
     closed_threads: frozenset[tuple[tuple[int, int], ...]] = frozenset()
     """Thread paths whose ``</Thread>`` the orchestrator injected (a limit or a dropped EOS ended them)."""
 
@@ -129,8 +131,10 @@ class _Decoded:
 
 
 class Orchestrator:
-    def __init__(self, engine: Engine, fmt: Format, limits: Limits = Limits(), sampling: Sampling = Sampling()):
+    def __init__(self, engine: Engine, fmt: Format, limits: Limits = Limits(), sampling: Sampling = Sampling(),
+                 degrade_on_engine_error: bool = False):
         self.engine, self.fmt, self.limits, self.sampling = engine, fmt, limits, sampling
+        self.degrade_on_engine_error = degrade_on_engine_error
 
     async def run(self, prompt_ids: Sequence[int], sampling: Sampling | None = None) -> Trajectory:
         """Decode one trajectory; ``sampling`` overrides the orchestrator's for this one."""
@@ -183,18 +187,30 @@ class _Run:
         started = time.monotonic()
         call = self.o.engine.generate(context, sorted(stop), max_tokens, self.sampling)
         if self.deadline is None:
-            completion = await call
+            try:
+                completion = await call
+            except Exception as err:
+                self.engine_failed(err, path)
         else:
             try:
                 completion = await asyncio.wait_for(call, max(self.deadline - started, 0.0))
             except asyncio.TimeoutError:
                 raise _Stop("timeout") from None
+            except Exception as err:
+                self.engine_failed(err, path)
         tokens = tuple(completion.token_ids[:max_tokens])
         self.budget -= len(tokens)
         self.records.append(RequestRecord(path, len(context), len(tokens), completion.finish_reason,
                                           started - self.start, time.monotonic() - self.start,
                                           completion.cached_tokens))
         return dataclasses.replace(completion, token_ids=tokens)
+
+    def engine_failed(self, err: Exception, path):
+        if not self.o.degrade_on_engine_error:
+            raise err
+        self.problems.append(f"{self.where(path)}: the engine failed ({type(err).__name__}: {err}); "
+                             "the sequence stopped there")
+        raise _Stop("error") from None
 
     def where(self, path) -> str:
         return "main sequence" if not path else "thread " + ".".join(str(n) for _, n in path)
@@ -275,7 +291,9 @@ class _Run:
             self.problems.append(f"{self.where(path)}: the thread is empty")
         if in_thread and (ended != "stop" or last != tags.thread_end):
             self.closed_by_orchestrator.add(path)
-            if ended != "stop":
+            if ended == "error":
+                self.problems.append(f"{self.where(path)}: closed after the engine error")
+            elif ended != "stop":
                 self.problems.append(f"{self.where(path)}: stopped by the {ended} limit; the thread was closed")
         return _Decoded(nodes, total, critical, ended)
 

@@ -1,7 +1,9 @@
 """An in-process transformers engine: for CPU use, tests and RL rollouts without a server.
 
 Requests that arrive together (the threads of a block) are batched into one
-``generate`` call with left padding, so a block costs one batched decode.
+``generate`` call with left padding, so a block costs one batched decode. With
+``logprobs=True`` each completion carries its sampled tokens' log-probs under the raw
+logits (before temperature and top-p), as vLLM reports them by default.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from threadweaver.orchestrator import Completion, Sampling
 
 
 class TransformersEngine:
-    def __init__(self, model, pad_token_id: int | None = None, max_batch: int = 32):
+    def __init__(self, model, pad_token_id: int | None = None, max_batch: int = 32, logprobs: bool = False):
         self.model = model.eval()
+        self.logprobs = logprobs
         config_pad = model.generation_config.pad_token_id
         self.pad_token_id = pad_token_id if pad_token_id is not None else config_pad
         if self.pad_token_id is None:
@@ -69,15 +72,19 @@ class TransformersEngine:
             output = self.model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                 max_new_tokens=max(item[2] for item in items), eos_token_id=list(stop),
-                pad_token_id=self.pad_token_id, **kwargs,
+                pad_token_id=self.pad_token_id, return_dict_in_generate=True, output_logits=self.logprobs,
+                **kwargs,
             )
+        generated = output.sequences[:, width:]
+        if self.logprobs:
+            logits = torch.stack(output.logits, dim=1).float()
+            sampled = torch.log_softmax(logits, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1).tolist()
         stops = set(stop)
         results = []
         for row, item in enumerate(items):
-            new = output[row, width:].tolist()[: item[2]]
+            new = generated[row].tolist()[: item[2]]
             end = next((i for i, t in enumerate(new) if t in stops), None)
-            if end is None:
-                results.append(Completion(tuple(new), "length"))
-            else:
-                results.append(Completion(tuple(new[: end + 1]), "stop"))
+            n, reason = (len(new), "length") if end is None else (end + 1, "stop")
+            logprobs = tuple(sampled[row][:n]) if self.logprobs else None
+            results.append(Completion(tuple(new[:n]), reason, logprobs))
         return results

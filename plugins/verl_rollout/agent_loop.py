@@ -1,0 +1,63 @@
+"""``ThreadWeaverAgentLoop``: fork-join rollouts inside verl's agent loop workers.
+
+verl builds one loop per sample (through hydra, from the registry entry that
+:mod:`threadweaver.verl_rollout.plugin` adds) and awaits ``run``. The loop renders the
+prompt with verl's own tokenization path, runs the shared orchestrator over verl's
+server manager, and returns one ``AgentLoopOutput`` per engine request (see
+:mod:`threadweaver.verl_rollout.rows`). A list of outputs per sample needs verl's v1
+trainer (``trainer.use_v1=true``); the loop refuses to start without it.
+
+Budgets come from verl's rollout config: ``response_length`` bounds both the tokens one
+request generates and the tokens the whole trajectory generates (threads included), so
+a trajectory's critical path never exceeds what a sequential rollout could write.
+Malformed model output and engine errors never raise: they degrade the trajectory, and
+the rows say so in ``extra_fields``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
+from verl.utils.profiler import simple_timer
+
+from threadweaver.format import Format
+from threadweaver.orchestrator import Limits, Orchestrator
+from threadweaver.verl_rollout.rows import trajectory_rows
+from threadweaver.verl_rollout.server_engine import ServerManagerEngine
+
+V1_REQUIRED = ("the threadweaver agent loop returns one output per engine request (a list per sample), which only "
+               "verl's v1 trainer accepts: set trainer.use_v1=true")
+
+
+@functools.lru_cache(maxsize=8)
+def _format(tokenizer) -> Format:
+    return Format.from_tokenizer(tokenizer)
+
+
+class ThreadWeaverAgentLoop(AgentLoopBase):
+    def __init__(self, *args, branching: bool = True, max_threads: int = 16, max_depth: int = 3,
+                 timeout_s: float | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not self.config.trainer.get("use_v1", False):
+            raise ValueError(V1_REQUIRED)
+        response_length = self.rollout_config.response_length
+        self.limits = Limits(branching=branching, max_threads=max_threads, max_depth=max_depth,
+                             max_tokens=response_length, max_request_tokens=response_length, timeout_s=timeout_s)
+        self.fmt = _format(self.tokenizer)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs) -> list[AgentLoopOutput]:
+        prompt_ids = await self.ct_build_initial_tokens(list(kwargs["raw_prompt"]))
+        engine = ServerManagerEngine(self.server_manager, uuid4().hex, sampling_params)
+        orchestrator = Orchestrator(engine, self.fmt, self.limits, degrade_on_engine_error=True)
+        timing: dict[str, float] = {}
+        with simple_timer("generate_sequences", timing):
+            trajectory = await orchestrator.run(prompt_ids)
+        metrics = AgentLoopMetrics(generate_sequences=timing["generate_sequences"])
+        return [AgentLoopOutput(prompt_ids=row.prompt_ids, response_ids=row.response_ids,
+                                response_mask=row.response_mask, response_logprobs=row.response_logprobs,
+                                num_turns=2, metrics=metrics,
+                                extra_fields=dict(row.extra_fields, turn_scores=[], tool_rewards=[]))
+                for row in trajectory_rows(engine.calls, trajectory, self.fmt)]

@@ -1,0 +1,47 @@
+"""The P-GRPO reward for verl: ``reward.custom_reward_function.path=pkg://threadweaver.verl_rollout.reward``.
+
+Correctness (math-verify, safe in verl's reward threads) plus the acceleration term from
+the trajectory's latency stats, paid only when correct. verl passes ``solution_str``,
+the decoded response of a session's last row: for a fork-join rollout that is only the
+text after the last join, so the whole trajectory's text and stats are read from
+``extra_info``, where the agent loop put them. Rows from other agent loops (no stats)
+get correctness on ``solution_str`` and no acceleration. The parts come back beside the
+score, so verl logs each of them.
+
+Set the reward's knobs with ``+reward.custom_reward_function.reward_kwargs.<name>=...``:
+``factor`` (0.5), ``clip`` (0.2), ``form`` (``reduction``), ``timeout_s`` (5).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from threadweaver.reward import RewardConfig, reward
+from threadweaver.verl_rollout.rows import PREFIX
+
+_FROM_VERL = {"reward_router_address", "reward_model_tokenizer"}
+"""What verl's reward managers may add to the call; not ours to read."""
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                  **reward_kwargs: Any) -> dict[str, float]:
+    unknown = set(reward_kwargs) - _FROM_VERL - set(RewardConfig.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"unknown reward_kwargs {sorted(unknown)}; the threadweaver reward takes "
+                        f"{sorted(RewardConfig.__dataclass_fields__)}")
+    config = RewardConfig(**{k: v for k, v in reward_kwargs.items() if k not in _FROM_VERL})
+    info = extra_info or {}
+    text = info.get(PREFIX + "text", solution_str)
+    total = int(info.get(PREFIX + "total_tokens", 0))
+    critical = int(info.get(PREFIX + "critical_path_tokens", total))
+    parts = reward(text, str(ground_truth), total, critical, config)
+    return {
+        "score": parts.reward,
+        "correct": parts.correctness,
+        "acceleration": parts.acceleration,
+        "acceleration_ratio": total / critical if critical else 1.0,
+        "critical_path_tokens": float(critical),
+        "total_tokens": float(total),
+        "parallel": float(info.get(PREFIX + "blocks", 0) > 0),
+        "well_formed": float(info.get(PREFIX + "well_formed", True)),
+    }
