@@ -185,9 +185,21 @@ def test_settings_that_break_p_grpo_are_refused_with_the_reason(tmp_path, settin
         config(tmp_path, **setting)
 
 
-def test_trls_own_vllm_rollouts_are_refused_with_what_to_do_instead(tmp_path):
-    with pytest.raises(ValueError, match="pass engine=VLLMServerEngine"):
-        trainer_for(tmp_path, use_vllm=True)
+@pytest.mark.parametrize("setting, message", [
+    ({"vllm_mode": "server"}, "pass engine=VLLMServerEngine"),
+    ({"vllm_enable_sleep_mode": True}, "leave it off"),
+    ({"vllm_tensor_parallel_size": 2}, "Use 1"),
+])
+def test_vllm_settings_the_rollouts_cannot_honour_are_refused_with_what_to_do(tmp_path, setting, message):
+    with pytest.raises(ValueError, match=message):
+        config(tmp_path, use_vllm=True, **setting)
+
+
+def test_colocated_vllm_and_an_engine_are_not_both_taken(tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(str(embedded_models()["parallel"]))
+    engine = TransformersEngine(model, pad_token_id=0)
+    with pytest.raises(ValueError, match="pass either it or engine="):
+        trainer_for(tmp_path, engine=engine, use_vllm=True)
 
 
 def test_paper_defaults(tmp_path):
@@ -218,6 +230,16 @@ def test_the_command_trains_and_saves_a_plain_model(tmp_path):
     assert json.loads((out / "config.json").read_text()).get("_attn_implementation") in (None, "sdpa")
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_the_command_rolls_out_on_a_colocated_vllm(tmp_path):
+    data = problems_file(tmp_path / "problems.jsonl", 2)
+    out = tmp_path / "out"
+    done = run_cli("pgrpo", str(embedded_models()["parallel"]), str(data), "--output-dir", str(out), "--vllm",
+                   "--max-steps", "1", "--num-generations", "2", "--max-completion-length", "640")
+    assert f"saved model and tokenizer to {out}" in done.stdout
+    [log] = [entry for entry in json.loads((out / "log_history.json").read_text()) if "loss" in entry]
+    assert all(name in log for name in METRICS) and "sampling/importance_sampling_ratio/mean" in log
 
 
 def test_the_command_names_a_row_without_an_answer(tmp_path):

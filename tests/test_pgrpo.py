@@ -2,11 +2,12 @@
 sampled, in exactly the context it was sampled in; nothing injected is trained."""
 
 import asyncio
+import dataclasses
 
 import pytest
 
-from threadweaver.orchestrator import Limits, Orchestrator
-from threadweaver.pgrpo import rollout_metrics, trie_row
+from threadweaver.orchestrator import EngineCall, Limits, Orchestrator
+from threadweaver.pgrpo import rollout_metrics, sampling_logprobs, trie_row
 
 from test_orchestrator import GOOD, PROMPT, ScriptedEngine
 from test_orchestrator_malformed import CASES
@@ -16,8 +17,13 @@ SCRIPTS = {"well-formed": (GOOD, Limits()), "nested": (NESTED, Limits()),
            **{name: (script, limits) for name, (script, limits, _) in CASES.items()}}
 
 
+def logprob(context, token) -> float:
+    """A made-up log-prob that tells apart every (context, token)."""
+    return -(hash((tuple(context), token)) % 10_007) / 1000
+
+
 class RecordingEngine(ScriptedEngine):
-    """The scripted engine, keeping each (context, completion) it answered."""
+    """The scripted engine, with log-probs, keeping each (context, completion) it answered."""
 
     def __init__(self, fmt, script):
         super().__init__(fmt, script)
@@ -25,13 +31,15 @@ class RecordingEngine(ScriptedEngine):
 
     async def generate(self, prompt_ids, stop_ids, max_tokens, sampling):
         completion = await super().generate(prompt_ids, stop_ids, max_tokens, sampling)
-        self.answered.append((tuple(prompt_ids), completion.token_ids))
-        return completion
+        context = tuple(prompt_ids)
+        self.answered.append((context, completion.token_ids))
+        scores = tuple(logprob(context + completion.token_ids[:i], t) for i, t in enumerate(completion.token_ids))
+        return dataclasses.replace(completion, logprobs=scores)
 
 
 def rollout(fmt, script, limits=Limits()):
     engine = RecordingEngine(fmt, script)
-    return asyncio.run(Orchestrator(engine, fmt, limits).run(fmt.encode(PROMPT))), engine
+    return asyncio.run(Orchestrator(engine, fmt, limits, keep_calls=True).run(fmt.encode(PROMPT))), engine
 
 
 def sampled(engine) -> list[tuple[tuple[int, ...], int]]:
@@ -66,6 +74,34 @@ def test_every_trained_token_was_sampled_in_that_context(fmt, script, limits):
     assert row.prompt_ids == list(trajectory.prompt_ids)
     depth = {j: d for j, d in enumerate(row.position_ids, start=len(row.prompt_ids))}
     assert all(depth[j] == depth.get(p, p) + 1 for j, p in zip(depth, row.parent))
+
+
+@pytest.mark.parametrize("script, limits", SCRIPTS.values(), ids=SCRIPTS.keys())
+def test_kept_calls_give_each_trained_token_its_sampling_logprob(fmt, script, limits):
+    trajectory, engine = rollout(fmt, script, limits)
+    assert [(c.context, c.completion) for c in trajectory.calls] == engine.answered
+    row = trie_row(trajectory, fmt)
+    scores = sampling_logprobs(row, trajectory.calls)
+    ids = row.prompt_ids + row.completion_ids
+    parent = list(range(-1, len(row.prompt_ids) - 1)) + row.parent
+    for j, (trained, score) in enumerate(zip(row.trained, scores), start=len(row.prompt_ids)):
+        path, at = [], parent[j]
+        while at >= 0:
+            path.append(ids[at])
+            at = parent[at]
+        assert score == (logprob(tuple(reversed(path)), ids[j]) if trained else None)
+
+
+def test_sampling_logprobs_refuses_a_call_from_another_trajectory(fmt):
+    trajectory, _ = rollout(fmt, GOOD)
+    other = EngineCall(trajectory.prompt_ids + (7,), (8,), (-0.5,))
+    with pytest.raises(ValueError, match=rf"engine call 1: token {len(trajectory.prompt_ids)} \(7\)"):
+        sampling_logprobs(trie_row(trajectory, fmt), (trajectory.calls[0], other))
+
+
+def test_calls_are_kept_only_when_asked(fmt):
+    engine = RecordingEngine(fmt, GOOD)
+    assert asyncio.run(Orchestrator(engine, fmt).run(fmt.encode(PROMPT))).calls == ()
 
 
 def test_injected_tokens_and_context_copies_are_not_trained(fmt):

@@ -85,6 +85,15 @@ class RequestRecord:
 
 
 @dataclass(frozen=True)
+class EngineCall:
+    """One request's tokens as the engine served them (kept with ``keep_calls``, for RL)."""
+
+    context: tuple[int, ...]
+    completion: tuple[int, ...]
+    logprobs: tuple[float, ...] | None
+
+
+@dataclass(frozen=True)
 class Trajectory:
     prompt_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
@@ -99,6 +108,8 @@ class Trajectory:
     """``"stop"`` (EOS), ``"length"`` (a token limit), ``"timeout"`` or ``"error"`` (the engine failed)."""
     closed_threads: frozenset[tuple[tuple[int, int], ...]] = frozenset()
     """Thread paths whose ``</Thread>`` the orchestrator injected (a limit or a dropped EOS ended them)."""
+    calls: tuple[EngineCall, ...] = ()
+    """Every answered request, in the order the engine answered, when the orchestrator keeps them."""
 
     @property
     def degraded(self) -> bool:
@@ -132,9 +143,11 @@ class _Decoded:
 
 class Orchestrator:
     def __init__(self, engine: Engine, fmt: Format, limits: Limits = Limits(), sampling: Sampling = Sampling(),
-                 degrade_on_engine_error: bool = False):
+                 degrade_on_engine_error: bool = False, keep_calls: bool = False):
+        """``keep_calls``: keep each request's context, completion and log-probs in the trajectory."""
         self.engine, self.fmt, self.limits, self.sampling = engine, fmt, limits, sampling
         self.degrade_on_engine_error = degrade_on_engine_error
+        self.keep_calls = keep_calls
 
     async def run(self, prompt_ids: Sequence[int], sampling: Sampling | None = None) -> Trajectory:
         """Decode one trajectory; ``sampling`` overrides the orchestrator's for this one."""
@@ -154,7 +167,8 @@ class Orchestrator:
             reference_total_tokens=len(ids),
         )
         return Trajectory(run.prompt, tuple(ids), tuple(generated), nodes, tuple(run.records),
-                          tuple(run.problems), stats, main.ended, frozenset(run.closed_by_orchestrator))
+                          tuple(run.problems), stats, main.ended, frozenset(run.closed_by_orchestrator),
+                          tuple(run.calls))
 
 
 class _Run:
@@ -170,6 +184,7 @@ class _Run:
         self.deadline = None if limits.timeout_s is None else self.start + limits.timeout_s
         self.budget = limits.max_tokens
         self.records: list[RequestRecord] = []
+        self.calls: list[EngineCall] = []
         self.problems: list[str] = []
         self.thread_tokens = 0
         self.threads_per_block: list[int] = []
@@ -203,7 +218,10 @@ class _Run:
         self.records.append(RequestRecord(path, len(context), len(tokens), completion.finish_reason,
                                           started - self.start, time.monotonic() - self.start,
                                           completion.cached_tokens))
-        return dataclasses.replace(completion, token_ids=tokens)
+        logprobs = None if completion.logprobs is None else tuple(completion.logprobs[:len(tokens)])
+        if self.o.keep_calls:
+            self.calls.append(EngineCall(context, tokens, logprobs))
+        return dataclasses.replace(completion, token_ids=tokens, logprobs=logprobs)
 
     def engine_failed(self, err: Exception, path):
         if not self.o.degrade_on_engine_error:

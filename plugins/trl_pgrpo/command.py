@@ -59,6 +59,7 @@ def train(args: PGRPOArgs) -> str:
         acceleration_clip=args.acceleration_clip, branching=not args.sequential, temperature=args.temperature,
         max_completion_length=args.max_completion_length, logging_steps=args.logging_steps, seed=args.seed,
         use_cpu=not cuda, bf16=bf16, report_to="none", save_strategy="no",
+        use_vllm=args.vllm, vllm_mode="colocate",
     )
     trainer = PGRPOTrainer(model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     trainer.train()

@@ -49,11 +49,28 @@ class PGRPOConfig(GRPOConfig):
         if self.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError(f"multi_objective_aggregation={self.multi_objective_aggregation!r} normalises each "
                              f"reward by its std before summing: {STD_REFUSAL}")
+        if self.use_vllm:
+            self._check_vllm()
         if self.mask_truncated_completions:
             raise ValueError("mask_truncated_completions reads truncation off a row's last token, but a P-GRPO row is a "
                              "token trie whose last token ends a branch; a rollout cut by max_completion_length "
                              "already gets no correctness reward")
         super().__post_init__()
+
+    def _check_vllm(self) -> None:
+        if self.vllm_mode != "colocate":
+            raise ValueError(f"vllm_mode={self.vllm_mode!r}: PGRPOTrainer rolls out on TRL's colocated vLLM "
+                             "(vllm_mode='colocate'). For a separate vLLM server, pass engine=VLLMServerEngine(url) "
+                             "(threadweaver.vllm_orchestrator) with use_vllm=False, and keep its weights in sync "
+                             "yourself: TRL's server protocol takes one set of sampling settings per batch and returns "
+                             "no finish reasons, and fork-join requests need their own stop tokens and budgets")
+        if self.vllm_enable_sleep_mode:
+            raise ValueError("vllm_enable_sleep_mode=True: PGRPOTrainer's rollouts do not wake and put vLLM back to "
+                             "sleep around generation yet; leave it off")
+        if self.vllm_tensor_parallel_size != 1:
+            raise ValueError(f"vllm_tensor_parallel_size={self.vllm_tensor_parallel_size}: PGRPOTrainer's rollouts "
+                             "decode each process's prompts on its own vLLM; tensor parallelism would need every rank "
+                             "of a group to issue the same requests. Use 1")
 
     def reward_config(self) -> RewardConfig:
         return RewardConfig(factor=self.acceleration_factor if self.branching else 0.0, clip=self.acceleration_clip)

@@ -2,8 +2,11 @@
 
 Rollouts: the shared orchestrator decodes each prompt's ``num_generations`` trajectories,
 by default with the policy itself in-process (a batched transformers ``generate`` per
-block). Any :class:`~threadweaver.orchestrator.Engine` may be passed as ``engine=``
-instead, e.g. a vLLM or SGLang server whose weights the caller keeps in sync.
+block). With ``use_vllm=True, vllm_mode="colocate"`` they run on TRL's own colocated
+vLLM, which TRL keeps in sync with the policy, and each trained token carries the
+log-prob vLLM sampled it with, for TRL's importance-sampling correction. Any
+:class:`~threadweaver.orchestrator.Engine` may be passed as ``engine=`` instead, e.g. a
+vLLM or SGLang server whose weights the caller keeps in sync.
 
 Training: each trajectory is ONE row, its trie split after the prompt
 (:func:`threadweaver.pgrpo.trie_row`). TRL sees the trie after the prompt as the
@@ -16,10 +19,12 @@ broadcast to its tokens), clipping and loss apply unchanged.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from statistics import fmean
 
 import torch
+from accelerate.utils import gather_object
 from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 
@@ -27,8 +32,9 @@ from threadweaver.batch import Job, chat_prompt_ids, decode_jobs
 from threadweaver.format import Format
 from threadweaver.hf_collator import use_tree_attention
 from threadweaver.orchestrator import Engine, Orchestrator, Sampling, Trajectory, trajectory_text
-from threadweaver.pgrpo import TrieRow, rollout_metrics, trie_row
+from threadweaver.pgrpo import TrieRow, rollout_metrics, sampling_logprobs, trie_row
 from threadweaver.trl_pgrpo.config import PGRPOConfig
+from threadweaver.trl_pgrpo.vllm_sync import use_vllm_reload
 from threadweaver.trl_pgrpo.rewards import GOLD_COLUMN, is_correct, pgrpo_rewards
 
 TREE_KEYS = ("tree_parent", "tree_position", "tree_end")
@@ -44,10 +50,8 @@ class PGRPOTrainer(GRPOTrainer):
         elif not isinstance(args, PGRPOConfig):
             raise TypeError(f"PGRPOTrainer needs a PGRPOConfig (P-GRPO's defaults and rollout settings), not a "
                             f"{type(args).__name__}")
-        if args.use_vllm:
-            raise ValueError("PGRPOTrainer does not drive TRL's vLLM integration (use_vllm=True) yet: pass "
-                             "engine=VLLMServerEngine(...) (threadweaver.vllm_orchestrator) for a vLLM server whose "
-                             "weights you keep in sync, or leave it out to roll out with the policy in-process")
+        if args.use_vllm and engine is not None:
+            raise ValueError("use_vllm=True rolls out on TRL's colocated vLLM; pass either it or engine=, not both")
         if kwargs.get("rollout_func") is not None:
             raise TypeError("PGRPOTrainer decodes its own fork-join rollouts; pass engine= to choose where")
         if reward_funcs is None:
@@ -59,9 +63,13 @@ class PGRPOTrainer(GRPOTrainer):
         use_tree_attention(self.model)
         if self.ref_model is not None:
             use_tree_attention(self.ref_model)
+        if args.use_vllm:
+            use_vllm_reload(self.vllm_generation)
         self.engine = engine
         self._tree: dict[str, torch.Tensor] | None = None
         self._trajectories: list[Trajectory] = []
+        self._gathered: list[Trajectory] = []
+        """This step's rollouts from every process, their token lists dropped: for the logs."""
 
     # Rollouts ---------------------------------------------------------------------------
 
@@ -76,13 +84,18 @@ class PGRPOTrainer(GRPOTrainer):
         model = self.accelerator.unwrap_model(self.model)
         training = model.training
         engine = self.engine
-        if engine is None:
+        if engine is None and self.use_vllm:
+            from threadweaver.vllm_orchestrator.llm_engine import LLMEngine
+
+            engine = LLMEngine(self.vllm_generation.llm, logprobs=self._needs_sampling_logprobs)
+        elif engine is None:
             from threadweaver.vllm_orchestrator.transformers_engine import TransformersEngine
 
             engine = TransformersEngine(model, pad_token_id=self._tokenizer.pad_token_id, max_batch=len(prompt_ids))
         sampling = Sampling(temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k if args.top_k and args.top_k > 0 else -1)
-        orchestrator = Orchestrator(engine, self.fmt, args.limits(), sampling)
+        orchestrator = Orchestrator(engine, self.fmt, args.limits(), sampling,
+                                    keep_calls=self._needs_sampling_logprobs)
         jobs = [Job(str(i), 0, tuple(ids), {}) for i, ids in enumerate(prompt_ids)]
 
         async def decode_all() -> list[Trajectory]:
@@ -97,16 +110,24 @@ class PGRPOTrainer(GRPOTrainer):
         finally:
             model.train(training)
 
+    @property
+    def _needs_sampling_logprobs(self) -> bool:
+        """TRL's importance-sampling correction compares each token's training log-prob with vLLM's."""
+        return self.use_vllm and self.vllm_importance_sampling_correction
+
     def _rollout(self, prompts: list, trainer=None) -> dict:
         """TRL's ``rollout_func``: one fork-join trajectory per prompt row, as trie rows."""
         trajectories = self._decode([self._prompt_ids(p) for p in prompts])
         rows = [trie_row(t, self.fmt) for t in trajectories]
         self._trajectories = trajectories
         self._tree = _tree_tensors(rows, self.accelerator.device)
+        logprobs = None
+        if self._needs_sampling_logprobs:
+            logprobs = [sampling_logprobs(row, t.calls) for row, t in zip(rows, trajectories)]
         return {
             "prompt_ids": [r.prompt_ids for r in rows],
             "completion_ids": [r.completion_ids for r in rows],
-            "logprobs": None,
+            "logprobs": logprobs,
             "env_mask": [r.trained for r in rows],
             "trajectory_stats": [t.stats.as_dict() for t in trajectories],
         }
@@ -118,9 +139,10 @@ class PGRPOTrainer(GRPOTrainer):
         out[3] = [[{"role": "assistant", "content": t}] for t in texts] if is_conversational(
             {"prompt": prompts[0]}) else texts
         # TRL reads truncation off a row's last token, which in a trie ends a branch: redo it per trajectory.
+        self._gathered = gather_object([_without_tokens(t) for t in self._trajectories])
         metrics = self._metrics["train" if self.model.training else "eval"]
-        ended = [t.stats.total_tokens for t in self._trajectories if t.finish_reason == "stop"] or [0]
-        metrics["completions/clipped_ratio"][-1] = fmean(t.finish_reason != "stop" for t in self._trajectories)
+        ended = [t.stats.total_tokens for t in self._gathered if t.finish_reason == "stop"] or [0]
+        metrics["completions/clipped_ratio"][-1] = fmean(t.finish_reason != "stop" for t in self._gathered)
         metrics["completions/mean_terminated_length"][-1] = fmean(ended)
         metrics["completions/min_terminated_length"][-1] = min(ended)
         metrics["completions/max_terminated_length"][-1] = max(ended)
@@ -137,9 +159,9 @@ class PGRPOTrainer(GRPOTrainer):
         correct = None
         if all(GOLD_COLUMN in row for row in inputs):
             timeout = self.args.reward_config().timeout_s
-            correct = [is_correct(trajectory_text(t, self.fmt), str(row[GOLD_COLUMN]), timeout)
-                       for t, row in zip(self._trajectories, inputs)]
-        for name, value in rollout_metrics(self._trajectories, correct).items():
+            correct = gather_object([is_correct(trajectory_text(t, self.fmt), str(row[GOLD_COLUMN]), timeout)
+                                     for t, row in zip(self._trajectories, inputs)])
+        for name, value in rollout_metrics(self._gathered, correct).items():
             self._metrics[mode][f"threadweaver/{name}"].append(value)
         return out
 
@@ -185,6 +207,11 @@ def _run_sync(coroutine):
         return asyncio.run(coroutine)
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coroutine).result()
+
+
+def _without_tokens(trajectory: Trajectory) -> Trajectory:
+    """What the logs need of a rollout (stats, problems, finish reason), small enough to gather."""
+    return dataclasses.replace(trajectory, prompt_ids=(), token_ids=(), generated=(), nodes=(), requests=(), calls=())
 
 
 def _tree_tensors(rows: list[TrieRow], device) -> dict[str, torch.Tensor]:

@@ -51,7 +51,7 @@ class ThreadWeaverAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> list[AgentLoopOutput]:
         prompt_ids = await self.ct_build_initial_tokens(list(kwargs["raw_prompt"]))
         engine = ServerManagerEngine(self.server_manager, uuid4().hex, sampling_params)
-        orchestrator = Orchestrator(engine, self.fmt, self.limits, degrade_on_engine_error=True)
+        orchestrator = Orchestrator(engine, self.fmt, self.limits, degrade_on_engine_error=True, keep_calls=True)
         timing: dict[str, float] = {}
         with simple_timer("generate_sequences", timing):
             trajectory = await orchestrator.run(prompt_ids)
@@ -60,4 +60,4 @@ class ThreadWeaverAgentLoop(AgentLoopBase):
                                 response_mask=row.response_mask, response_logprobs=row.response_logprobs,
                                 num_turns=2, metrics=metrics,
                                 extra_fields=dict(row.extra_fields, turn_scores=[], tool_rewards=[]))
-                for row in trajectory_rows(engine.calls, trajectory, self.fmt)]
+                for row in trajectory_rows(trajectory, self.fmt)]

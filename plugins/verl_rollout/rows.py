@@ -12,11 +12,10 @@ a batch); the last row's reach the reward function as ``extra_info``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from threadweaver.format import Format
 from threadweaver.orchestrator import Trajectory, trajectory_text
-from threadweaver.verl_rollout.server_engine import EngineCall
 
 PREFIX = "threadweaver_"
 
@@ -45,15 +44,17 @@ def trajectory_fields(trajectory: Trajectory, fmt: Format) -> dict[str, Any]:
     }
 
 
-def trajectory_rows(calls: Sequence[EngineCall], trajectory: Trajectory, fmt: Format) -> list[Row]:
-    """The rows for one trajectory. Requests that generated nothing make no row; if none
-    generated anything (the first request failed), one row with the prompt and an
-    untrained end-of-sequence token keeps the session in its GRPO group."""
+def trajectory_rows(trajectory: Trajectory, fmt: Format) -> list[Row]:
+    """The rows for one trajectory, from the calls its orchestrator kept (``keep_calls``).
+
+    Requests that generated nothing make no row; if none generated anything (the first
+    request failed), one row with the prompt and an untrained end-of-sequence token keeps
+    the session in its GRPO group."""
     fields = trajectory_fields(trajectory, fmt)
     rows = [Row(list(c.context), list(c.completion), [1] * len(c.completion),
                 list(c.logprobs) if c.logprobs is not None else None,
                 dict(fields, **{PREFIX + "request": i}))
-            for i, c in enumerate(calls) if c.completion]
+            for i, c in enumerate(trajectory.calls) if c.completion]
     if not rows:
         eos = min(fmt.eos_ids)
         rows = [Row(list(trajectory.prompt_ids), [eos], [0], None, dict(fields, **{PREFIX + "request": -1}))]

@@ -1,4 +1,4 @@
-"""The orchestrator's engine over verl's ``server_manager.generate``, recording each request.
+"""The orchestrator's engine over verl's ``server_manager.generate``.
 
 verl decides how the rollout samples (temperature, top-p and the log-prob switch come in
 its ``sampling_params``, with validation overrides already applied); the orchestrator
@@ -10,19 +10,9 @@ own id underneath, so concurrent threads do not collide).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from threadweaver.orchestrator import Completion, Sampling
-
-
-@dataclass(frozen=True)
-class EngineCall:
-    """One request as the engine served it: the rows verl trains on are these."""
-
-    context: tuple[int, ...]
-    completion: tuple[int, ...]
-    logprobs: tuple[float, ...] | None
 
 
 class ServerManagerEngine:
@@ -30,8 +20,6 @@ class ServerManagerEngine:
         self.server_manager = server_manager
         self.request_id = request_id
         self.sampling_params = dict(sampling_params)
-        self.calls: list[EngineCall] = []
-        """In the order the engine answered; the trajectory's last request is answered last."""
 
     async def generate(self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int,
                        sampling: Sampling) -> Completion:
@@ -40,6 +28,5 @@ class ServerManagerEngine:
                                                     sampling_params=params)
         tokens = tuple(output.token_ids[:max_tokens])
         logprobs = tuple(output.log_probs[: len(tokens)]) if output.log_probs else None
-        self.calls.append(EngineCall(tuple(prompt_ids), tokens, logprobs))
         reason = "stop" if tokens and tokens[-1] in stop_ids else "length"
         return Completion(tokens, reason, logprobs)

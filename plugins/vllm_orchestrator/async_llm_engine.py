@@ -7,7 +7,7 @@ from typing import Sequence
 
 from threadweaver.orchestrator import Completion, Sampling
 
-from .wire import to_completion
+from .wire import vllm_completion, vllm_sampling_params
 
 
 class AsyncLLMEngine:
@@ -40,24 +40,14 @@ class AsyncLLMEngine:
 
     async def generate(self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int,
                        sampling: Sampling) -> Completion:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(
-            max_tokens=max_tokens, stop_token_ids=list(stop_ids), temperature=sampling.temperature,
-            top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed, skip_special_tokens=False,
-            detokenize=False, logprobs=0 if self.logprobs else None,
-        )
+        params = vllm_sampling_params(stop_ids, max_tokens, sampling, self.logprobs)
         final = None
         async for output in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
                                               request_id=f"threadweaver-{next(self._ids)}"):
             final = output
-        choice = final.outputs[0]
-        logprobs = None
-        if self.logprobs and choice.logprobs is not None:
-            logprobs = [step[token].logprob for step, token in zip(choice.logprobs, choice.token_ids)]
-        return to_completion(choice.token_ids, choice.finish_reason, choice.stop_reason, stop_ids, logprobs,
-                             final.num_cached_tokens, where="vLLM AsyncLLM")
+        return vllm_completion(final, stop_ids, self.logprobs, where="vLLM AsyncLLM")
 
     async def aclose(self) -> None:
         llm, self.llm = self.llm, None  # dropped now, so AsyncLLM.__del__ does not run at interpreter exit

@@ -8,59 +8,36 @@ logits (before temperature and top-p), as vLLM reports them by default.
 
 from __future__ import annotations
 
-import asyncio
-from typing import Sequence
+from threadweaver.orchestrator import Completion
 
-from threadweaver.orchestrator import Completion, Sampling
+from .batching import BatchingEngine, Request
 
 
-class TransformersEngine:
+class TransformersEngine(BatchingEngine):
     def __init__(self, model, pad_token_id: int | None = None, max_batch: int = 32, logprobs: bool = False):
+        super().__init__(max_batch)
         self.model = model.eval()
         self.logprobs = logprobs
         config_pad = model.generation_config.pad_token_id
         self.pad_token_id = pad_token_id if pad_token_id is not None else config_pad
         if self.pad_token_id is None:
             raise ValueError("TransformersEngine needs a pad_token_id")
-        self.max_batch = max_batch
-        self._pending: list[tuple] = []
-        self._worker: asyncio.Task | None = None
 
-    async def generate(self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int,
-                       sampling: Sampling) -> Completion:
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append((tuple(prompt_ids), tuple(sorted(stop_ids)), max_tokens, sampling, future))
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.ensure_future(self._drain())
-        return await future
+    def batch_key(self, request: Request):
+        """One ``generate`` call takes one set of stop tokens and sampling settings."""
+        return request.stop_ids, request.sampling
 
-    async def _drain(self) -> None:
-        while self._pending:
-            await asyncio.sleep(0)  # let requests issued together join the batch
-            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch:]
-            groups: dict[tuple, list] = {}
-            for item in batch:
-                groups.setdefault((item[1], item[3]), []).append(item)
-            for (stop, sampling), items in groups.items():
-                try:
-                    results = await asyncio.to_thread(self._generate, items, stop, sampling)
-                except Exception as err:  # hand the failure to every waiting caller
-                    for item in items:
-                        item[4].set_exception(err)
-                    continue
-                for item, result in zip(items, results):
-                    item[4].set_result(result)
-
-    def _generate(self, items: list[tuple], stop: tuple[int, ...], sampling: Sampling) -> list[Completion]:
+    def generate_batch(self, requests: list[Request]) -> list[Completion]:
         import torch
 
-        width = max(len(item[0]) for item in items)
+        stop, sampling = requests[0].stop_ids, requests[0].sampling
+        width = max(len(r.prompt_ids) for r in requests)
         device = self.model.device
-        input_ids = torch.full((len(items), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(items), width), dtype=torch.long)
-        for row, item in enumerate(items):
-            n = len(item[0])
-            input_ids[row, width - n:] = torch.tensor(item[0])
+        input_ids = torch.full((len(requests), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for row, request in enumerate(requests):
+            n = len(request.prompt_ids)
+            input_ids[row, width - n:] = torch.tensor(request.prompt_ids)
             attention_mask[row, width - n:] = 1
         kwargs = {"do_sample": sampling.temperature > 0}
         if kwargs["do_sample"]:
@@ -71,7 +48,7 @@ class TransformersEngine:
         with torch.no_grad():
             output = self.model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                max_new_tokens=max(item[2] for item in items), eos_token_id=list(stop),
+                max_new_tokens=max(r.max_tokens for r in requests), eos_token_id=list(stop),
                 pad_token_id=self.pad_token_id, return_dict_in_generate=True, output_logits=self.logprobs,
                 **kwargs,
             )
@@ -81,8 +58,8 @@ class TransformersEngine:
             sampled = torch.log_softmax(logits, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1).tolist()
         stops = set(stop)
         results = []
-        for row, item in enumerate(items):
-            new = generated[row].tolist()[: item[2]]
+        for row, request in enumerate(requests):
+            new = generated[row].tolist()[: request.max_tokens]
             end = next((i for i, t in enumerate(new) if t in stops), None)
             n, reason = (len(new), "length") if end is None else (end + 1, "stop")
             logprobs = tuple(sampled[row][:n]) if self.logprobs else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from threadweaver.orchestrator import Completion
+from threadweaver.orchestrator import Completion, Sampling
 
 from .http import EngineError
 
@@ -24,3 +24,24 @@ def to_completion(token_ids: Sequence[int], finish_reason: str | None, matched, 
         return Completion(tuple(ids), finish_reason, None if logprobs is None else tuple(logprobs), cached_tokens)
     raise EngineError(f"{where}: the request finished with {finish_reason!r} (matched {matched!r}) "
                       "instead of 'stop' or 'length'")
+
+
+def vllm_sampling_params(stop_ids: Sequence[int], max_tokens: int, sampling: Sampling, logprobs: bool):
+    """One request's ``vllm.SamplingParams``, for the in-process vLLM engines."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        max_tokens=max_tokens, stop_token_ids=list(stop_ids), temperature=sampling.temperature, top_p=sampling.top_p,
+        top_k=sampling.top_k, seed=sampling.seed, skip_special_tokens=False, detokenize=False,
+        logprobs=0 if logprobs else None,
+    )
+
+
+def vllm_completion(output, stop_ids: Sequence[int], logprobs: bool, *, where: str) -> Completion:
+    """A ``vllm.RequestOutput`` of one request as a :class:`Completion`."""
+    choice = output.outputs[0]
+    scores = None
+    if logprobs and choice.logprobs is not None:
+        scores = [step[token].logprob for step, token in zip(choice.logprobs, choice.token_ids)]
+    return to_completion(choice.token_ids, choice.finish_reason, choice.stop_reason, stop_ids, scores,
+                         output.num_cached_tokens, where=where)

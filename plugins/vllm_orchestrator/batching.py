@@ -1,0 +1,64 @@
+"""Engines over synchronous batch APIs: requests issued together go out as one batch.
+
+The threads of a block are requested at the same moment; the first ``generate`` call
+schedules a drain that yields once to the event loop, so every request made in that
+turn joins it, then runs the batch in a worker thread (the event loop keeps serving
+deadlines). Each request gets its own result or the batch's exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+from threadweaver.orchestrator import Completion, Sampling
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_ids: tuple[int, ...]
+    stop_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: Sampling
+
+
+class BatchingEngine:
+    def __init__(self, max_batch: int):
+        self.max_batch = max_batch
+        self._pending: list[tuple[Request, asyncio.Future]] = []
+        self._worker: asyncio.Task | None = None
+
+    def batch_key(self, request: Request) -> Hashable:
+        """Requests with equal keys may share a batch (all of them, unless overridden)."""
+        return ()
+
+    def generate_batch(self, requests: list[Request]) -> list[Completion]:
+        raise NotImplementedError
+
+    async def generate(self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int,
+                       sampling: Sampling) -> Completion:
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((Request(tuple(prompt_ids), tuple(sorted(stop_ids)), max_tokens, sampling), future))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.ensure_future(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while self._pending:
+            await asyncio.sleep(0)
+            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch:]
+            groups: dict[Hashable, list[tuple[Request, asyncio.Future]]] = {}
+            for item in batch:
+                groups.setdefault(self.batch_key(item[0]), []).append(item)
+            for items in groups.values():
+                try:
+                    results = await asyncio.to_thread(self.generate_batch, [request for request, _ in items])
+                except Exception as err:
+                    for _, future in items:
+                        if not future.done():
+                            future.set_exception(err)
+                    continue
+                for (_, future), result in zip(items, results):
+                    if not future.done():
+                        future.set_result(result)
