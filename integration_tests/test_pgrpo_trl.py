@@ -105,6 +105,26 @@ def test_a_run_trains_on_parallel_rollouts_and_logs_every_metric(trained):
         assert entry["completions/max_terminated_length"] == max(ended)
 
 
+def test_two_processes_log_the_rollouts_of_both(tmp_path):
+    """Under torchrun on two CPU processes, the metrics rank 0 logs are means over every
+    process's rollouts, not over its own."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    script = os.path.join(os.path.dirname(__file__), "pgrpo_two_processes.py")
+    done = subprocess.run([torchrun, "--nproc_per_node", "2", script, str(tmp_path)], capture_output=True, text=True,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["processes"] for r in ranks] == [2, 2]
+    total = ranks[0]["total_tokens"] + ranks[1]["total_tokens"]
+    critical = ranks[0]["critical_path_tokens"] + ranks[1]["critical_path_tokens"]
+    stopped = ranks[0]["stopped"] + ranks[1]["stopped"]
+    [log] = ranks[0]["logs"]
+    assert log["threadweaver/total_tokens"] == pytest.approx(sum(total) / len(total))
+    assert log["threadweaver/critical_path_tokens"] == pytest.approx(sum(critical) / len(critical))
+    assert log["completions/clipped_ratio"] == pytest.approx(1 - sum(stopped) / len(stopped))
+    assert ranks[0]["total_tokens"] != ranks[1]["total_tokens"], "both ranks rolled out the same: nothing was shown"
+
+
 def test_advantages_are_group_mean_centred_and_not_std_scaled(trained):
     trainer, steps, _ = trained
     reward = RewardConfig(factor=0.5, clip=0.2)
