@@ -1,7 +1,7 @@
 """A short P-GRPO learning demonstration on the synthetic task, on CPU.
 
     .venv/bin/python bench/pgrpo_learning.py [--steps 40] [--prompts-per-step 1] [--acceleration-clip 0.2]
-                                             [--vllm] [--eval 64] [--out runs/pgrpo_learning]
+                                             [--vllm] [--eval 64] [--samples 2] [--out runs/pgrpo_learning]
 
 Starts from the embedded SFT'd ThreadWeaver model (the quickstart's), trains ``--steps``
 P-GRPO steps with ``PGRPOTrainer`` (paper defaults but the learning rate; problems x 8
@@ -52,6 +52,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--eval", type=int, default=64, help="held-out problems")
+    parser.add_argument("--samples", type=int, default=2, help="samples per held-out problem at T=1")
     parser.add_argument("--learning-rate", type=float, default=2e-5)
     parser.add_argument("--prompts-per-step", type=int, default=1, help="problems per step, 8 rollouts each")
     parser.add_argument("--acceleration-clip", type=float, default=0.2,
@@ -78,7 +79,7 @@ def main() -> None:
              for r in make_rows(args.steps * args.prompts_per_step, 5, split="pgrpo")]
 
     results = {}
-    modes = {"greedy": (0.0, 1), "sampled T=1": (1.0, 2)}
+    modes = {"greedy": (0.0, 1), "sampled T=1": (1.0, args.samples)}
     for name, (temperature, samples) in modes.items():
         results[f"before, {name}"] = evaluate(model, tokenizer, fmt, held_out, temperature, samples)
     config = PGRPOConfig(output_dir=args.out, max_steps=args.steps,
@@ -96,7 +97,7 @@ def main() -> None:
 
     print(f"\nP-GRPO: {args.steps} steps of {args.prompts_per_step} x 8 rollouts, lr {args.learning_rate}, "
           f"acceleration clip {args.acceleration_clip}, rollouts on {'vLLM' if args.vllm else 'the policy'}, "
-          f"{minutes:.1f} min of training; {args.eval} held-out problems")
+          f"{minutes:.1f} min of training; {args.eval} held-out problems, {args.samples} samples each at T=1")
     print(f"{'model, decoding':<34}{'accuracy':>9}{'well-formed':>12}{'critical path':>14}{'total tokens':>13}")
     for name, r in results.items():
         print(f"{name:<34}{r['accuracy']:>9.1%}{r['well_formed']:>12.1%}{r['critical_path_tokens']:>14.1f}"
