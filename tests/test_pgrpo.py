@@ -48,18 +48,23 @@ def sampled(engine) -> list[tuple[tuple[int, ...], int]]:
             for i, token in enumerate(completion)]
 
 
+def ancestors(row, j) -> tuple[int, ...]:
+    """The tokens row token ``j`` is scored under: its ancestors, first to last."""
+    ids, parent = row.prompt_ids + row.completion_ids, row.row_parents
+    path, at = [], parent[j]
+    while at >= 0:
+        path.append(ids[at])
+        at = parent[at]
+    return tuple(reversed(path))
+
+
 def trained_pairs(row) -> list[tuple[tuple[int, ...], int]]:
     """(the path of ancestors a trained token is scored under, the token)."""
     ids = row.prompt_ids + row.completion_ids
-    parent = list(range(-1, len(row.prompt_ids) - 1)) + row.parent
     out = []
     for j, trained in enumerate(row.trained, start=len(row.prompt_ids)):
         if trained:
-            path, at = [], parent[j]
-            while at >= 0:
-                path.append(ids[at])
-                at = parent[at]
-            out.append((tuple(reversed(path)), ids[j]))
+            out.append((ancestors(row, j), ids[j]))
     return out
 
 
@@ -83,13 +88,8 @@ def test_kept_calls_give_each_trained_token_its_sampling_logprob(fmt, script, li
     row = trie_row(trajectory, fmt)
     scores = sampling_logprobs(row, trajectory.calls)
     ids = row.prompt_ids + row.completion_ids
-    parent = list(range(-1, len(row.prompt_ids) - 1)) + row.parent
     for j, (trained, score) in enumerate(zip(row.trained, scores), start=len(row.prompt_ids)):
-        path, at = [], parent[j]
-        while at >= 0:
-            path.append(ids[at])
-            at = parent[at]
-        assert score == (logprob(tuple(reversed(path)), ids[j]) if trained else None)
+        assert score == (logprob(ancestors(row, j), ids[j]) if trained else None)
 
 
 def test_sampling_logprobs_refuses_a_call_from_another_trajectory(fmt):

@@ -39,6 +39,11 @@ class TrieRow:
     def trained_tokens(self) -> int:
         return sum(self.trained)
 
+    @property
+    def row_parents(self) -> list[int]:
+        """Per row token, prompt included: the row index whose logits predict it (-1 for the first)."""
+        return list(range(-1, len(self.prompt_ids) - 1)) + self.parent
+
 
 def trie_row(trajectory: Trajectory, fmt: Format) -> TrieRow:
     """``trajectory`` as one training row (its prompt stays a plain prefix of the row)."""
@@ -62,15 +67,14 @@ def sampling_logprobs(row: TrieRow, calls: Sequence[EngineCall]) -> list[float |
     """
     tokens = row.prompt_ids + row.completion_ids
     start = len(row.prompt_ids)
-    parents = list(range(-1, start - 1)) + row.parent
-    children = {(parents[i], token): i for i, token in enumerate(tokens)}
+    children = {(parent, token): i for i, (parent, token) in enumerate(zip(row.row_parents, tokens))}
     out: list[float | None] = [None] * len(row.completion_ids)
     for number, call in enumerate(calls):
         path = call.context + call.completion
         at = -1
         for position, token in enumerate(path):
-            at = children.get((at, token), -2)
-            if at == -2:
+            at = children.get((at, token))
+            if at is None:
                 if position == len(path) - 1 and call.completion:
                     break
                 raise ValueError(f"engine call {number}: token {position} ({token}) of its context + completion is "

@@ -15,10 +15,11 @@ import functools
 
 
 def use_vllm_reload(generation) -> None:
-    """Make TRL's ``VLLMGeneration`` sync through vLLM's in-place reload when vLLM runs on CPU."""
+    """Make TRL's colocated ``VLLMGeneration`` (``PGRPOConfig`` refuses other modes) sync through
+    vLLM's in-place reload when vLLM runs on CPU."""
     from vllm.platforms import current_platform
 
-    if generation.mode == "colocate" and current_platform.is_cpu():
+    if current_platform.is_cpu():
         generation.sync_weights = functools.partial(reload_colocated_weights, generation)
 
 
