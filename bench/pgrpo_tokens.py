@@ -39,8 +39,10 @@ def rollouts(problems: int, generations: int, max_tokens: int):
     engine = TransformersEngine(model, pad_token_id=tokenizer.pad_token_id, max_batch=problems * generations)
     limits = Limits(max_tokens=max_tokens, max_request_tokens=max_tokens)  # as PGRPOTrainer caps a rollout
     orchestrator = Orchestrator(engine, fmt, limits, Sampling(temperature=1.0))
-    prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": row["prompt"]}])
-               for row in make_rows(problems, 0, split="validation")]
+    prompts = [
+        chat_prompt_ids(tokenizer, [{"role": "user", "content": row["prompt"]}])
+        for row in make_rows(problems, 0, split="validation")
+    ]
 
     async def run():
         return await asyncio.gather(*(orchestrator.run(p) for p in prompts for _ in range(generations)))
@@ -76,7 +78,7 @@ def fwd_bwd_seconds(model, batches: list[dict], repeats: int) -> float:
 
 
 def chunks(items: list, size: int) -> list[list]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def trie_batch(rows) -> dict:
@@ -84,21 +86,23 @@ def trie_batch(rows) -> dict:
 
     length = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
     width = max(len(r.completion_ids) for r in rows)
-    out = {"input_ids": torch.zeros((len(rows), length), dtype=torch.long),
-           "position_ids": torch.zeros((len(rows), length), dtype=torch.long),
-           "subtree_end": torch.arange(1, length + 1).repeat(len(rows), 1),
-           "target_index": torch.zeros((len(rows), width), dtype=torch.long),
-           "targets": torch.zeros((len(rows), width), dtype=torch.long),
-           "weights": torch.zeros((len(rows), width))}
+    out = {
+        "input_ids": torch.zeros((len(rows), length), dtype=torch.long),
+        "position_ids": torch.zeros((len(rows), length), dtype=torch.long),
+        "subtree_end": torch.arange(1, length + 1).repeat(len(rows), 1),
+        "target_index": torch.zeros((len(rows), width), dtype=torch.long),
+        "targets": torch.zeros((len(rows), width), dtype=torch.long),
+        "weights": torch.zeros((len(rows), width)),
+    }
     for b, r in enumerate(rows):
         p, n = len(r.prompt_ids), len(r.prompt_ids) + len(r.completion_ids)
         out["input_ids"][b, :n] = torch.tensor(r.prompt_ids + r.completion_ids)
         out["position_ids"][b, :n] = torch.tensor(list(range(p)) + r.position_ids)
         out["subtree_end"][b, :p] = n
         out["subtree_end"][b, p:n] = torch.tensor(r.subtree_end)
-        out["target_index"][b, :n - p] = torch.tensor(r.parent)
-        out["targets"][b, :n - p] = torch.tensor(r.completion_ids)
-        out["weights"][b, :n - p] = torch.tensor(r.trained, dtype=torch.float)
+        out["target_index"][b, : n - p] = torch.tensor(r.parent)
+        out["targets"][b, : n - p] = torch.tensor(r.completion_ids)
+        out["weights"][b, : n - p] = torch.tensor(r.trained, dtype=torch.float)
     return out
 
 
@@ -106,18 +110,20 @@ def causal_batch(requests: list[tuple[list[int], list[int]]]) -> dict:
     import torch
 
     length = max(len(c) + len(x) for c, x in requests)
-    out = {"input_ids": torch.zeros((len(requests), length), dtype=torch.long),
-           "attention_mask": torch.zeros((len(requests), length), dtype=torch.long),
-           "target_index": torch.zeros((len(requests), length), dtype=torch.long),
-           "targets": torch.zeros((len(requests), length), dtype=torch.long),
-           "weights": torch.zeros((len(requests), length))}
+    out = {
+        "input_ids": torch.zeros((len(requests), length), dtype=torch.long),
+        "attention_mask": torch.zeros((len(requests), length), dtype=torch.long),
+        "target_index": torch.zeros((len(requests), length), dtype=torch.long),
+        "targets": torch.zeros((len(requests), length), dtype=torch.long),
+        "weights": torch.zeros((len(requests), length)),
+    }
     for b, (context, completion) in enumerate(requests):
         ids, n = context + completion, len(context) + len(completion)
         out["input_ids"][b, :n] = torch.tensor(ids)
         out["attention_mask"][b, :n] = 1
-        out["target_index"][b, :n - 1] = torch.arange(n - 1)
-        out["targets"][b, :n - 1] = torch.tensor(ids[1:])
-        out["weights"][b, len(context) - 1:n - 1] = 1.0
+        out["target_index"][b, : n - 1] = torch.arange(n - 1)
+        out["targets"][b, : n - 1] = torch.tensor(ids[1:])
+        out["weights"][b, len(context) - 1 : n - 1] = 1.0
     return out
 
 
@@ -135,10 +141,12 @@ def main() -> None:
 
     started = time.perf_counter()
     model, fmt, trajectories = rollouts(args.problems, args.generations, args.max_completion_length)
-    print(f"{len(trajectories)} rollouts in {time.perf_counter() - started:.0f} s: "
-          f"{sum(t.stats.blocks > 0 for t in trajectories)} with a parallel block, "
-          f"{sum(t.degraded for t in trajectories)} degraded, "
-          f"{statistics.fmean(t.stats.total_tokens for t in trajectories):.0f} generated tokens each")
+    print(
+        f"{len(trajectories)} rollouts in {time.perf_counter() - started:.0f} s: "
+        f"{sum(t.stats.blocks > 0 for t in trajectories)} with a parallel block, "
+        f"{sum(t.degraded for t in trajectories)} degraded, "
+        f"{statistics.fmean(t.stats.total_tokens for t in trajectories):.0f} generated tokens each"
+    )
     rows = [trie_row(t, fmt) for t in trajectories]
     requests = [r for t in trajectories for r in expanded_rows(t, fmt)]
     trained = sum(r.trained_tokens for r in rows)
@@ -157,11 +165,14 @@ def main() -> None:
     causal_s = fwd_bwd_seconds(model, causal, args.repeats)
     padded = {"trie": sum(b["input_ids"].numel() for b in trie), "causal": sum(b["input_ids"].numel() for b in causal)}
     for name, count, tokens, width, seconds in (
-            ("trie row per trajectory", len(rows), trie_tokens, padded["trie"], trie_s),
-            ("row per request (reference)", len(requests), expanded_tokens, padded["causal"], causal_s)):
+        ("trie row per trajectory", len(rows), trie_tokens, padded["trie"], trie_s),
+        ("row per request (reference)", len(requests), expanded_tokens, padded["causal"], causal_s),
+    ):
         print(f"{name:<28}{count:>6}{tokens:>9}{width:>9}{seconds:>11.2f}")
-    print(f"\nexpanded / trie: {expanded_tokens / trie_tokens:.2f}x tokens, "
-          f"{padded['causal'] / padded['trie']:.2f}x padded tokens, {causal_s / trie_s:.2f}x fwd+bwd time")
+    print(
+        f"\nexpanded / trie: {expanded_tokens / trie_tokens:.2f}x tokens, "
+        f"{padded['causal'] / padded['trie']:.2f}x padded tokens, {causal_s / trie_s:.2f}x fwd+bwd time"
+    )
 
 
 if __name__ == "__main__":

@@ -19,8 +19,15 @@ if __name__ == "__main__":  # rollouts grade answers; keep a script's work under
     gpu = torch.cuda.is_available()
     trainer = PGRPOTrainer(
         AutoModelForCausalLM.from_pretrained(model_dir),
-        args=PGRPOConfig(output_dir=out, max_steps=int((sys.argv[4:] or [100])[0]), per_device_train_batch_size=8,
-                         max_completion_length=1024, use_cpu=not gpu, bf16=gpu, report_to="none"),
+        args=PGRPOConfig(
+            output_dir=out,
+            max_steps=int((sys.argv[4:] or [100])[0]),
+            per_device_train_batch_size=8,
+            max_completion_length=1024,
+            use_cpu=not gpu,
+            bf16=gpu,
+            report_to="none",
+        ),
         train_dataset=load_dataset("json", data_files=data, split="train"),
         processing_class=AutoTokenizer.from_pretrained(model_dir),
     )

@@ -1,6 +1,6 @@
 """Trie SFT inside your own TRL script: the collator plus one attention setting.
 
-    python examples/sft_trl.py MODEL_DIR TRAIN.jsonl [OUTPUT_DIR] [MAX_STEPS]
+python examples/sft_trl.py MODEL_DIR TRAIN.jsonl [OUTPUT_DIR] [MAX_STEPS]
 """
 
 import sys
@@ -22,9 +22,16 @@ trainer = SFTTrainer(
     processing_class=tokenizer,
     train_dataset=load_dataset("json", data_files=data, split="train"),
     data_collator=TrieCollator(tokenizer),
-    args=SFTConfig(output_dir=out, max_steps=int((sys.argv[4:] or [300])[0]), learning_rate=3e-3,
-                   use_cpu=not gpu, bf16=gpu, report_to="none",
-                   remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True}),
+    args=SFTConfig(
+        output_dir=out,
+        max_steps=int((sys.argv[4:] or [300])[0]),
+        learning_rate=3e-3,
+        use_cpu=not gpu,
+        bf16=gpu,
+        report_to="none",
+        remove_unused_columns=False,
+        dataset_kwargs={"skip_prepare_dataset": True},
+    ),
 )
 trainer.train()
 trainer.save_model(out)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from importlib.metadata import distributions
 
 import pytest
-
 from trained_model import trained_model
 from vllm_server import have_vllm
 
@@ -31,7 +30,8 @@ def trained_server(trained, tmp_path_factory):
     from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
 
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    args = ServeArgs(model=str(trained[1]), port=0, max_model_len=2048, device="cpu", cpu_kv_cache_gib=1,
-                     dtype="float32")
+    args = ServeArgs(
+        model=str(trained[1]), port=0, max_model_len=2048, device="cpu", cpu_kv_cache_gib=1, dtype="float32"
+    )
     with VLLMServer(args, log_path=str(log)) as server:
         yield server.url

@@ -39,17 +39,19 @@ def main(out_path: str, work: str) -> None:
     recorder = Recorder(trainer)
     trainer.train()
     steps = []
-    for inputs, trajectories, out in recorder.steps:
+    for _inputs, trajectories, out in recorder.steps:
         trained = (out["tool_mask"] * out["completion_mask"]).bool()
-        steps.append({
-            "blocks": [t.stats.blocks for t in trajectories],
-            "total_tokens": [t.stats.total_tokens for t in trajectories],
-            "trained_tokens": int(trained.sum()),
-            "sampling": out["sampling_per_token_logps"][trained].tolist(),
-            "trainer": out["old_per_token_logps"][trained].tolist(),
-            "engine_calls": sum(len(t.calls) for t in trajectories),
-            "requests": sum(len(t.requests) for t in trajectories),
-        })
+        steps.append(
+            {
+                "blocks": [t.stats.blocks for t in trajectories],
+                "total_tokens": [t.stats.total_tokens for t in trajectories],
+                "trained_tokens": int(trained.sum()),
+                "sampling": out["sampling_per_token_logps"][trained].tolist(),
+                "trainer": out["old_per_token_logps"][trained].tolist(),
+                "engine_calls": sum(len(t.calls) for t in trajectories),
+                "requests": sum(len(t.requests) for t in trajectories),
+            }
+        )
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     synced = {"vllm": vllm_logprobs(trainer, PROBE), "policy": policy_logprobs(trainer, PROBE)}
     with torch.no_grad():
@@ -60,8 +62,17 @@ def main(out_path: str, work: str) -> None:
     trainer.vllm_generation.sync_weights()
     perturbed = {"stale": stale, "vllm": vllm_logprobs(trainer, PROBE), "policy": policy_logprobs(trainer, PROBE)}
     with open(out_path, "w") as f:
-        json.dump({"group": GROUP, "steps": steps, "logs": logs, "synced": synced, "perturbed": perturbed,
-                   "model": str(embedded_models()["parallel"])}, f)
+        json.dump(
+            {
+                "group": GROUP,
+                "steps": steps,
+                "logs": logs,
+                "synced": synced,
+                "perturbed": perturbed,
+                "model": str(embedded_models()["parallel"]),
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

@@ -17,11 +17,16 @@ def main(out: str) -> None:
     trainer.train()
     trajectories = [t for _, batch, _ in recorder.steps for t in batch]
     with open(os.path.join(out, f"rank{trainer.accelerator.process_index}.json"), "w") as f:
-        json.dump({"processes": trainer.accelerator.num_processes,
-                   "total_tokens": [t.stats.total_tokens for t in trajectories],
-                   "critical_path_tokens": [t.stats.critical_path_tokens for t in trajectories],
-                   "stopped": [t.finish_reason == "stop" for t in trajectories],
-                   "logs": [entry for entry in trainer.state.log_history if "loss" in entry]}, f)
+        json.dump(
+            {
+                "processes": trainer.accelerator.num_processes,
+                "total_tokens": [t.stats.total_tokens for t in trajectories],
+                "critical_path_tokens": [t.stats.critical_path_tokens for t in trajectories],
+                "stopped": [t.finish_reason == "stop" for t in trajectories],
+                "logs": [entry for entry in trainer.state.log_history if "loss" in entry],
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

@@ -20,12 +20,25 @@ def test_kit_loads_in_transformers(tmp_path, which):
     from threadweaver.tree import parse_text
 
     out = tmp_path / which
-    flags = ["--hidden-size", "32", "--num-hidden-layers", "1", "--num-attention-heads", "2",
-             "--num-key-value-heads", "1", "--intermediate-size", "64"]
+    flags = [
+        "--hidden-size",
+        "32",
+        "--num-hidden-layers",
+        "1",
+        "--num-attention-heads",
+        "2",
+        "--num-key-value-heads",
+        "1",
+        "--intermediate-size",
+        "64",
+    ]
     subprocess.run([CLI, "kit", "--out", str(out), "--tokenizer", which, *flags], check=True, capture_output=True)
     tok = AutoTokenizer.from_pretrained(out)
     fresh = synth_tokenizer() if which == "synth" else qwen_tokenizer()
-    text = "<think>\n<Parallel><Outlines><Outline>1:A</Outline></Outlines><Thread>1:A=12+34 ;46</Thread></Parallel>\n</think>\n\\boxed{46}"
+    text = (
+        "<think>\n<Parallel><Outlines><Outline>1:A</Outline></Outlines><Thread>1:A=12+34 ;46</Thread></Parallel>\n"
+        "</think>\n\\boxed{46}"
+    )
     assert tok.encode(text) == fresh.encode(text)
     assert tok.chat_template == fresh.chat_template and tok.eos_token == "<|im_end|>"
     assert parse_text(text, Format.from_tokenizer(tok)).well_formed

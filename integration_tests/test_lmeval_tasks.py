@@ -15,10 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from lm_eval_cli import lm_eval_run
-from wheel_venv import wheel_venv
 from trained_model import run_cli
+from wheel_venv import wheel_venv
 
 DATA = Path(__file__).parent / "data" / "lmeval"
 BENCHMARKS = ["tw_aime24", "tw_aime25", "tw_amc23", "tw_math500", "tw_minerva", "tw_olympiadbench"]
@@ -54,15 +53,20 @@ def test_task_manager_and_model_registry_find_threadweaver():
 
 
 def test_hook_can_be_switched_off_and_include_path_works_instead():
-    code = ("import sys; from lm_eval.tasks import TaskManager; "
-            "tm = TaskManager(include_defaults=False, include_path=sys.argv[1:] or None); "
-            "print('tw_aime24' in tm.all_tasks)")
+    code = (
+        "import sys; from lm_eval.tasks import TaskManager; "
+        "tm = TaskManager(include_defaults=False, include_path=sys.argv[1:] or None); "
+        "print('tw_aime24' in tm.all_tasks)"
+    )
     env = {**os.environ, "THREADWEAVER_LMEVAL_AUTOLOAD": "0"}
-    path = subprocess.run([sys.executable, "-m", "threadweaver.lmeval_tasks", "path"], check=True,
-                          capture_output=True, text=True).stdout.strip()
+    path = subprocess.run(
+        [sys.executable, "-m", "threadweaver.lmeval_tasks", "path"], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
     def finds(*include):
-        done = subprocess.run([sys.executable, "-c", code, *include], env=env, check=True, capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-c", code, *include], env=env, check=True, capture_output=True, text=True
+        )
         return done.stdout.strip() == "True"
 
     assert not finds()
@@ -73,8 +77,23 @@ def test_hook_can_be_switched_off_and_include_path_works_instead():
 def qwen_kit(tmp_path_factory):
     """A tiny random Qwen3 with the real Qwen tokenizer (and the tags)."""
     out = tmp_path_factory.mktemp("kit") / "qwen"
-    run_cli("kit", "--out", str(out), "--tokenizer", "qwen", "--hidden-size", "64", "--num-hidden-layers", "1",
-            "--num-attention-heads", "2", "--num-key-value-heads", "1", "--intermediate-size", "64")
+    run_cli(
+        "kit",
+        "--out",
+        str(out),
+        "--tokenizer",
+        "qwen",
+        "--hidden-size",
+        "64",
+        "--num-hidden-layers",
+        "1",
+        "--num-attention-heads",
+        "2",
+        "--num-key-value-heads",
+        "1",
+        "--intermediate-size",
+        "64",
+    )
     return out
 
 
@@ -123,9 +142,20 @@ def test_a_local_file_in_the_wrong_schema_names_the_missing_field(tmp_path):
 
 def test_tw_math_group_runs_all_six_through_the_cli(qwen_kit, tmp_path):
     """The whole group, offline, in-process (the transformers engine on a random tiny Qwen3)."""
-    results = lm_eval_run(tmp_path / "out", "--model", "threadweaver", "--model_args",
-                          f"engine=transformers,model={qwen_kit}", "--tasks", "tw_math", "--limit", "1",
-                          "--gen_kwargs", "max_gen_toks=4", env={"THREADWEAVER_DATA_DIR": str(DATA)})
+    results = lm_eval_run(
+        tmp_path / "out",
+        "--model",
+        "threadweaver",
+        "--model_args",
+        f"engine=transformers,model={qwen_kit}",
+        "--tasks",
+        "tw_math",
+        "--limit",
+        "1",
+        "--gen_kwargs",
+        "max_gen_toks=4",
+        env={"THREADWEAVER_DATA_DIR": str(DATA)},
+    )
     for name in [*BENCHMARKS, "tw_math"]:
         assert {f"{m},avg" for m in METRICS} <= set(results["results"][name]), name
     for name in BENCHMARKS:
@@ -150,8 +180,16 @@ def synth_runs(trained_server, synth_problems, tmp_path_factory):
     """tw_synth through the CLI, parallel and sequential, against the trained model's vLLM server."""
     env = {"THREADWEAVER_TW_SYNTH_FILE": str(synth_problems)}
     return {
-        mode: lm_eval_run(tmp_path_factory.mktemp(mode), "--model", "threadweaver", "--model_args",
-                          f"base_url={trained_server},parallel={mode == 'parallel'}", "--tasks", "tw_synth", env=env)
+        mode: lm_eval_run(
+            tmp_path_factory.mktemp(mode),
+            "--model",
+            "threadweaver",
+            "--model_args",
+            f"base_url={trained_server},parallel={mode == 'parallel'}",
+            "--tasks",
+            "tw_synth",
+            env=env,
+        )
         for mode in ("parallel", "sequential")
     }
 
@@ -160,8 +198,17 @@ def test_tw_synth_token_stats_are_the_orchestrators_own(synth_runs, synth_proble
     results = synth_runs["parallel"]
     assert {f"{m},avg" for m in METRICS} <= set(results["results"]["tw_synth"])
     out = tmp_path / "trajectories.jsonl"
-    run_cli("generate", str(synth_problems), str(out), "--base-url", trained_server, "--max-tokens", "1024",
-            "--max-request-tokens", "1024")
+    run_cli(
+        "generate",
+        str(synth_problems),
+        str(out),
+        "--base-url",
+        trained_server,
+        "--max-tokens",
+        "1024",
+        "--max-request-tokens",
+        "1024",
+    )
     by_id = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
     samples = results["samples"]["tw_synth"]
     assert len(samples) == len(by_id) == 6
@@ -203,12 +250,22 @@ def test_another_backend_is_graded_and_tokenised(trained, trained_server, synth_
     from threadweaver.reward import grade
 
     model = str(trained[1])
-    served = json.loads(subprocess.run(["curl", "-s", f"{trained_server}/v1/models"], capture_output=True,
-                                       text=True, check=True).stdout)["data"][0]["id"]
-    results = lm_eval_run(tmp_path / "out", "--model", "local-completions", "--model_args",
-                          f"model={served},base_url={trained_server}/v1/completions,tokenizer={model}",
-                          "--apply_chat_template", "--tasks", "tw_synth", "--limit", "3",
-                          env={"THREADWEAVER_TW_SYNTH_FILE": str(synth_problems)})
+    served = json.loads(
+        subprocess.run(["curl", "-s", f"{trained_server}/v1/models"], capture_output=True, text=True, check=True).stdout
+    )["data"][0]["id"]
+    results = lm_eval_run(
+        tmp_path / "out",
+        "--model",
+        "local-completions",
+        "--model_args",
+        f"model={served},base_url={trained_server}/v1/completions,tokenizer={model}",
+        "--apply_chat_template",
+        "--tasks",
+        "tw_synth",
+        "--limit",
+        "3",
+        env={"THREADWEAVER_TW_SYNTH_FILE": str(synth_problems)},
+    )
     tokenizer = AutoTokenizer.from_pretrained(model)
     assert results["results"]["tw_synth"]["stats_measured,avg"] == 0.0
     for sample in results["samples"]["tw_synth"]:
@@ -223,11 +280,14 @@ def test_another_backend_is_graded_and_tokenised(trained, trained_server, synth_
 def test_a_wheel_install_carries_the_start_up_hook(tmp_path):
     """What ``pip install threadweaver[lmeval]`` gives a user: the wheel's ``.pth`` at the top of site-packages."""
     python, site = wheel_venv(tmp_path)
-    code = ("import json, threadweaver; from lm_eval.api.registry import get_model; from lm_eval.tasks import TaskManager; "
-            "print(json.dumps([threadweaver.__file__, sorted(t for t in TaskManager(include_defaults=False).all_tasks "
-            "if t.startswith('tw_')), get_model('threadweaver').__module__]))")
-    where, tasks, module = json.loads(subprocess.run([python, "-c", code], check=True, capture_output=True,
-                                                     text=True, cwd=tmp_path).stdout)
+    code = (
+        "import json, threadweaver; from lm_eval.api.registry import get_model; from lm_eval.tasks import TaskManager; "
+        "print(json.dumps([threadweaver.__file__, sorted(t for t in TaskManager(include_defaults=False).all_tasks "
+        "if t.startswith('tw_')), get_model('threadweaver').__module__]))"
+    )
+    where, tasks, module = json.loads(
+        subprocess.run([python, "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path).stdout
+    )
     assert where.startswith(str(site))
     assert tasks == sorted([*BENCHMARKS, "tw_math", "tw_synth"])
     assert module == "threadweaver.lmeval_tasks.model"

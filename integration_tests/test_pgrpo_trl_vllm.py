@@ -16,7 +16,6 @@ import sys
 from statistics import fmean
 
 import pytest
-
 from test_pgrpo_trl import METRICS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -26,8 +25,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def run(tmp_path_factory):
     work = tmp_path_factory.mktemp("colocated")
     env = dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count() or 1), VLLM_CPU_KVCACHE_SPACE="1")
-    done = subprocess.run([sys.executable, os.path.join(HERE, "pgrpo_colocated_vllm.py"), str(work / "out.json"),
-                           str(work / "trainer")], capture_output=True, text=True, env=env, cwd=HERE, timeout=900)
+    done = subprocess.run(
+        [sys.executable, os.path.join(HERE, "pgrpo_colocated_vllm.py"), str(work / "out.json"), str(work / "trainer")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=HERE,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads((work / "out.json").read_text())
 

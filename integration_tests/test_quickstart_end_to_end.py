@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-
 from trained_model import run_cli
 from vllm_server import have_vllm
 
@@ -45,8 +44,10 @@ def test_table_and_summary(quickstart):
 
 def test_one_after_another_decodes_the_same_tokens_sequentially(quickstart):
     out, _ = quickstart
-    runs = {key: [json.loads(line) for line in (out / key / "trajectories.jsonl").read_text().splitlines()]
-            for key in ("fork_join", "one_after_another")}
+    runs = {
+        key: [json.loads(line) for line in (out / key / "trajectories.jsonl").read_text().splitlines()]
+        for key in ("fork_join", "one_after_another")
+    }
     by_context = {row["context"]: row for row in runs["fork_join"]}
     assert len(runs["one_after_another"]) == 3
     for row in runs["one_after_another"]:
@@ -70,13 +71,18 @@ def test_page_shows_the_timelines_in_headless_chromium(quickstart, tmp_path):
     out, _ = quickstart
     url = (out / "timelines.html").as_uri()
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
-    dom = subprocess.run([chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120,
-                         check=True).stdout
+    dom = subprocess.run(
+        [chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     assert dom.count('<svg class="timeline"') == 2 * len(LABELS)
     assert dom.count('class="request critical"') >= 2 * 3
     screenshot = tmp_path / "page.png"
-    subprocess.run([chromium, *flags, "--window-size=1000,1200", f"--screenshot={screenshot}", url],
-                   capture_output=True, timeout=120, check=True)
+    subprocess.run(
+        [chromium, *flags, "--window-size=1000,1200", f"--screenshot={screenshot}", url],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
     with Image.open(screenshot) as image:
         colours = {colour for _, colour in image.convert("RGB").getcolors(maxcolors=1 << 20)}
     assert (192, 57, 43) in colours  # the critical path's outline is drawn
@@ -84,8 +90,21 @@ def test_page_shows_the_timelines_in_headless_chromium(quickstart, tmp_path):
 
 def test_retrain_reproduces_both_models_with_the_recipe(tmp_path):
     """--retrain at 4 steps (not the recipe's 600), evaluated in-process: the training path end to end."""
-    done = run_cli("quickstart", "--out", str(tmp_path), "--retrain", "--retrain-steps", "4", "--problems", "2",
-                   "--engine", "transformers", "--timelines", "1", check=False)
+    done = run_cli(
+        "quickstart",
+        "--out",
+        str(tmp_path),
+        "--retrain",
+        "--retrain-steps",
+        "4",
+        "--problems",
+        "2",
+        "--engine",
+        "transformers",
+        "--timelines",
+        "1",
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     for name in ("parallel", "sequential"):
         model = tmp_path / "train" / "models" / name

@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-
 from trained_model import run_cli
 from vllm_server import have_vllm, post, vllm_server
 
@@ -35,18 +34,24 @@ def test_loss_falls(trained):
 def test_saved_model_is_plain_transformers(trained):
     _, out = trained
     assert "threadweaver" not in (out / "config.json").read_text()
-    code = ("import sys; from transformers import AutoModelForCausalLM, AutoTokenizer; "
-            "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); t = AutoTokenizer.from_pretrained(sys.argv[1]); "
-            "assert 'threadweaver' not in sys.modules; print(m.config._attn_implementation, len(t))")
+    code = (
+        "import sys; from transformers import AutoModelForCausalLM, AutoTokenizer; "
+        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); t = AutoTokenizer.from_pretrained(sys.argv[1]); "
+        "assert 'threadweaver' not in sys.modules; print(m.config._attn_implementation, len(t))"
+    )
     result = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, check=True)
     assert result.stdout.split()[0] == "sdpa"
 
 
 def _prompts(root, tokenizer):
     rows = [json.loads(line) for line in (root / "data" / "parallel" / "validation.jsonl").read_text().splitlines()]
-    return [tokenizer.encode(tokenizer.apply_chat_template(r["messages"][:1], tokenize=False,
-                                                           add_generation_prompt=True), add_special_tokens=False)
-            for r in rows[:8]]
+    return [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(r["messages"][:1], tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+        )
+        for r in rows[:8]
+    ]
 
 
 def test_orchestrated_greedy_decoding_is_well_formed(trained):
@@ -88,10 +93,18 @@ def test_trained_model_serves_in_vllm(trained, tmp_path):
     fmt = Format.from_tokenizer(tokenizer)
     prompt = _prompts(root, tokenizer)[0]
     with vllm_server(str(out), str(tmp_path / "server.log")) as base:
-        reply = post(base + "/v1/completions", {
-            "model": str(out), "prompt": prompt, "max_tokens": 64, "temperature": 0,
-            "return_token_ids": True, "skip_special_tokens": False, "stop_token_ids": [fmt.tags.outlines_end],
-        })
+        reply = post(
+            base + "/v1/completions",
+            {
+                "model": str(out),
+                "prompt": prompt,
+                "max_tokens": 64,
+                "temperature": 0,
+                "return_token_ids": True,
+                "skip_special_tokens": False,
+                "stop_token_ids": [fmt.tags.outlines_end],
+            },
+        )
     choice = reply["choices"][0]
     assert choice["finish_reason"] == "stop"
     assert choice["token_ids"][-1] == fmt.tags.outlines_end
@@ -107,8 +120,16 @@ def test_malformed_row_is_named_or_skipped(tmp_path):
     rows[3] = json.dumps(bad)
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(rows) + "\n")
-    args = [str(tmp_path / "kit"), str(data), "--output-dir", str(tmp_path / "out"), "--max-steps", "2",
-            "--batch-size", "2"]
+    args = [
+        str(tmp_path / "kit"),
+        str(data),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "2",
+    ]
     failed = run("sft", *args, check=False)
     assert failed.returncode != 0
     assert "row 4 (id train-3): trajectory token" in failed.stderr and "seed 2:" in failed.stderr
@@ -122,8 +143,20 @@ def test_sequential_baseline_trains_plain_sequences(tmp_path):
     """--sequential: the tags are ordinary tokens, so the malformed row is just text."""
     run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
     run("synth", "--out", str(tmp_path / "data"), "--train", "4", "--validation", "1", *SYNTH)
-    run("sft", str(tmp_path / "kit"), str(tmp_path / "data" / "parallel" / "train.jsonl"), "--sequential",
-        "--output-dir", str(tmp_path / "out"), "--max-steps", "2", "--batch-size", "2", "--logging-steps", "1")
+    run(
+        "sft",
+        str(tmp_path / "kit"),
+        str(tmp_path / "data" / "parallel" / "train.jsonl"),
+        "--sequential",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--logging-steps",
+        "1",
+    )
     history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
     assert [e["step"] for e in history if "loss" in e] == [1, 2]
 
@@ -132,6 +165,17 @@ def test_example_script_trains_with_sfttrainer(tmp_path):
     run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
     run("synth", "--out", str(tmp_path / "data"), "--train", "8", "--validation", "1", *SYNTH)
     example = os.path.join(os.path.dirname(__file__), "..", "examples", "sft_trl.py")
-    subprocess.run([sys.executable, example, str(tmp_path / "kit"), str(tmp_path / "data" / "parallel" / "train.jsonl"),
-                    str(tmp_path / "out"), "2"], check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            example,
+            str(tmp_path / "kit"),
+            str(tmp_path / "data" / "parallel" / "train.jsonl"),
+            str(tmp_path / "out"),
+            "2",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     assert (tmp_path / "out" / "model.safetensors").exists()

@@ -13,18 +13,43 @@ import asyncio
 import threading
 
 import pytest
+from test_orchestrator_vllm import decode, generate_once, prompts
 
 from threadweaver.format import Format
 from threadweaver.orchestrator import Limits
 
-from test_orchestrator_vllm import decode, generate_once, prompts
-
-REQUEST_FIELDS = {"text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
-                  "top_logprobs_num", "return_text_in_logprobs", "stream"}
-SAMPLING_FIELDS = {"max_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p",
-                   "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "ignore_eos",
-                   "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "regex", "json_schema",
-                   "n", "sampling_seed"}
+REQUEST_FIELDS = {
+    "text",
+    "input_ids",
+    "sampling_params",
+    "rid",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+    "stream",
+}
+SAMPLING_FIELDS = {
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "regex",
+    "json_schema",
+    "n",
+    "sampling_seed",
+}
 
 
 class SGLangStandIn:
@@ -45,9 +70,15 @@ class SGLangStandIn:
         if unknown or not isinstance(body.get("input_ids"), list):
             return web.json_response({"error": {"message": f"unknown fields {sorted(unknown)}"}}, status=400)
         params = body["sampling_params"]
-        vllm_body = {"model": self.model, "prompt": body["input_ids"], "max_tokens": params["max_new_tokens"],
-                     "stop_token_ids": params.get("stop_token_ids", []), "temperature": params["temperature"],
-                     "return_token_ids": True, "skip_special_tokens": False}
+        vllm_body = {
+            "model": self.model,
+            "prompt": body["input_ids"],
+            "max_tokens": params["max_new_tokens"],
+            "stop_token_ids": params.get("stop_token_ids", []),
+            "temperature": params["temperature"],
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
         if body.get("return_logprob"):
             vllm_body["logprobs"] = 0
         async with ClientSession() as session:
@@ -61,11 +92,15 @@ class SGLangStandIn:
             finish = {"type": "stop", "matched": choice["stop_reason"]}
         else:
             finish = {"type": "length", "length": len(ids)}
-        meta = {"id": "stand-in", "finish_reason": finish, "prompt_tokens": len(body["input_ids"]),
-                "completion_tokens": len(ids), "cached_tokens": 0}
+        meta = {
+            "id": "stand-in",
+            "finish_reason": finish,
+            "prompt_tokens": len(body["input_ids"]),
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+        }
         if body.get("return_logprob"):
-            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in
-                                             zip(choice["logprobs"]["token_logprobs"], ids)]
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(choice["logprobs"]["token_logprobs"], ids)]
         return web.json_response({"text": "", "output_ids": ids, "meta_info": meta})
 
 

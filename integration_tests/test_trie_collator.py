@@ -23,8 +23,10 @@ QUESTION = "a=2, b=3. a+b?"
 
 
 def chat(row_id, trajectory=TRAJECTORY, question=QUESTION):
-    return {"id": row_id, "messages": [{"role": "user", "content": question},
-                                       {"role": "assistant", "content": trajectory}]}
+    return {
+        "id": row_id,
+        "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": trajectory}],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +40,16 @@ def collator(tokenizer):
 
 
 def test_every_row_shape_flattens_to_the_same_trie(tokenizer, collator):
-    prompt_text = tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], tokenize=False,
-                                                add_generation_prompt=True)
+    prompt_text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
+    )
     prompt_ids, trajectory_ids = collator.encoder(chat("m"))
     shapes = [
         chat("messages"),
-        {"prompt": [{"role": "user", "content": QUESTION}],
-         "completion": [{"role": "assistant", "content": TRAJECTORY}]},
+        {
+            "prompt": [{"role": "user", "content": QUESTION}],
+            "completion": [{"role": "assistant", "content": TRAJECTORY}],
+        },
         {"prompt": prompt_text, "completion": TRAJECTORY},
         {"text": prompt_text + TRAJECTORY + "<|im_end|>\n"},
         {"prompt_ids": prompt_ids, "completion_ids": trajectory_ids},
@@ -164,8 +169,11 @@ def test_a_tree_batch_refuses_a_kv_cache(tiny, collator):
     with torch.no_grad():
         out = tiny(**batch, use_cache=True)
         with pytest.raises(TreeAttentionError, match="without a KV cache"):
-            tiny(input_ids=batch["input_ids"][:, -1:], subtree_end=batch["subtree_end"],
-                 past_key_values=out.past_key_values)
+            tiny(
+                input_ids=batch["input_ids"][:, -1:],
+                subtree_end=batch["subtree_end"],
+                past_key_values=out.past_key_values,
+            )
     tiny.set_attn_implementation("sdpa")
 
 

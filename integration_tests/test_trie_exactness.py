@@ -31,10 +31,17 @@ TWO_BLOCKS = (
 )
 PLAIN = "<think>\nNo need to branch: 1+1=2.</think>\n\\boxed{2}"
 ROWS = [
-    {"id": "nested", "messages": [{"role": "user", "content": "Add the halves."},
-                                  {"role": "assistant", "content": NESTED}]},
-    {"id": "two-blocks", "messages": [{"role": "user", "content": "x=2, y=5, z=1. What is x+y+z?"},
-                                      {"role": "assistant", "content": TWO_BLOCKS}]},
+    {
+        "id": "nested",
+        "messages": [{"role": "user", "content": "Add the halves."}, {"role": "assistant", "content": NESTED}],
+    },
+    {
+        "id": "two-blocks",
+        "messages": [
+            {"role": "user", "content": "x=2, y=5, z=1. What is x+y+z?"},
+            {"role": "assistant", "content": TWO_BLOCKS},
+        ],
+    },
     {"id": "plain", "messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": PLAIN}]},
 ]
 MAX_LENGTH = 150  # cuts the nested row; the others are shorter

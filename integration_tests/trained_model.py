@@ -1,8 +1,9 @@
 """A tiny Qwen3 trained with `threadweaver sft` on the synthetic task, cached between runs.
 
 The trained model is cached under ``.cache/integration-models`` keyed by the recipe, the
-source of the core and of the SFT plugin (less the modules training never runs), and the torch/transformers/TRL versions, so
-a change to any of them retrains it; CI starts clean and trains it once per run.
+source of the core and of the SFT plugin (less the modules training never runs), and the
+torch/transformers/TRL versions, so a change to any of them retrains it; CI starts clean and
+trains it once per run.
 """
 
 from __future__ import annotations
@@ -21,8 +22,18 @@ CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 SYNTH = ["--min-terms", "2", "--max-terms", "3", "--digits", "3"]
 RECIPE = {
     "synth": ["--train", "1600", "--validation", "40", *SYNTH],
-    "sft": ["--max-steps", "200", "--learning-rate", "3e-3", "--warmup", "20", "--batch-size", "8",
-            "--logging-steps", "20"],
+    "sft": [
+        "--max-steps",
+        "200",
+        "--learning-rate",
+        "3e-3",
+        "--warmup",
+        "20",
+        "--batch-size",
+        "8",
+        "--logging-steps",
+        "20",
+    ],
 }
 
 _NOT_IN_TRAINING = {"orchestrator.py", "batch.py", "stats.py", "reward.py", "requests.py", "pgrpo.py", "pgrpo_args.py"}
@@ -52,7 +63,13 @@ def trained_model() -> tuple[Path, Path]:
         root.mkdir(parents=True)
         run_cli("synth", "--out", str(root / "data"), *RECIPE["synth"])
         run_cli("kit", "--out", str(root / "kit"))
-        run_cli("sft", str(root / "kit"), str(root / "data" / "parallel" / "train.jsonl"),
-                "--output-dir", str(root / "model"), *RECIPE["sft"])
+        run_cli(
+            "sft",
+            str(root / "kit"),
+            str(root / "data" / "parallel" / "train.jsonl"),
+            "--output-dir",
+            str(root / "model"),
+            *RECIPE["sft"],
+        )
         (root / "done").touch()
     return root, root / "model"

@@ -12,6 +12,9 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
     >/dev/null 2>&1 || echo "[test] could not install chromium: the page check will be skipped"
 fi
+echo "[test] ruff: lint and format"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 if [ $# -gt 0 ]; then
   case "$1" in
     integration_tests/verl_venv*) exec .venv-verl/bin/python -m pytest -q "$@" ;;

@@ -1,6 +1,6 @@
 import pytest
-
 from chars import char_format
+
 from threadweaver.format import Format
 
 

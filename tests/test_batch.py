@@ -4,13 +4,12 @@ import asyncio
 import json
 
 import pytest
+from test_orchestrator import GOOD, PROMPT, WELL_FORMED, ScriptedEngine
 
 from threadweaver.batch import Job, finished_keys, prompt_ids, read_jobs, run_batch
 from threadweaver.orchestrator import Orchestrator
 from threadweaver.report import RowError
 from threadweaver.tree import tree_json
-
-from test_orchestrator import GOOD, PROMPT, WELL_FORMED, ScriptedEngine
 
 
 class ChatTokenizer:
@@ -35,8 +34,12 @@ def test_prompts_from_each_row_shape(fmt):
     assert prompt_ids({"prompt": "Q?"}, tok) == fmt.encode("Q?")
     solved = {"messages": [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A"}]}
     assert prompt_ids(solved, tok) == fmt.encode("Q?")
-    for bad, field in [({"prompt_ids": []}, "prompt_ids"), ({"messages": "Q"}, "messages"),
-                       ({"prompt": 3}, "prompt"), ({"question": "Q"}, "no prompt")]:
+    for bad, field in [
+        ({"prompt_ids": []}, "prompt_ids"),
+        ({"messages": "Q"}, "messages"),
+        ({"prompt": 3}, "prompt"),
+        ({"question": "Q"}, "no prompt"),
+    ]:
         with pytest.raises(ValueError, match=field):
             prompt_ids(bad, tok)
 
@@ -53,8 +56,7 @@ def test_bad_rows_and_duplicate_ids_name_the_line(fmt, tmp_path):
 
 def test_rows_are_written_as_they_finish_and_resume_skips_them(fmt, tmp_path):
     problems = tmp_path / "problems.jsonl"
-    problems.write_text("".join(json.dumps({"id": f"p{i}", "prompt": PROMPT, "answer": "42"}) + "\n"
-                                for i in range(3)))
+    problems.write_text("".join(json.dumps({"id": f"p{i}", "prompt": PROMPT, "answer": "42"}) + "\n" for i in range(3)))
     out = tmp_path / "out.jsonl"
     jobs = list(read_jobs(str(problems), ChatTokenizer(fmt), 2))
     orchestrator = Orchestrator(ScriptedEngine(fmt, GOOD), fmt)
@@ -105,8 +107,9 @@ def test_sample_seeds_differ_per_sample(fmt, tmp_path):
             return await super().generate(prompt_ids, stop_ids, max_tokens, sampling)
 
     jobs = [Job("p", k, tuple(fmt.encode(PROMPT)), {}) for k in range(3)]
-    asyncio.run(run_batch(jobs, Orchestrator(SeedEngine(fmt, GOOD), fmt), str(tmp_path / "o.jsonl"),
-                          concurrency=3, seed=10))
+    asyncio.run(
+        run_batch(jobs, Orchestrator(SeedEngine(fmt, GOOD), fmt), str(tmp_path / "o.jsonl"), concurrency=3, seed=10)
+    )
     assert sorted(set(seen)) == [10, 11, 12]
 
 
@@ -116,7 +119,9 @@ def test_tree_json_nests_threads(fmt):
     nodes = parse(fmt.encode(WELL_FORMED), fmt).nodes
     assert tree_json(nodes, fmt) == [
         {"text": "think "},
-        {"outlines": ["1:a", "2:b"], "threads": [{"number": 1, "body": [{"text": "aa"}]},
-                                                 {"number": 2, "body": [{"text": "bbbb"}]}]},
+        {
+            "outlines": ["1:a", "2:b"],
+            "threads": [{"number": 1, "body": [{"text": "aa"}]}, {"number": 2, "body": [{"text": "bbbb"}]}],
+        },
         {"text": " done"},
     ]

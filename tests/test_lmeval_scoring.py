@@ -12,8 +12,10 @@ from threadweaver.lmeval_tasks import data, discovery, measured, scoring
 from threadweaver.stats import latency_stats
 from threadweaver.tree import parse_text
 
-PARALLEL = ("<think>\nplan<Parallel><Outlines><Outline>1: a</Outline><Outline>2: b</Outline></Outlines>"
-            "<Thread>1: one two three</Thread><Thread>2: four</Thread></Parallel>\nsum</think>\n\\boxed{7}")
+PARALLEL = (
+    "<think>\nplan<Parallel><Outlines><Outline>1: a</Outline><Outline>2: b</Outline></Outlines>"
+    "<Thread>1: one two three</Thread><Thread>2: four</Thread></Parallel>\nsum</think>\n\\boxed{7}"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -24,10 +26,20 @@ def fresh_side_channel(monkeypatch):
     monkeypatch.delenv(measured.TOKENIZER_ENV, raising=False)
 
 
-@pytest.mark.parametrize("value,gold", [
-    (33, "33"), (27.0, "27"), (2.5, "2.5"), (" 986 ", "986"), (["$\\frac{1}{2}$"], "\\frac{1}{2}"),
-    (["$-1$,$3$"], "-1,3"), (["1", "$2$"], "1, 2"), ("\\$18.90", "\\$18.90"), ("4.5e33", "4.5e33"),
-])
+@pytest.mark.parametrize(
+    "value,gold",
+    [
+        (33, "33"),
+        (27.0, "27"),
+        (2.5, "2.5"),
+        (" 986 ", "986"),
+        (["$\\frac{1}{2}$"], "\\frac{1}{2}"),
+        (["$-1$,$3$"], "-1,3"),
+        (["1", "$2$"], "1, 2"),
+        ("\\$18.90", "\\$18.90"),
+        ("4.5e33", "4.5e33"),
+    ],
+)
 def test_gold_answer_reads_each_benchmarks_answer_field(value, gold):
     assert data.gold_answer(value) == gold
 
@@ -54,11 +66,19 @@ def test_a_named_local_file_that_is_missing_is_an_error(tmp_path):
 
 def test_measured_counts_are_used_as_recorded(qwen):
     measured.use_tokenizer(qwen)  # would give other counts: the recorded ones must win
-    measured.record(PARALLEL, measured.TokenCounts(total_tokens=50, critical_path_tokens=20, blocks=1,
-                                                   well_formed=False))
+    measured.record(
+        PARALLEL, measured.TokenCounts(total_tokens=50, critical_path_tokens=20, blocks=1, well_formed=False)
+    )
     metrics = scoring.process_results({"gold": "7"}, [[PARALLEL]])
-    assert metrics == {"acc": 1.0, "token_latency": 20.0, "total_tokens": 50.0, "speedup": 2.5,
-                       "parallel_activation": 1.0, "format_valid": 0.0, "stats_measured": 1.0}
+    assert metrics == {
+        "acc": 1.0,
+        "token_latency": 20.0,
+        "total_tokens": 50.0,
+        "speedup": 2.5,
+        "parallel_activation": 1.0,
+        "format_valid": 0.0,
+        "stats_measured": 1.0,
+    }
 
 
 def test_unmeasured_responses_are_tokenised_and_say_so(qwen):

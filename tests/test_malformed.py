@@ -1,10 +1,9 @@
 """Strict parsing names the position and tag of the first fault; lenient parsing never raises."""
 
 import pytest
+from chars import EOS
 
 from threadweaver.tree import Block, TrajectoryFormatError, parse
-
-from chars import EOS
 
 O1, O2 = "<Outline>1:a</Outline>", "<Outline>2:b</Outline>"
 HEAD1 = f"<Parallel><Outlines>{O1}</Outlines>"
@@ -16,12 +15,25 @@ CASES = [
     ("abc</Parallel>", "</Parallel>", "outside", False),
     ("x<Outline>1:a</Outline>", "<Outline>", "outside", False),
     (f"{HEAD1}<Thread>1:b</Thread>", "end of output", "expected </Parallel> after thread 1", False),
-    ("<Parallel><Outlines><Outline>2:a</Outline></Outlines><Thread>2:b</Thread></Parallel>",
-     "<Outline>", "outline 1 has number 2", False),
-    ("<Parallel><Outlines><Outline>abc</Outline></Outlines><Thread>1:b</Thread></Parallel>",
-     "<Outline>", "outline 1 has no number", False),
+    (
+        "<Parallel><Outlines><Outline>2:a</Outline></Outlines><Thread>2:b</Thread></Parallel>",
+        "<Outline>",
+        "outline 1 has number 2",
+        False,
+    ),
+    (
+        "<Parallel><Outlines><Outline>abc</Outline></Outlines><Thread>1:b</Thread></Parallel>",
+        "<Outline>",
+        "outline 1 has no number",
+        False,
+    ),
     (f"{HEAD2}<Thread>1:x</Thread></Parallel>", "</Parallel>", "expected <Thread> 2", False),
-    (f"{HEAD1}<Thread>1:x</Thread><Thread>2:y</Thread></Parallel>", "<Thread>", "more threads than the 1 outlines", False),
+    (
+        f"{HEAD1}<Thread>1:x</Thread><Thread>2:y</Thread></Parallel>",
+        "<Thread>",
+        "more threads than the 1 outlines",
+        False,
+    ),
     (f"{HEAD1}<Thread>1:</Thread></Parallel>", "</Thread>", "thread 1 is empty", True),
     (f"{HEAD1}<Thread>1:abc", "end of output", "thread 1 never closes", False),
     ("<Parallel><Outlines></Outlines><Thread>1:a</Thread></Parallel>", "</Outlines>", "at least one outline", False),
@@ -31,8 +43,12 @@ CASES = [
     (f"{HEAD1}<Thread>2:a</Thread></Parallel>", "<Thread>", "does not start with its seed 1:", False),
     (f"{HEAD2}<Thread>1:x</Thread>zz<Thread>2:y</Thread></Parallel>", None, "expected <Thread> 2", False),
     (f"{HEAD1}<Thread>1:x</Parallel></Thread></Parallel>", "</Parallel>", "outside", True),
-    (f"{HEAD1}<Thread>1:{HEAD1}<Thread>1:y</Thread></Parallel></Thread></Parallel>", "<Parallel>",
-     "nested 2 deep; max_depth is 1", True),
+    (
+        f"{HEAD1}<Thread>1:{HEAD1}<Thread>1:y</Thread></Parallel></Thread></Parallel>",
+        "<Parallel>",
+        "nested 2 deep; max_depth is 1",
+        True,
+    ),
 ]
 
 

@@ -7,13 +7,12 @@ script key) and applies stop ids and max_tokens as vLLM does: the stop token is 
 import asyncio
 
 import pytest
+from chars import EOS
 
 from threadweaver.orchestrator import Completion, Limits, Orchestrator
 from threadweaver.requests import plan_requests
 from threadweaver.stats import latency_stats
 from threadweaver.tree import Block, parse
-
-from chars import EOS
 
 
 class ScriptedEngine:
@@ -56,7 +55,7 @@ GOOD = {
     "<Thread>2:": "bbbb</Thread>",
     "</Parallel>": " done<EOS>",
 }
-WELL_FORMED = ("think " + HEAD + "<Thread>1:aa</Thread><Thread>2:bbbb</Thread></Parallel> done")
+WELL_FORMED = "think " + HEAD + "<Thread>1:aa</Thread><Thread>2:bbbb</Thread></Parallel> done"
 
 
 def decode(fmt, script, limits=Limits(), delay=0.0):
@@ -118,12 +117,15 @@ def test_serial_threads_send_the_same_requests_one_after_another(fmt):
     assert forked.stats.critical_path_tokens == forked.stats.total_tokens - len(fmt.encode("aa</Thread>"))
 
 
-@pytest.mark.parametrize("head, problem", [
-    ("<Parallel><Outlines><Outline>1:a</Outline><Outline>3:b</Outline></Outlines>", "malformed outlines"),
-    ("<Parallel><Outlines></Outlines>", "malformed outlines"),
-    ("<Outlines><Outline>1:a</Outline></Outlines>", "without <Parallel>"),
-    ("<Parallel><Outlines><Outline>a</Outline></Outlines>", "malformed outlines"),
-])
+@pytest.mark.parametrize(
+    "head, problem",
+    [
+        ("<Parallel><Outlines><Outline>1:a</Outline><Outline>3:b</Outline></Outlines>", "malformed outlines"),
+        ("<Parallel><Outlines></Outlines>", "malformed outlines"),
+        ("<Outlines><Outline>1:a</Outline></Outlines>", "without <Parallel>"),
+        ("<Parallel><Outlines><Outline>a</Outline></Outlines>", "malformed outlines"),
+    ],
+)
 def test_malformed_outlines_degrade_to_sequential(fmt, head, problem):
     script = {PROMPT: "t " + head, head: " then plain<EOS>"}
     t, engine = decode(fmt, script)
@@ -163,8 +165,9 @@ def test_too_many_threads_decode_sequentially(fmt):
     script = {PROMPT: HEAD, HEAD: "<Thread>1:aa</Thread><Thread>2:b</Thread></Parallel> ok<EOS>"}
     t, _ = decode(fmt, script, Limits(max_threads=1))
     assert len(t.problems) == 1 and "exceed max_threads=1" in t.problems[0]
-    assert t.token_ids == tuple(fmt.encode(WELL_FORMED.replace("think ", "").replace("bbbb", "b").replace(
-        " done", " ok")) + [EOS])
+    assert t.token_ids == tuple(
+        fmt.encode(WELL_FORMED.replace("think ", "").replace("bbbb", "b").replace(" done", " ok")) + [EOS]
+    )
 
 
 def test_too_deep_nesting_stays_inside_its_thread(fmt):
@@ -218,11 +221,14 @@ def test_an_engine_error_raises_by_default(fmt):
 def test_an_engine_error_in_a_thread_degrades_when_asked(fmt):
     engine = FailingEngine(fmt, GOOD, "<Thread>2:")
     t = asyncio.run(Orchestrator(engine, fmt, degrade_on_engine_error=True).run(fmt.encode(PROMPT)))
-    assert t.problems == ("thread 2: the engine failed (ConnectionError: server went away); the sequence stopped there",
-                          "thread 2: closed after the engine error")
+    assert t.problems == (
+        "thread 2: the engine failed (ConnectionError: server went away); the sequence stopped there",
+        "thread 2: closed after the engine error",
+    )
     assert t.finish_reason == "stop"  # the main sequence went on after the join
-    assert t.token_ids == tuple(fmt.encode("think " + HEAD + "<Thread>1:aa</Thread><Thread>2:</Thread></Parallel> done")
-                                + [EOS])
+    assert t.token_ids == tuple(
+        fmt.encode("think " + HEAD + "<Thread>1:aa</Thread><Thread>2:</Thread></Parallel> done") + [EOS]
+    )
     assert t.stats.total_tokens == sum(t.generated)  # the injected </Thread> is not counted
     assert ((0, 2),) in t.closed_threads
 
@@ -231,6 +237,7 @@ def test_an_engine_error_in_the_main_sequence_ends_the_trajectory(fmt):
     engine = FailingEngine(fmt, GOOD, "</Parallel>")
     t = asyncio.run(Orchestrator(engine, fmt, degrade_on_engine_error=True).run(fmt.encode(PROMPT)))
     assert t.finish_reason == "error"
-    assert t.problems == ("main sequence: the engine failed (ConnectionError: server went away); "
-                          "the sequence stopped there",)
+    assert t.problems == (
+        "main sequence: the engine failed (ConnectionError: server went away); the sequence stopped there",
+    )
     assert t.token_ids == tuple(fmt.encode(WELL_FORMED.removesuffix(" done")))

@@ -5,16 +5,18 @@ import asyncio
 import dataclasses
 
 import pytest
-
-from threadweaver.orchestrator import EngineCall, Limits, Orchestrator
-from threadweaver.pgrpo import rollout_metrics, sampling_logprobs, trie_row
-
 from test_orchestrator import GOOD, PROMPT, ScriptedEngine
 from test_orchestrator_malformed import CASES
 from test_quickstart import NESTED
 
-SCRIPTS = {"well-formed": (GOOD, Limits()), "nested": (NESTED, Limits()),
-           **{name: (script, limits) for name, (script, limits, _) in CASES.items()}}
+from threadweaver.orchestrator import EngineCall, Limits, Orchestrator
+from threadweaver.pgrpo import rollout_metrics, sampling_logprobs, trie_row
+
+SCRIPTS = {
+    "well-formed": (GOOD, Limits()),
+    "nested": (NESTED, Limits()),
+    **{name: (script, limits) for name, (script, limits, _) in CASES.items()},
+}
 
 
 def logprob(context, token) -> float:
@@ -44,8 +46,11 @@ def rollout(fmt, script, limits=Limits()):
 
 def sampled(engine) -> list[tuple[tuple[int, ...], int]]:
     """(context, token) for every token the engine sampled."""
-    return [(context + completion[:i], token) for context, completion in engine.answered
-            for i, token in enumerate(completion)]
+    return [
+        (context + completion[:i], token)
+        for context, completion in engine.answered
+        for i, token in enumerate(completion)
+    ]
 
 
 def ancestors(row, j) -> tuple[int, ...]:
@@ -137,7 +142,8 @@ def test_rollout_metrics(fmt):
     assert metrics["format_valid"] == pytest.approx(2 / 3)
     assert metrics["acceleration_ratio"] == pytest.approx((parallel.stats.speedup + 2) / 3)
     assert metrics["critical_path_tokens"] == pytest.approx(
-        (parallel.stats.critical_path_tokens + sequential.stats.total_tokens + degraded.stats.total_tokens) / 3)
+        (parallel.stats.critical_path_tokens + sequential.stats.total_tokens + degraded.stats.total_tokens) / 3
+    )
     assert "correct_rate" not in rollout_metrics([parallel])
     with pytest.raises(ValueError, match="no rollouts"):
         rollout_metrics([])

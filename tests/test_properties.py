@@ -4,13 +4,12 @@ import itertools
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from trees import FMT, all_blocks, prompts, sequences
 
 from threadweaver.requests import plan_requests
 from threadweaver.stats import latency_stats
 from threadweaver.tree import Text, parse, render
 from threadweaver.trie import TokenTrie, trajectory_trie
-
-from trees import FMT, all_blocks, prompts, sequences
 
 settings.register_profile("ci", max_examples=150, deadline=None)
 settings.load_profile("ci")
@@ -38,14 +37,15 @@ def test_requests_reconstruct_the_trajectory(prompt, tree):
     assert final.context + final.completion == prompt + plan.trajectory
     covered = [0] * len(plan.trajectory)
     for r in plan.requests:
-        assert r.completion == plan.trajectory[r.start:r.start + len(r.completion)]
-        assert r.context[:len(prompt)] == prompt
+        assert r.completion == plan.trajectory[r.start : r.start + len(r.completion)]
+        assert r.context[: len(prompt)] == prompt
         for i in range(r.start, r.start + len(r.completion)):
             covered[i] += 1
     # every generated token comes from exactly one request; injected ones from none
     assert covered == [1 if g else 0 for g in plan.generated]
     assert sum(not g for g in plan.generated) == sum(
-        1 + sum(1 + len(t.seed) for t in b.threads) for b in all_blocks(tree))
+        1 + sum(1 + len(t.seed) for t in b.threads) for b in all_blocks(tree)
+    )
 
 
 @given(prompts, sequences())
@@ -56,7 +56,7 @@ def test_each_request_starts_after_a_seed_or_a_join(prompt, tree):
         if r.thread_path not in first:
             first.add(r.thread_path)
             expected = (tags.thread,) + FMT.seed(r.thread_path[-1][1]) if r.thread_path else ()
-            assert r.context[len(r.context) - len(expected):] == expected
+            assert r.context[len(r.context) - len(expected) :] == expected
             if not r.thread_path:
                 assert r.context == prompt
         else:
@@ -80,7 +80,7 @@ def test_trie_ancestors_are_exactly_the_request_context(prompt, tree):
         index[paths[i]] = i
     for r in plan.requests:
         for j in range(len(r.completion)):
-            path = r.context + r.completion[:j + 1]
+            path = r.context + r.completion[: j + 1]
             q = index[path]
             assert flat.trained[q]
             assert _ancestor_path(flat, q) == list(path)
@@ -146,7 +146,7 @@ def test_direct_construction_equals_inserting_every_request(prompt, tree, other,
             trained.update(ids[:k] for k in range(len(r.context) + 1, len(ids) + 1))
         if train_injected:
             ids = prompt + plan.trajectory
-            trained.update(ids[:len(prompt) + k + 1] for k, g in enumerate(plan.generated) if not g)
+            trained.update(ids[: len(prompt) + k + 1] for k, g in enumerate(plan.generated) if not g)
     assert set(paths.values()) == naive and len(paths) == len(naive)
     assert {paths[i] for i in range(len(flat)) if flat.trained[i]} == trained
 
@@ -158,8 +158,7 @@ def _all_path_lengths(nodes):
         if isinstance(node, Text):
             options.append([len(node.ids)])
         else:
-            options.append([len(node.head) + 1 + n
-                            for thread in node.threads for n in _all_path_lengths(thread.body)])
+            options.append([len(node.head) + 1 + n for thread in node.threads for n in _all_path_lengths(thread.body)])
     return [sum(choice) for choice in itertools.product(*options)] if options else [0]
 
 

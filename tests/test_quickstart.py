@@ -5,23 +5,30 @@ import dataclasses
 import re
 
 import pytest
+from test_orchestrator import GOOD, PROMPT, ScriptedEngine
 
 from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.quickstart.compare import Problem, format_table, per_problem_speedups, problems, table
 from threadweaver.quickstart.timeline import Timeline, critical_requests, page
 
-from test_orchestrator import GOOD, PROMPT, ScriptedEngine
-
 INNER = "<Thread>1:x<Parallel><Outlines><Outline>1:c</Outline><Outline>2:d</Outline></Outlines>"
-NESTED = {**GOOD, "<Thread>1:": INNER[len("<Thread>1:"):],
-          INNER + "<Thread>1:": "cccccccccc</Thread>", INNER + "<Thread>2:": "d</Thread>",
-          "<Thread>2:d</Thread></Parallel>": "y</Thread>"}
+NESTED = {
+    **GOOD,
+    "<Thread>1:": INNER[len("<Thread>1:") :],
+    INNER + "<Thread>1:": "cccccccccc</Thread>",
+    INNER + "<Thread>2:": "d</Thread>",
+    "<Thread>2:d</Thread></Parallel>": "y</Thread>",
+}
 
 
 def decoded_row(fmt, script, limits=Limits()):
     trajectory = asyncio.run(Orchestrator(ScriptedEngine(fmt, script), fmt, limits).run(fmt.encode(PROMPT)))
-    return {"requests": [dataclasses.asdict(r) for r in trajectory.requests], "stats": trajectory.stats.as_dict(),
-            "wall_s": 0.5, "tree": []}, trajectory
+    return {
+        "requests": [dataclasses.asdict(r) for r in trajectory.requests],
+        "stats": trajectory.stats.as_dict(),
+        "wall_s": 0.5,
+        "tree": [],
+    }, trajectory
 
 
 @pytest.mark.parametrize("script", [GOOD, NESTED], ids=["flat", "nested"])
@@ -41,8 +48,11 @@ def test_critical_path_of_the_requests_is_the_orchestrators_token_latency(fmt, s
 def test_page_marks_the_critical_path_and_every_request_of_a_serial_run(fmt):
     forked, _ = decoded_row(fmt, NESTED)
     serial, _ = decoded_row(fmt, NESTED, Limits(concurrent_threads=False))
-    html = page([("problem 0", [Timeline("fork-join", forked), Timeline("one after another", serial, concurrent=False)])],
-                "timelines", "intro")
+    html = page(
+        [("problem 0", [Timeline("fork-join", forked), Timeline("one after another", serial, concurrent=False)])],
+        "timelines",
+        "intro",
+    )
     svgs = re.findall(r"<svg class=\"timeline\".*?</svg>", html)
     assert len(svgs) == 2
     assert svgs[0].count('class="request critical"') == len(critical_requests(forked["requests"])[1])
@@ -73,8 +83,16 @@ def test_table_speedups_are_ratios_of_means_against_the_reference():
 
 
 def test_problems_join_samples_to_trajectories_by_prompt():
-    samples = [{"doc_id": 3, "arguments": {"gen_args_0": {"arg_0": "Q3"}}, "acc": 1.0, "format_valid": 1.0,
-                "token_latency": 10, "total_tokens": 12}]
+    samples = [
+        {
+            "doc_id": 3,
+            "arguments": {"gen_args_0": {"arg_0": "Q3"}},
+            "acc": 1.0,
+            "format_valid": 1.0,
+            "token_latency": 10,
+            "total_tokens": 12,
+        }
+    ]
     rows = [{"context": "Q3", "wall_s": 1.0}, {"context": "Q3", "wall_s": 3.0}, {"context": "other", "wall_s": 9}]
     [(doc, result)] = problems(samples, rows).items()
     assert doc == 3 and result.wall_s == 2.0 and len(result.trajectories) == 2

@@ -14,35 +14,58 @@ def test_last_boxed_balances_braces():
     assert last_boxed(r"\boxed{unclosed") is None
 
 
-@pytest.mark.parametrize("response,gold,correct", [
-    (r"so \boxed{1884}", "1884", True),
-    (r"\boxed{\frac{1}{2}}", "0.5", True),
-    (r"\boxed{\dfrac{3}{4}}", r"\frac34", True),
-    (r"\boxed{1885}", "1884", False),
-    ("1884", "1884", False),
-])
+@pytest.mark.parametrize(
+    "response,gold,correct",
+    [
+        (r"so \boxed{1884}", "1884", True),
+        (r"\boxed{\frac{1}{2}}", "0.5", True),
+        (r"\boxed{\dfrac{3}{4}}", r"\frac34", True),
+        (r"\boxed{1885}", "1884", False),
+        ("1884", "1884", False),
+    ],
+)
 def test_grade(response, gold, correct):
     assert grade(response, gold).correct is correct
 
 
-@pytest.mark.parametrize("answer,gold,correct", [
-    # thousands separators and lists: a comma is a separator only where it makes one number
-    ("1,000", "1000", True), ("1,234,567", "1234567", True), ("1,2", "12", False), ("12", "1,2", False),
-    ("84, 69", "69,84", True), ("(1,8,19), (2,7,13)", "(1,8,19), (2,7,13)", True),
-    # fractions
-    (r"\dfrac{1}{2}", r"\frac12", True), ("1/2", r"\frac{1}{2}", True), (r"\tfrac{1}{2}", "0.5", True),
-    (r"\frac{1}{3}", "0.33", False), (r"\frac{\sqrt{3}}{2}", r"\dfrac{\sqrt3}{2}", True),
-    # intervals: the brackets matter
-    (r"(-\infty, 3]", r"(-\infty,3]", True), (r"(-\infty, 3)", r"(-\infty,3]", False),
-    ("(1,2)", "[1,2]", False), (r"x \in [2, 5]", "[2,5]", True), ("(2,3)", "(2, 3)", True),
-    # text answers
-    (r"\text{Monday}", r"\text{Monday}", True), ("Monday", r"\text{Monday}", True),
-    (r"\text{Tuesday}", r"\text{Monday}", False), ("C", r"\text{(C)}", True), ("A", r"\text{(C)}", False),
-    (r"\textbf{(C)}", "C", True),
-    # numbers with units, leading zeros, e-notation (Minerva), equations
-    (r"5 \text{ cm}", "5", True), ("027", "27", True), ("27.0", "27", True), (r"4.5 \times 10^{33}", "4.5e33", True),
-    (r"4.6 \times 10^{33}", "4.5e33", False), ("x=2", "2", True),
-])
+@pytest.mark.parametrize(
+    "answer,gold,correct",
+    [
+        # thousands separators and lists: a comma is a separator only where it makes one number
+        ("1,000", "1000", True),
+        ("1,234,567", "1234567", True),
+        ("1,2", "12", False),
+        ("12", "1,2", False),
+        ("84, 69", "69,84", True),
+        ("(1,8,19), (2,7,13)", "(1,8,19), (2,7,13)", True),
+        # fractions
+        (r"\dfrac{1}{2}", r"\frac12", True),
+        ("1/2", r"\frac{1}{2}", True),
+        (r"\tfrac{1}{2}", "0.5", True),
+        (r"\frac{1}{3}", "0.33", False),
+        (r"\frac{\sqrt{3}}{2}", r"\dfrac{\sqrt3}{2}", True),
+        # intervals: the brackets matter
+        (r"(-\infty, 3]", r"(-\infty,3]", True),
+        (r"(-\infty, 3)", r"(-\infty,3]", False),
+        ("(1,2)", "[1,2]", False),
+        (r"x \in [2, 5]", "[2,5]", True),
+        ("(2,3)", "(2, 3)", True),
+        # text answers
+        (r"\text{Monday}", r"\text{Monday}", True),
+        ("Monday", r"\text{Monday}", True),
+        (r"\text{Tuesday}", r"\text{Monday}", False),
+        ("C", r"\text{(C)}", True),
+        ("A", r"\text{(C)}", False),
+        (r"\textbf{(C)}", "C", True),
+        # numbers with units, leading zeros, e-notation (Minerva), equations
+        (r"5 \text{ cm}", "5", True),
+        ("027", "27", True),
+        ("27.0", "27", True),
+        (r"4.5 \times 10^{33}", "4.5e33", True),
+        (r"4.6 \times 10^{33}", "4.5e33", False),
+        ("x=2", "2", True),
+    ],
+)
 def test_grade_edge_cases(answer, gold, correct):
     """Each answer boxed at the end of a response, graded by math-verify on the main thread."""
     assert grade(f"so the answer is \\boxed{{{answer}}}", gold).correct is correct

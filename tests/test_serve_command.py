@@ -21,4 +21,6 @@ def test_gpu_keeps_vllm_defaults_and_explicit_choices_win():
     f = flags(command)
     assert f["--gpu-memory-utilization"] == "0.8" and "--dtype" not in f and "--enforce-eager" not in command
     assert command[-2:] == ["--max-num-seqs", "8"]
-    assert flags(server_command(ServeArgs("m", device="cpu", dtype="float32", block_size=64), 1))["--block-size"] == "64"
+    assert (
+        flags(server_command(ServeArgs("m", device="cpu", dtype="float32", block_size=64), 1))["--block-size"] == "64"
+    )

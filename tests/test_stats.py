@@ -6,8 +6,10 @@ from threadweaver.tree import parse
 
 def test_worked_example(fmt):
     # head: <Parallel> <Outlines> (<Outline> 1 : a </Outline>) x2 </Outlines> = 13 tokens
-    text = ("xyz<Parallel><Outlines><Outline>1:a</Outline><Outline>2:b</Outline></Outlines>"
-            "<Thread>1:aaaa</Thread><Thread>2:bb</Thread></Parallel>qq")
+    text = (
+        "xyz<Parallel><Outlines><Outline>1:a</Outline><Outline>2:b</Outline></Outlines>"
+        "<Thread>1:aaaa</Thread><Thread>2:bb</Thread></Parallel>qq"
+    )
     s = latency_stats(parse(fmt.encode(text), fmt).nodes)
     assert s.total_tokens == 3 + 13 + (4 + 1) + (2 + 1) + 2
     assert s.critical_path_tokens == 3 + 13 + (4 + 1) + 2
@@ -21,8 +23,9 @@ def test_worked_example(fmt):
 
 
 def test_nested_blocks_count_their_longest_thread(fmt):
-    inner = "<Parallel><Outlines><Outline>1:</Outline><Outline>2:</Outline></Outlines><Thread>1:aaaaaa</Thread><Thread>2:b</Thread></Parallel>"
-    text = f"<Parallel><Outlines><Outline>1:</Outline><Outline>2:</Outline></Outlines><Thread>1:{inner}c</Thread><Thread>2:dddd</Thread></Parallel>"
+    opening = "<Parallel><Outlines><Outline>1:</Outline><Outline>2:</Outline></Outlines>"
+    inner = f"{opening}<Thread>1:aaaaaa</Thread><Thread>2:b</Thread></Parallel>"
+    text = f"{opening}<Thread>1:{inner}c</Thread><Thread>2:dddd</Thread></Parallel>"
     s = latency_stats(parse(fmt.encode(text), fmt).nodes)
     head = 1 + 1 + 2 * (1 + 2 + 1) + 1  # 11 tokens, both levels
     inner_critical = head + max(6, 1) + 1

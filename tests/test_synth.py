@@ -29,7 +29,16 @@ def test_problems_are_right_and_well_formed(seed):
     (block,) = [n for n in parallel.nodes if isinstance(n, Block)]
     assert len(block.threads) == len(pairs)
     assert grade(p.parallel, p.answer).correct and grade(p.sequential, p.answer).correct
-    for tag in ("<Parallel>", "<Outlines>", "<Outline>", "</Outline>", "</Outlines>", "<Thread>", "</Thread>", "</Parallel>"):
+    for tag in (
+        "<Parallel>",
+        "<Outlines>",
+        "<Outline>",
+        "</Outline>",
+        "</Outlines>",
+        "<Thread>",
+        "</Thread>",
+        "</Parallel>",
+    ):
         assert tag not in p.sequential
     sequential = latency_stats(parse_text(p.sequential, fmt).nodes)
     assert sequential.blocks == 0

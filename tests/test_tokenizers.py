@@ -8,13 +8,19 @@ from threadweaver.requests import plan_requests
 from threadweaver.tree import Block, parse, parse_text, render
 
 QWEN3_PUBLISHED_IDS = {
-    "<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
-    "<tool_call>": 151657, "</tool_call>": 151658, "<think>": 151667, "</think>": 151668,
+    "<|endoftext|>": 151643,
+    "<|im_start|>": 151644,
+    "<|im_end|>": 151645,
+    "<tool_call>": 151657,
+    "</tool_call>": 151658,
+    "<think>": 151667,
+    "</think>": 151668,
 }
 
 TRAJECTORY = (
     "<think>\nWe use d = sqrt(dx^2 + dy^2).\n"
-    "<Parallel>\n<Outlines>\n<Outline>1: Compute (dx)^2.</Outline>\n<Outline>2: Compute (dy)^2.</Outline>\n</Outlines>\n"
+    "<Parallel>\n<Outlines>\n<Outline>1: Compute (dx)^2.</Outline>\n"
+    "<Outline>2: Compute (dy)^2.</Outline>\n</Outlines>\n"
     "<Thread>\n1: dx = 2 - (-4) = 6, so (dx)^2 = 36.\n</Thread>\n"
     "<Thread> 2: dy = -6 - 3 = -9, so (dy)^2 = 81.\n</Thread>\n</Parallel>\n"
     "Sum: 36 + 81 = 117.\n</think>\nThe distance is \\boxed{3\\sqrt{13}}."
@@ -46,8 +52,9 @@ def test_tags_are_single_tokens_that_decode_back(which, request):
 def test_chat_template_is_chatml_with_assistant_prompt(qwen):
     text = qwen.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True)
     assert text == "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
-    off = qwen.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False,
-                                   add_generation_prompt=True, enable_thinking=False)
+    off = qwen.apply_chat_template(
+        [{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
     assert off == text + "<think>\n\n</think>\n\n"
 
 
@@ -90,19 +97,27 @@ def test_add_tags_grows_the_model_and_initialises_new_rows_from_the_mean():
 
     from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
 
-    base = Tokenizer(models.WordLevel({c: i for i, c in enumerate("<>|abcdefgh :12")} | {"<unk>": 15}, unk_token="<unk>"))
+    base = Tokenizer(
+        models.WordLevel({c: i for i, c in enumerate("<>|abcdefgh :12")} | {"<unk>": 15}, unk_token="<unk>")
+    )
     base.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok = PreTrainedTokenizerFast(tokenizer_object=base, unk_token="<unk>", eos_token="|", pad_token="<")
-    model = tiny_qwen3(tok, TinyQwen3Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                            num_key_value_heads=1, intermediate_size=64), vocab_size=len(tok))
+    model = tiny_qwen3(
+        tok,
+        TinyQwen3Config(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64
+        ),
+        vocab_size=len(tok),
+    )
     old = model.get_input_embeddings().weight.detach().clone()
     new_ids = add_tags(tok, model)
     assert len(new_ids) == len(TAGS) and model.get_input_embeddings().weight.shape[0] == len(tok)
     weight = model.get_input_embeddings().weight.detach()
-    assert torch.equal(weight[:len(old)], old)
+    assert torch.equal(weight[: len(old)], old)
     for i in new_ids:
         assert torch.allclose(weight[i], old.mean(dim=0))
     assert add_tags(tok, model) == []
     fmt = Format.from_tokenizer(tok)
-    assert parse(fmt.encode("ab<Parallel><Outlines><Outline>1:a</Outline></Outlines><Thread>1:b</Thread></Parallel>"),
-                 fmt).well_formed
+    assert parse(
+        fmt.encode("ab<Parallel><Outlines><Outline>1:a</Outline></Outlines><Thread>1:b</Thread></Parallel>"), fmt
+    ).well_formed

@@ -1,10 +1,9 @@
 """Hypothesis strategies for random nested fork-join trees over the character codec."""
 
+from chars import char_format
 from hypothesis import strategies as st
 
 from threadweaver.tree import Block, Outline, Text, Thread
-
-from chars import char_format
 
 FMT = char_format()
 T = FMT.tags

@@ -12,8 +12,9 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterable, Iterator
+from typing import Any
 
 from threadweaver.format import Format
 from threadweaver.orchestrator import Orchestrator, Trajectory
@@ -110,18 +111,20 @@ def trajectory_row(job: Job, trajectory: Trajectory, fmt: Format, wall_s: float)
     row = {"id": job.row_id, "sample": job.sample}
     if "answer" in job.row:
         row["answer"] = job.row["answer"]
-    row.update({
-        "text": fmt.decode(trajectory.token_ids),
-        "prompt_ids": list(job.prompt_ids),
-        "token_ids": list(trajectory.token_ids),
-        "injected": [i for i, g in enumerate(trajectory.generated) if not g],
-        "tree": tree_json(trajectory.nodes, fmt),
-        "requests": [dataclasses.asdict(r) for r in trajectory.requests],
-        "stats": trajectory.stats.as_dict(),
-        "problems": list(trajectory.problems),
-        "finish_reason": trajectory.finish_reason,
-        "wall_s": wall_s,
-    })
+    row.update(
+        {
+            "text": fmt.decode(trajectory.token_ids),
+            "prompt_ids": list(job.prompt_ids),
+            "token_ids": list(trajectory.token_ids),
+            "injected": [i for i, g in enumerate(trajectory.generated) if not g],
+            "tree": tree_json(trajectory.nodes, fmt),
+            "requests": [dataclasses.asdict(r) for r in trajectory.requests],
+            "stats": trajectory.stats.as_dict(),
+            "problems": list(trajectory.problems),
+            "finish_reason": trajectory.finish_reason,
+            "wall_s": wall_s,
+        }
+    )
     return row
 
 
@@ -150,8 +153,9 @@ class BatchProgress:
         return self.speedup_sum / self.done if self.done else 0.0
 
 
-async def decode_jobs(jobs: Iterable[Job], orchestrator: Orchestrator, *, concurrency: int,
-                      seed: int | None = None) -> AsyncIterator[tuple[Job, Trajectory, float]]:
+async def decode_jobs(
+    jobs: Iterable[Job], orchestrator: Orchestrator, *, concurrency: int, seed: int | None = None
+) -> AsyncIterator[tuple[Job, Trajectory, float]]:
     """Decode ``jobs``, ``concurrency`` trajectories at a time: (job, trajectory, wall seconds) as each finishes.
 
     With ``seed``, sample ``k`` is drawn with seed ``seed + k``. The first engine error
@@ -185,8 +189,15 @@ async def decode_jobs(jobs: Iterable[Job], orchestrator: Orchestrator, *, concur
         raise error
 
 
-async def run_batch(jobs: list[Job], orchestrator: Orchestrator, out_path: str, *, concurrency: int,
-                    seed: int | None = None, on_done: Callable[[BatchProgress], None] | None = None) -> BatchProgress:
+async def run_batch(
+    jobs: list[Job],
+    orchestrator: Orchestrator,
+    out_path: str,
+    *,
+    concurrency: int,
+    seed: int | None = None,
+    on_done: Callable[[BatchProgress], None] | None = None,
+) -> BatchProgress:
     """Decode ``jobs`` (see :func:`decode_jobs`), appending each trajectory to ``out_path`` as it finishes."""
     progress = BatchProgress()
     os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)

@@ -29,8 +29,14 @@ def _stats(args: argparse.Namespace) -> None:
 
     fmt = Format.from_tokenizer(load_tokenizer(args.tokenizer))
     try:
-        rows = list(tqdm(file_stats(args.file, fmt, strict=args.strict), desc="stats", unit=" rows",
-                         disable=args.json or not sys.stderr.isatty()))
+        rows = list(
+            tqdm(
+                file_stats(args.file, fmt, strict=args.strict),
+                desc="stats",
+                unit=" rows",
+                disable=args.json or not sys.stderr.isatty(),
+            )
+        )
     except RowError as err:
         sys.exit(f"threadweaver stats: {args.file}: {err}")
     if args.json:
@@ -108,18 +114,25 @@ def _generate(args: argparse.Namespace) -> None:
     from threadweaver.vllm_orchestrator.http import EngineError
 
     try:
-        progress = run(from_args(GenerateArgs, args), from_args(EngineArgs, args),
-                    from_args(Limits, args, branching=not args.sequential), from_args(Sampling, args))
+        progress = run(
+            from_args(GenerateArgs, args),
+            from_args(EngineArgs, args),
+            from_args(Limits, args, branching=not args.sequential),
+            from_args(Sampling, args),
+        )
     except RowError as err:
         sys.exit(f"threadweaver generate: {args.problems}: {err}")
     except (EngineError, ValueError, OSError) as err:
-        sys.exit(f"threadweaver generate: {err}\nfinished trajectories are in {args.out}; "
-                 "rerun the same command to resume")
+        sys.exit(
+            f"threadweaver generate: {err}\nfinished trajectories are in {args.out}; rerun the same command to resume"
+        )
     if not progress.done:
         print(f"nothing to decode: every trajectory is already in {args.out}")
         return
-    print(f"decoded {progress.done} trajectories into {args.out}: mean speedup {progress.mean_speedup:.2f}x, "
-          f"{progress.tokens_per_s:.0f} generated tokens/s, {progress.degraded} degraded")
+    print(
+        f"decoded {progress.done} trajectories into {args.out}: mean speedup {progress.mean_speedup:.2f}x, "
+        f"{progress.tokens_per_s:.0f} generated tokens/s, {progress.degraded} degraded"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,8 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("stats", help="token-latency statistics of trajectories in a JSONL file")
     p.add_argument("file", help="JSONL rows with a 'token_ids', 'text' or 'messages' field")
-    p.add_argument("--tokenizer", default="synth",
-                   help="'synth' (default), 'qwen', or a tokenizer directory; used for text fields")
+    p.add_argument(
+        "--tokenizer", default="synth", help="'synth' (default), 'qwen', or a tokenizer directory; used for text fields"
+    )
     p.add_argument("--strict", action="store_true", help="stop at the first malformed row (training data)")
     p.add_argument("--json", action="store_true", help="print one JSON object (rows and summary)")
     p.add_argument("--summary-only", action="store_true", help="print only the summary")
@@ -163,13 +177,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(p, SFTArgs)
     p.set_defaults(func=_sft)
 
-    p = commands.add_parser("pgrpo", help="P-GRPO: reinforce correct and faster fork-join reasoning with TRL "
-                                          "(the paper's defaults)")
+    p = commands.add_parser(
+        "pgrpo", help="P-GRPO: reinforce correct and faster fork-join reasoning with TRL (the paper's defaults)"
+    )
     add_arguments(p, PGRPOArgs)
     p.set_defaults(func=_pgrpo)
 
-    p = commands.add_parser("serve", help="start a vLLM server set up for fork-join decoding; prints its URL",
-                            epilog="Flags after a lone -- go to the vLLM server as they are.")
+    p = commands.add_parser(
+        "serve",
+        help="start a vLLM server set up for fork-join decoding; prints its URL",
+        epilog="Flags after a lone -- go to the vLLM server as they are.",
+    )
     add_arguments(p, ServeArgs)
     p.set_defaults(func=_serve)
 
@@ -180,8 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(p, Sampling)
     p.set_defaults(func=_generate)
 
-    p = commands.add_parser("quickstart", help="serve, evaluate and compare the embedded ThreadWeaver model and "
-                                               "its sequential baseline with vLLM and lm_eval")
+    p = commands.add_parser(
+        "quickstart",
+        help="serve, evaluate and compare the embedded ThreadWeaver model and "
+        "its sequential baseline with vLLM and lm_eval",
+    )
     add_arguments(p, QuickstartArgs)
     p.set_defaults(func=_quickstart)
     return parser
@@ -192,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     passthrough: list[str] = []
     if "--" in argv:
-        argv, passthrough = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+        argv, passthrough = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     args = parser.parse_args(argv)
     if passthrough and args.func is not _serve:
         parser.error("only `threadweaver serve` passes flags after --")

@@ -31,8 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser, config_cls: type, exclude: tu
         elif kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
         else:
-            parser.add_argument(flag, type=kind, default=f.default, choices=f.metadata.get("choices"),
-                                help=help_text if "default" in help_text else f"{help_text} (default: {f.default})")
+            parser.add_argument(
+                flag,
+                type=kind,
+                default=f.default,
+                choices=f.metadata.get("choices"),
+                help=help_text if "default" in help_text else f"{help_text} (default: {f.default})",
+            )
 
 
 def from_args(config_cls: type, args: argparse.Namespace, **overrides):

@@ -41,8 +41,13 @@ def write_synth(out: str, config: SynthConfig, n_train: int, n_validation: int, 
             path = os.path.join(out, form, f"{split}.jsonl")
             write_jsonl(path, (chat_row(row, form) for row in rows))
             paths.append(path)
-    recipe = {"task": "threadweaver.synth", "seed": seed, "train": n_train, "validation": n_validation,
-              "config": asdict(config)}
+    recipe = {
+        "task": "threadweaver.synth",
+        "seed": seed,
+        "train": n_train,
+        "validation": n_validation,
+        "config": asdict(config),
+    }
     with open(os.path.join(out, "recipe.json"), "w", encoding="utf-8") as f:
         json.dump(recipe, f, indent=2)
     return paths

@@ -11,9 +11,10 @@ where the orchestrator never generates any.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from functools import lru_cache
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
 THINK, THINK_END = "<think>", "</think>"
 PARALLEL, PARALLEL_END = "<Parallel>", "</Parallel>"
@@ -22,8 +23,16 @@ OUTLINE, OUTLINE_END = "<Outline>", "</Outline>"
 THREAD, THREAD_END = "<Thread>", "</Thread>"
 
 TAGS: tuple[str, ...] = (
-    THINK, THINK_END, PARALLEL, PARALLEL_END, OUTLINES, OUTLINES_END,
-    OUTLINE, OUTLINE_END, THREAD, THREAD_END,
+    THINK,
+    THINK_END,
+    PARALLEL,
+    PARALLEL_END,
+    OUTLINES,
+    OUTLINES_END,
+    OUTLINE,
+    OUTLINE_END,
+    THREAD,
+    THREAD_END,
 )
 """Every tag of the format, each a single token in a prepared tokenizer."""
 
@@ -58,7 +67,7 @@ class TagIds:
     thread_end: int
 
     @classmethod
-    def from_lookup(cls, lookup) -> "TagIds":
+    def from_lookup(cls, lookup) -> TagIds:
         """Build from ``lookup(tag) -> id | None``; names every missing tag."""
         ids = {f.name: lookup(tag) for f, tag in zip(fields(cls), TAGS)}
         missing = [tag for f, tag in zip(fields(cls), TAGS) if ids[f.name] is None]
@@ -86,9 +95,7 @@ class _HFCodec:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(
-            list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
-        )
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 class _TokenizersCodec:
@@ -120,7 +127,7 @@ class Format:
         self.seed = lru_cache(maxsize=None)(self._seed)
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: Any, eos_tokens: Iterable[str] = ("<|im_end|>", "<|endoftext|>")) -> "Format":
+    def from_tokenizer(cls, tokenizer: Any, eos_tokens: Iterable[str] = ("<|im_end|>", "<|endoftext|>")) -> Format:
         """Wrap a transformers tokenizer or a ``tokenizers.Tokenizer`` (duck-typed)."""
         if hasattr(tokenizer, "convert_tokens_to_ids"):
             codec: Codec = _HFCodec(tokenizer)
@@ -174,7 +181,7 @@ class Format:
                 match = _SEED_TEXT.match(piece)
                 if match:
                     ids.extend(self.seed(int(match.group(1))))
-                    piece = piece[match.end():]
+                    piece = piece[match.end() :]
                     if not piece:
                         continue
             ids.extend(self._encode_known(piece))

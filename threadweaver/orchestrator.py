@@ -23,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from threadweaver.format import Format
 from threadweaver.stats import LatencyStats, reference_longest
@@ -53,16 +54,21 @@ class Completion:
 class Engine(Protocol):
     """Anything that continues token ids: vLLM, SGLang, transformers, a test script."""
 
-    async def generate(self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int,
-                       sampling: Sampling) -> Completion: ...
+    async def generate(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> Completion: ...
 
 
 @dataclass(frozen=True)
 class Limits:
     branching: bool = field(default=True, metadata={"help": "Decode threads concurrently (off: one plain request)."})
-    concurrent_threads: bool = field(default=True, metadata={
-        "help": "Run a block's threads at the same time; off runs the same requests one after another "
-                "(same tokens under greedy decoding, sequential wall-clock and token latency)."})
+    concurrent_threads: bool = field(
+        default=True,
+        metadata={
+            "help": "Run a block's threads at the same time; off runs the same requests one after another "
+            "(same tokens under greedy decoding, sequential wall-clock and token latency)."
+        },
+    )
     max_threads: int = field(default=16, metadata={"help": "Most threads in one block; more decode sequentially."})
     max_depth: int = field(default=3, metadata={"help": "Deepest nesting of blocks; deeper ones decode sequentially."})
     max_tokens: int = field(default=8192, metadata={"help": "Most generated tokens in one trajectory."})
@@ -142,8 +148,15 @@ class _Decoded:
 
 
 class Orchestrator:
-    def __init__(self, engine: Engine, fmt: Format, limits: Limits = Limits(), sampling: Sampling = Sampling(),
-                 degrade_on_engine_error: bool = False, keep_calls: bool = False):
+    def __init__(
+        self,
+        engine: Engine,
+        fmt: Format,
+        limits: Limits = Limits(),
+        sampling: Sampling = Sampling(),
+        degrade_on_engine_error: bool = False,
+        keep_calls: bool = False,
+    ):
         """``keep_calls``: keep each request's context, completion and log-probs in the trajectory."""
         self.engine, self.fmt, self.limits, self.sampling = engine, fmt, limits, sampling
         self.degrade_on_engine_error = degrade_on_engine_error
@@ -166,9 +179,18 @@ class Orchestrator:
             reference_longest_thread=reference_longest(nodes) if run.max_depth <= 1 else None,
             reference_total_tokens=len(ids),
         )
-        return Trajectory(run.prompt, tuple(ids), tuple(generated), nodes, tuple(run.records),
-                          tuple(run.problems), stats, main.ended, frozenset(run.closed_by_orchestrator),
-                          tuple(run.calls))
+        return Trajectory(
+            run.prompt,
+            tuple(ids),
+            tuple(generated),
+            nodes,
+            tuple(run.records),
+            tuple(run.problems),
+            stats,
+            main.ended,
+            frozenset(run.closed_by_orchestrator),
+            tuple(run.calls),
+        )
 
 
 class _Run:
@@ -191,8 +213,18 @@ class _Run:
         self.max_depth = 0
         self.closed_by_orchestrator: set[tuple] = set()
         tags = self.tags
-        self.structural = frozenset((tags.parallel, tags.parallel_end, tags.outlines, tags.outlines_end,
-                                     tags.outline, tags.outline_end, tags.thread, tags.thread_end))
+        self.structural = frozenset(
+            (
+                tags.parallel,
+                tags.parallel_end,
+                tags.outlines,
+                tags.outlines_end,
+                tags.outline,
+                tags.outline_end,
+                tags.thread,
+                tags.thread_end,
+            )
+        )
 
     async def request(self, context: tuple[int, ...], stop: frozenset[int], path) -> Completion:
         limits = self.o.limits
@@ -215,10 +247,18 @@ class _Run:
                 self.engine_failed(err, path)
         tokens = tuple(completion.token_ids[:max_tokens])
         self.budget -= len(tokens)
-        self.records.append(RequestRecord(path, len(context), len(tokens), completion.finish_reason,
-                                          started - self.start, time.monotonic() - self.start,
-                                          completion.cached_tokens))
-        logprobs = None if completion.logprobs is None else tuple(completion.logprobs[:len(tokens)])
+        self.records.append(
+            RequestRecord(
+                path,
+                len(context),
+                len(tokens),
+                completion.finish_reason,
+                started - self.start,
+                time.monotonic() - self.start,
+                completion.cached_tokens,
+            )
+        )
+        logprobs = None if completion.logprobs is None else tuple(completion.logprobs[: len(tokens)])
         if self.o.keep_calls:
             self.calls.append(EngineCall(context, tokens, logprobs))
         return dataclasses.replace(completion, token_ids=tokens, logprobs=logprobs)
@@ -226,8 +266,9 @@ class _Run:
     def engine_failed(self, err: Exception, path):
         if not self.o.degrade_on_engine_error:
             raise err
-        self.problems.append(f"{self.where(path)}: the engine failed ({type(err).__name__}: {err}); "
-                             "the sequence stopped there")
+        self.problems.append(
+            f"{self.where(path)}: the engine failed ({type(err).__name__}: {err}); the sequence stopped there"
+        )
         raise _Stop("error") from None
 
     def where(self, path) -> str:
@@ -280,7 +321,7 @@ class _Run:
                     nodes.append(Text(tuple(text[:head_start])))
                 text = []
                 nodes.append(node)
-                rendered = render([node], fmt)[len(node.head):]
+                rendered = render([node], fmt)[len(node.head) :]
                 out.extend(rendered)
                 total += b_total
                 critical += b_critical
@@ -295,8 +336,9 @@ class _Run:
                 if in_thread:
                     text.pop()
                     total, critical = total - 1, critical - 1
-                    self.problems.append(f"{self.where(path)}: end-of-sequence token inside the thread; "
-                                         "dropped and the thread closed")
+                    self.problems.append(
+                        f"{self.where(path)}: end-of-sequence token inside the thread; dropped and the thread closed"
+                    )
                 break
             if completion.finish_reason == "length" or not tokens:
                 ended = "length"
@@ -331,19 +373,22 @@ class _Run:
             self.problems.append(f"{where}: malformed outlines ({err}); decoded sequentially")
             return None
         if len(outlines) > limits.max_threads:
-            self.problems.append(f"{where}: {len(outlines)} outlines exceed max_threads={limits.max_threads}; "
-                                 "decoded sequentially")
+            self.problems.append(
+                f"{where}: {len(outlines)} outlines exceed max_threads={limits.max_threads}; decoded sequentially"
+            )
             return None
         if depth + 1 > limits.max_depth:
-            self.problems.append(f"{where}: nested {depth + 1} deep, over max_depth={limits.max_depth}; "
-                                 "decoded sequentially")
+            self.problems.append(
+                f"{where}: nested {depth + 1} deep, over max_depth={limits.max_depth}; decoded sequentially"
+            )
             return None
         self.max_depth = max(self.max_depth, depth + 1)
         self.threads_per_block.append(len(outlines))
 
         def thread(o):
-            return self.sequence(context + (tags.thread,) + self.o.fmt.seed(o.number),
-                                 path + ((block_index, o.number),), depth + 1)
+            return self.sequence(
+                context + (tags.thread,) + self.o.fmt.seed(o.number), path + ((block_index, o.number),), depth + 1
+            )
 
         if limits.concurrent_threads:
             decoded = await asyncio.gather(*map(thread, outlines))
@@ -351,8 +396,7 @@ class _Run:
         else:
             decoded = [await thread(o) for o in outlines]
             critical = sum(d.critical for d in decoded)
-        threads = tuple(Thread(o.number, self.o.fmt.seed(o.number), tuple(d.nodes))
-                        for o, d in zip(outlines, decoded))
+        threads = tuple(Thread(o.number, self.o.fmt.seed(o.number), tuple(d.nodes)) for o, d in zip(outlines, decoded))
         total = sum(d.total for d in decoded)
         if not path:
             self.thread_tokens += total

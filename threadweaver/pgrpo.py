@@ -10,9 +10,9 @@ a thread with) and the context copies of threads 2..k carry no loss.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import fmean
-from typing import Sequence
 
 from threadweaver.format import Format
 from threadweaver.orchestrator import EngineCall, Trajectory
@@ -52,8 +52,14 @@ def trie_row(trajectory: Trajectory, fmt: Format) -> TrieRow:
     n = len(prompt)
     if flat.input_ids[:n] != prompt or any(flat.parent[i] != i - 1 for i in range(n)):
         raise ValueError("the trajectory's prompt is not a plain prefix of its trie")
-    return TrieRow(prompt, flat.input_ids[n:], [int(t) for t in flat.trained[n:]], flat.parent[n:],
-                   flat.position_ids[n:], flat.subtree_end[n:])
+    return TrieRow(
+        prompt,
+        flat.input_ids[n:],
+        [int(t) for t in flat.trained[n:]],
+        flat.parent[n:],
+        flat.position_ids[n:],
+        flat.subtree_end[n:],
+    )
 
 
 def sampling_logprobs(row: TrieRow, calls: Sequence[EngineCall]) -> list[float | None]:
@@ -77,8 +83,10 @@ def sampling_logprobs(row: TrieRow, calls: Sequence[EngineCall]) -> list[float |
             if at is None:
                 if position == len(path) - 1 and call.completion:
                     break
-                raise ValueError(f"engine call {number}: token {position} ({token}) of its context + completion is "
-                                 "not in this trajectory's trie")
+                raise ValueError(
+                    f"engine call {number}: token {position} ({token}) of its context + completion is "
+                    "not in this trajectory's trie"
+                )
             sampled = position - len(call.context)
             if sampled >= 0 and call.logprobs is not None:
                 out[at - start] = call.logprobs[sampled]

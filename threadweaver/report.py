@@ -7,9 +7,9 @@ the response (see :mod:`threadweaver.stats`), shown for one-level trajectories.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from statistics import mean
-from typing import Iterable, Iterator
 
 from threadweaver.format import Format
 from threadweaver.stats import LatencyStats, latency_stats
@@ -78,8 +78,9 @@ def parsed_rows(path: str, fmt: Format, *, strict: bool = False) -> Iterator[tup
 
 def file_stats(path: str, fmt: Format, *, strict: bool = False) -> Iterator[RowStats]:
     for line, row, parsed in parsed_rows(path, fmt, strict=strict):
-        yield RowStats(line, str(row.get("id", line)), latency_stats(parsed.nodes),
-                       tuple(str(p) for p in parsed.problems))
+        yield RowStats(
+            line, str(row.get("id", line)), latency_stats(parsed.nodes), tuple(str(p) for p in parsed.problems)
+        )
 
 
 def summary(rows: Iterable[RowStats]) -> dict:
@@ -107,20 +108,24 @@ def format_table(rows: list[RowStats]) -> str:
         s = r.stats
         threads = ",".join(map(str, s.threads_per_block)) or "-"
         reference = "-" if s.reference_longest_thread is None else str(s.reference_longest_thread)
-        lines.append(f"{r.id[:15]:<16}{s.total_tokens:>8}{s.critical_path_tokens:>10}{s.speedup:>9.2f}"
-                     f"{reference:>13}{s.blocks:>8}  {threads:<7}  {len(r.problems)}")
+        lines.append(
+            f"{r.id[:15]:<16}{s.total_tokens:>8}{s.critical_path_tokens:>10}{s.speedup:>9.2f}"
+            f"{reference:>13}{s.blocks:>8}  {threads:<7}  {len(r.problems)}"
+        )
     return "\n".join(lines)
 
 
 def format_summary(stats: dict) -> str:
     if not stats.get("rows"):
         return "no rows"
-    return "\n".join([
-        f"rows                      {stats['rows']}",
-        f"mean total tokens         {stats['mean_total_tokens']:.1f}",
-        f"mean critical-path tokens {stats['mean_critical_path_tokens']:.1f}",
-        f"mean speedup              {stats['mean_speedup']:.3f}x",
-        f"speedup of the means      {stats['speedup_of_means']:.3f}x",
-        f"parallel activation       {stats['parallel_activation_ratio']:.1%}",
-        f"well-formed               {stats['well_formed_ratio']:.1%}",
-    ])
+    return "\n".join(
+        [
+            f"rows                      {stats['rows']}",
+            f"mean total tokens         {stats['mean_total_tokens']:.1f}",
+            f"mean critical-path tokens {stats['mean_critical_path_tokens']:.1f}",
+            f"mean speedup              {stats['mean_speedup']:.3f}x",
+            f"speedup of the means      {stats['speedup_of_means']:.3f}x",
+            f"parallel activation       {stats['parallel_activation_ratio']:.1%}",
+            f"well-formed               {stats['well_formed_ratio']:.1%}",
+        ]
+    )

@@ -15,8 +15,9 @@ The last request's context + completion is always the whole prompt + trajectory.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 from threadweaver.format import Format
 from threadweaver.tree import Node, Text, render

@@ -19,8 +19,8 @@ import re
 import threading
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Literal
 
@@ -72,7 +72,10 @@ def acceleration(total_tokens: int, critical_path_tokens: int, config: RewardCon
 
 
 def reward(
-    response: str, gold: str, total_tokens: int, critical_path_tokens: int,
+    response: str,
+    gold: str,
+    total_tokens: int,
+    critical_path_tokens: int,
     config: RewardConfig = RewardConfig(),
 ) -> RewardParts:
     """Correctness (1 or 0) plus the acceleration term, which is paid only when correct."""
@@ -135,7 +138,7 @@ def _verify_in_worker(answer: str, gold: str, timeout_s: float) -> bool:
 
 _DEAD_WORKERS = (
     "math-verify's grading worker process died twice in a row. Workers are spawned, so they re-import "
-    "your __main__ module: a script that grades at import time must run under `if __name__ == \"__main__\":`."
+    'your __main__ module: a script that grades at import time must run under `if __name__ == "__main__":`.'
 )
 
 
@@ -163,9 +166,7 @@ class _GradingPool:
     def _get(self) -> ProcessPoolExecutor:
         with self.lock:
             if self.executor is None:
-                self.executor = ProcessPoolExecutor(
-                    self.workers, mp_context=multiprocessing.get_context("spawn")
-                )
+                self.executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
             return self.executor
 
     def run(self, answer: str, gold: str, timeout_s: float, retry: bool = True) -> Grade:

@@ -21,8 +21,8 @@ response alone for one-level trajectories (None where blocks nest).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 from threadweaver.tree import Node, Text
 

@@ -28,7 +28,9 @@ class SynthConfig:
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_terms <= self.max_terms <= len(LABELS):
-            raise ValueError(f"need 1 <= min_terms <= max_terms <= {len(LABELS)}, got {self.min_terms}, {self.max_terms}")
+            raise ValueError(
+                f"need 1 <= min_terms <= max_terms <= {len(LABELS)}, got {self.min_terms}, {self.max_terms}"
+            )
         if self.digits < 1:
             raise ValueError(f"digits must be >= 1, got {self.digits}")
 
@@ -85,13 +87,15 @@ def make_rows(n: int, seed: int, config: SynthConfig = SynthConfig(), split: str
     rows = []
     for i in range(n):
         p = make_problem(rng, config)
-        rows.append({
-            "id": f"{split}-{i}",
-            "prompt": p.prompt,
-            "answer": p.answer,
-            "parallel": p.parallel,
-            "sequential": p.sequential,
-        })
+        rows.append(
+            {
+                "id": f"{split}-{i}",
+                "prompt": p.prompt,
+                "answer": p.answer,
+                "parallel": p.parallel,
+                "sequential": p.sequential,
+            }
+        )
     return rows
 
 

@@ -17,8 +17,8 @@ are lossless: ``render(parse(ids).nodes) == ids``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
 
 from threadweaver.format import Format
 
@@ -42,7 +42,7 @@ class Thread:
     number: int
     seed: tuple[int, ...]
     """Tokens of ``"i:"`` that the orchestrator injects after ``<Thread>``."""
-    body: tuple["Node", ...]
+    body: tuple[Node, ...]
     """What the model generates after the seed, up to ``</Thread>`` (excluded)."""
 
 
@@ -54,7 +54,7 @@ class Block:
     threads: tuple[Thread, ...]
 
 
-Node = Union[Text, Block]
+Node = Text | Block
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,7 @@ class _Malformed(Exception):
         self.problem = problem
 
 
-def parse(
-    ids: Sequence[int], fmt: Format, *, strict: bool = True, max_depth: int = DEFAULT_MAX_DEPTH
-) -> Parsed:
+def parse(ids: Sequence[int], fmt: Format, *, strict: bool = True, max_depth: int = DEFAULT_MAX_DEPTH) -> Parsed:
     """Parse a trajectory (the assistant's tokens, no prompt) into a fork-join tree."""
     parser = _Parser(list(ids), fmt, strict, max_depth)
     nodes = parser.sequence(depth=0, thread=None)
@@ -136,10 +134,12 @@ def tree_json(nodes: Sequence[Node], fmt: Format) -> list[dict]:
         if isinstance(node, Text):
             out.append({"text": fmt.decode(node.ids)})
             continue
-        out.append({
-            "outlines": [fmt.decode(o.ids) for o in node.outlines],
-            "threads": [{"number": t.number, "body": tree_json(t.body, fmt)} for t in node.threads],
-        })
+        out.append(
+            {
+                "outlines": [fmt.decode(o.ids) for o in node.outlines],
+                "threads": [{"number": t.number, "body": tree_json(t.body, fmt)} for t in node.threads],
+            }
+        )
     return out
 
 
@@ -169,8 +169,14 @@ class _Parser:
         self.problems: list[Problem] = []
         t = fmt.tags
         self.structural = {
-            t.parallel, t.parallel_end, t.outlines, t.outlines_end,
-            t.outline, t.outline_end, t.thread, t.thread_end,
+            t.parallel,
+            t.parallel_end,
+            t.outlines,
+            t.outlines_end,
+            t.outline,
+            t.outline_end,
+            t.thread,
+            t.thread_end,
         }
 
     def problem(self, position: int, message: str) -> Problem:
@@ -202,14 +208,20 @@ class _Parser:
                     del self.problems[recorded:]
                     self.problems.append(err.problem)
                     self.pos = max(err.problem.position, start + 1)
-                    text.extend(ids[start:self.pos])
+                    text.extend(ids[start : self.pos])
                     continue
                 if depth + 1 > self.max_depth:
                     del self.problems[recorded:]
-                    self.problems.append(self.problem(start, (
-                        f"parallel block nested {depth + 1} deep; max_depth is {self.max_depth}: "
-                        "kept as sequential text")))
-                    text.extend(ids[start:self.pos])
+                    self.problems.append(
+                        self.problem(
+                            start,
+                            (
+                                f"parallel block nested {depth + 1} deep; max_depth is {self.max_depth}: "
+                                "kept as sequential text"
+                            ),
+                        )
+                    )
+                    text.extend(ids[start : self.pos])
                     continue
                 if text:
                     nodes.append(Text(tuple(text)))
@@ -241,7 +253,7 @@ class _Parser:
         if depth > self.max_depth and self.strict:
             raise self.malformed(start, f"parallel block nested {depth} deep; max_depth is {self.max_depth}")
         outlines = self.head()
-        head = tuple(self.ids[start:self.pos])
+        head = tuple(self.ids[start : self.pos])
         threads = [self.thread(outline.number, depth) for outline in outlines]
         if self.pos < len(self.ids) and self.ids[self.pos] == self.tags.thread:
             raise self.malformed(self.pos, f"more threads than the {len(outlines)} outlines")
@@ -278,7 +290,7 @@ class _Parser:
         start = self.pos
         self.pos += 1
         self.skip_text()
-        body = tuple(self.ids[start + 1:self.pos])
+        body = tuple(self.ids[start + 1 : self.pos])
         if self.pos >= len(self.ids) or self.ids[self.pos] != self.tags.outline_end:
             raise self.malformed(self.pos, f"outline {expected} is not closed by </Outline>")
         self.pos += 1
@@ -293,7 +305,7 @@ class _Parser:
         start = self.pos
         self.expect(self.tags.thread, f"<Thread> {number} (one thread per outline, in order)")
         seed = self.fmt.seed(number)
-        if tuple(ids[self.pos:self.pos + len(seed)]) != seed:
+        if tuple(ids[self.pos : self.pos + len(seed)]) != seed:
             raise self.malformed(start, f"thread {number} does not start with its seed {number}:")
         self.pos += len(seed)
         body = self.sequence(depth, thread=number)

@@ -20,8 +20,8 @@ case.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Collection, Sequence
 
 from threadweaver.format import Format
 from threadweaver.tree import Node, Text
@@ -60,8 +60,15 @@ class TokenTrie:
             node, children, depth = child, self._children[child], depth + 1
         return node
 
-    def add_trajectory(self, prompt: Sequence[int], nodes: Sequence[Node], fmt: Format, *,
-                       train_injected: bool = False, closed_threads: Collection[tuple] = ()) -> None:
+    def add_trajectory(
+        self,
+        prompt: Sequence[int],
+        nodes: Sequence[Node],
+        fmt: Format,
+        *,
+        train_injected: bool = False,
+        closed_threads: Collection[tuple] = (),
+    ) -> None:
         """Every request of the trajectory ``prompt`` + ``nodes``, built straight from the tree.
 
         The same trie as inserting each (context, completion) of
@@ -73,7 +80,7 @@ class TokenTrie:
         builder = _TrajectoryBuilder(self, fmt, train_injected, frozenset(closed_threads))
         builder.walk(self.extend(-1, prompt, False), nodes, True, True, ())
 
-    def flatten(self) -> "FlatTrie":
+    def flatten(self) -> FlatTrie:
         order = self._preorder()
         n = len(order)
         index = [0] * n
@@ -150,7 +157,7 @@ class FlatTrie:
                 f"trained token {stray} is not predicted from position {stray - 1} (its parent is "
                 f"{self.parent[stray]}): a position with two trained continuations needs targets()"
             )
-        return ([ignore_index] + self.targets(ignore_index))[:len(self.input_ids)]
+        return ([ignore_index] + self.targets(ignore_index))[: len(self.input_ids)]
 
     def targets(self, ignore_index: int = -100) -> list[int]:
         """Per position, the trained token predicted from it (its trained child).
@@ -173,7 +180,7 @@ class FlatTrie:
             out[p] = self.input_ids[i]
         return out
 
-    def truncate(self, max_length: int) -> "FlatTrie":
+    def truncate(self, max_length: int) -> FlatTrie:
         """The first ``max_length`` tokens: still a valid (ancestor-closed) trie."""
         if len(self) <= max_length:
             return self
@@ -226,8 +233,14 @@ class _TrajectoryBuilder:
         return at
 
 
-def trajectory_trie(prompt: Sequence[int], nodes: Sequence[Node], fmt: Format, *,
-                    train_injected: bool = False, closed_threads: Collection[tuple] = ()) -> FlatTrie:
+def trajectory_trie(
+    prompt: Sequence[int],
+    nodes: Sequence[Node],
+    fmt: Format,
+    *,
+    train_injected: bool = False,
+    closed_threads: Collection[tuple] = (),
+) -> FlatTrie:
     """The flattened trie of one trajectory's requests.
 
     Completion tokens are trained; contexts are not, so the copies of threads 2..k in

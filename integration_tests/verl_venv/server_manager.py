@@ -21,10 +21,12 @@ class TransformersServerManager:
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs) -> TokenOutput:
         self.request_ids.append(request_id)
-        sampling = Sampling(temperature=sampling_params["temperature"], top_p=sampling_params["top_p"],
-                            top_k=sampling_params["top_k"])
-        completion = await self.engine.generate(prompt_ids, sampling_params["stop_token_ids"],
-                                                sampling_params["max_tokens"], sampling)
+        sampling = Sampling(
+            temperature=sampling_params["temperature"], top_p=sampling_params["top_p"], top_k=sampling_params["top_k"]
+        )
+        completion = await self.engine.generate(
+            prompt_ids, sampling_params["stop_token_ids"], sampling_params["max_tokens"], sampling
+        )
         logprobs = list(completion.logprobs) if sampling_params.get("logprobs") else None
         return TokenOutput(token_ids=list(completion.token_ids), log_probs=logprobs, stop_reason="completed")
 

@@ -10,10 +10,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from verl.trainer.main_ppo import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
+from wheel_venv import wheel_venv
 
 from threadweaver.verl_rollout.config import CONFIG_DIR
-
-from wheel_venv import wheel_venv
 
 
 def composed(name: str, *overrides: str):
@@ -21,8 +20,9 @@ def composed(name: str, *overrides: str):
         return compose(config_name=name, overrides=["actor_rollout_ref.model.path=/models/sft", *overrides])
 
 
-@pytest.mark.parametrize("name, agent", [("threadweaver_pgrpo", "threadweaver"),
-                                         ("threadweaver_sequential", "threadweaver_sequential")])
+@pytest.mark.parametrize(
+    "name, agent", [("threadweaver_pgrpo", "threadweaver"), ("threadweaver_sequential", "threadweaver_sequential")]
+)
 def test_the_configs_are_valid_verl_configs_with_the_papers_settings(name, agent):
     config = composed(name)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
@@ -48,12 +48,17 @@ def test_command_line_overrides_still_apply():
 def test_a_wheel_install_carries_the_entry_point_and_the_configs(tmp_path):
     """What ``pip install threadweaver[verl]`` gives a user (see wheel_venv)."""
     python, site = wheel_venv(tmp_path)
-    code = ("import json, os, verl, threadweaver\n"
-            "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as r\n"
-            "from threadweaver.verl_rollout.config import CONFIG_DIR\n"
-            "print(json.dumps([threadweaver.__file__, r['threadweaver']['_target_'], sorted(os.listdir(CONFIG_DIR))]))")
-    where, target, configs = json.loads(subprocess.run([python, "-c", code], check=True, capture_output=True,
-                                                       text=True, cwd=tmp_path).stdout.splitlines()[-1])
+    code = (
+        "import json, os, verl, threadweaver\n"
+        "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as r\n"
+        "from threadweaver.verl_rollout.config import CONFIG_DIR\n"
+        "print(json.dumps([threadweaver.__file__, r['threadweaver']['_target_'], sorted(os.listdir(CONFIG_DIR))]))"
+    )
+    where, target, configs = json.loads(
+        subprocess.run(
+            [python, "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path
+        ).stdout.splitlines()[-1]
+    )
     assert where.startswith(str(site))
     assert target == "threadweaver.verl_rollout.agent_loop.ThreadWeaverAgentLoop"
     assert configs == ["_threadweaver_settings.yaml", "threadweaver_pgrpo.yaml", "threadweaver_sequential.yaml"]

@@ -26,6 +26,7 @@ import pytest
 import torch
 import verl
 from hydra import compose, initialize_config_dir
+from server_manager import FailingServerManager, ScriptedServerManager, TransformersServerManager
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 from verl import DataProto
@@ -44,8 +45,6 @@ from threadweaver.tree import parse
 from threadweaver.verl_rollout.agent_loop import V1_REQUIRED
 from threadweaver.vllm_orchestrator.transformers_engine import TransformersEngine
 
-from server_manager import FailingServerManager, ScriptedServerManager, TransformersServerManager
-
 MODEL = str(embedded_models()["parallel"])
 GREEDY = dict(temperature=0.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, logprobs=True)
 
@@ -53,13 +52,21 @@ GREEDY = dict(temperature=0.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, logp
 def verl_config(*overrides: str):
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(config_name="ppo_trainer", overrides=[
-            f"actor_rollout_ref.model.path={MODEL}", "actor_rollout_ref.rollout.name=vllm", "trainer.use_v1=true",
-            "actor_rollout_ref.rollout.response_length=640", "actor_rollout_ref.rollout.calculate_log_probs=true",
-            "actor_rollout_ref.rollout.agent.default_agent_loop=threadweaver",
-            "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=false",
-            "reward.custom_reward_function.path=pkg://threadweaver.verl_rollout.reward",
-            *overrides])
+        return compose(
+            config_name="ppo_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={MODEL}",
+                "actor_rollout_ref.rollout.name=vllm",
+                "trainer.use_v1=true",
+                "actor_rollout_ref.rollout.response_length=640",
+                "actor_rollout_ref.rollout.calculate_log_probs=true",
+                "actor_rollout_ref.rollout.agent.default_agent_loop=threadweaver",
+                "algorithm.adv_estimator=grpo",
+                "algorithm.norm_adv_by_std_in_grpo=false",
+                "reward.custom_reward_function.path=pkg://threadweaver.verl_rollout.reward",
+                *overrides,
+            ],
+        )
 
 
 @pytest.fixture(scope="module")
@@ -80,27 +87,38 @@ def fmt(worker):
 def build_loop(worker, server_manager, agent_name="threadweaver", config=None):
     """What ``AgentLoopWorker._run_agent_loop`` does before awaiting ``run``."""
     return hydra.utils.instantiate(
-        config=_agent_loop_registry[agent_name], trainer_config=DictConfigWrap(config=config or worker.config),
-        server_manager=server_manager, tokenizer=worker.tokenizer, processor=worker.processor,
-        hf_model_type=worker.hf_model_type, dataset_cls=worker.dataset_cls,
-        data_config=DictConfigWrap(worker.config.data), tools=ToolListWrap(worker.tools))
+        config=_agent_loop_registry[agent_name],
+        trainer_config=DictConfigWrap(config=config or worker.config),
+        server_manager=server_manager,
+        tokenizer=worker.tokenizer,
+        processor=worker.processor,
+        hf_model_type=worker.hf_model_type,
+        dataset_cls=worker.dataset_cls,
+        data_config=DictConfigWrap(worker.config.data),
+        tools=ToolListWrap(worker.tools),
+    )
 
 
 def rollout(worker, server_manager, prompt: str, agent_name="threadweaver", sampling=GREEDY):
     async def run():
         return await build_loop(worker, server_manager, agent_name).run(
-            dict(sampling), raw_prompt=[{"role": "user", "content": prompt}])
+            dict(sampling), raw_prompt=[{"role": "user", "content": prompt}]
+        )
+
     return asyncio.run(run())
 
 
 def real_server(model, worker):
-    return TransformersServerManager(TransformersEngine(model, pad_token_id=worker.tokenizer.pad_token_id,
-                                                        logprobs=True))
+    return TransformersServerManager(
+        TransformersEngine(model, pad_token_id=worker.tokenizer.pad_token_id, logprobs=True)
+    )
 
 
 def test_import_verl_registers_the_agent_loops():
-    code = ("import verl\nfrom verl.experimental.agent_loop.agent_loop import _agent_loop_registry as r\n"
-            "print(r['threadweaver'], r['threadweaver_sequential'])")
+    code = (
+        "import verl\nfrom verl.experimental.agent_loop.agent_loop import _agent_loop_registry as r\n"
+        "print(r['threadweaver'], r['threadweaver_sequential'])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     target = "threadweaver.verl_rollout.agent_loop.ThreadWeaverAgentLoop"
     assert out.split("} {") == [f"{{'_target_': '{target}'", f"'_target_': '{target}', 'branching': False}}\n"]
@@ -119,7 +137,7 @@ def test_each_row_is_one_engine_request_with_its_log_probs(worker, model, fmt):
     outputs = rollout(worker, server, problem["prompt"])
     prompt = outputs[0].prompt_ids
     full = outputs[-1].prompt_ids + outputs[-1].response_ids
-    nodes = parse(full[len(prompt):], fmt).nodes
+    nodes = parse(full[len(prompt) :], fmt).nodes
     plan = plan_requests(prompt, nodes, fmt)
     assert len(plan.requests) >= 4, "the model should fork at least one block with several threads"
     rows = [(tuple(o.prompt_ids), tuple(o.response_ids)) for o in outputs]
@@ -132,7 +150,7 @@ def test_each_row_is_one_engine_request_with_its_log_probs(worker, model, fmt):
         with torch.no_grad():
             logits = model(torch.tensor([o.prompt_ids + o.response_ids])).logits[0].float()
         n = len(o.prompt_ids)
-        expected = torch.log_softmax(logits[n - 1:-1], -1).gather(-1, torch.tensor(o.response_ids)[:, None])[:, 0]
+        expected = torch.log_softmax(logits[n - 1 : -1], -1).gather(-1, torch.tensor(o.response_ids)[:, None])[:, 0]
         assert torch.allclose(torch.tensor(o.response_logprobs), expected, atol=1e-4)
 
     extra = outputs[-1].extra_fields
@@ -152,11 +170,16 @@ async def verl_reward(config, tokenizer, outputs, problem) -> dict:
     responses = [torch.tensor(o.response_ids) for o in outputs]
     pad = torch.nn.utils.rnn.pad_sequence
     n = len(outputs)
-    batch = TensorDict({
-        "prompts": pad(prompts, batch_first=True), "responses": pad(responses, batch_first=True),
-        "attention_mask": pad([torch.ones(len(p) + len(r), dtype=torch.long) for p, r in zip(prompts, responses)],
-                              batch_first=True),
-    }, batch_size=n)
+    batch = TensorDict(
+        {
+            "prompts": pad(prompts, batch_first=True),
+            "responses": pad(responses, batch_first=True),
+            "attention_mask": pad(
+                [torch.ones(len(p) + len(r), dtype=torch.long) for p, r in zip(prompts, responses)], batch_first=True
+            ),
+        },
+        batch_size=n,
+    )
     non_tensor = {
         "data_source": np.array(["threadweaver/synth"] * n, dtype=object),
         "reward_model": np.array([{"ground_truth": problem["answer"]}] * n, dtype=object),
@@ -179,12 +202,18 @@ def advantages(sessions: list[list], scores: list[float], uid: str = "p0"):
             masks.append(row["response_mask"])
             rewards.append(row["rm_scores"])
     pad = torch.nn.utils.rnn.pad_sequence
-    data = DataProto(batch=TensorDict({
-        "responses": pad(responses, batch_first=True), "response_mask": pad(masks, batch_first=True),
-        "token_level_rewards": pad(rewards, batch_first=True)}, batch_size=len(keys)),
-        non_tensor_batch={"uid": np.array([uid] * len(keys), dtype=object)})
-    data = compute_advantage_for_multi_trajectories(data, keys, AdvantageEstimator.GRPO,
-                                                    norm_adv_by_std_in_grpo=False)
+    data = DataProto(
+        batch=TensorDict(
+            {
+                "responses": pad(responses, batch_first=True),
+                "response_mask": pad(masks, batch_first=True),
+                "token_level_rewards": pad(rewards, batch_first=True),
+            },
+            batch_size=len(keys),
+        ),
+        non_tensor_batch={"uid": np.array([uid] * len(keys), dtype=object)},
+    )
+    data = compute_advantage_for_multi_trajectories(data, keys, AdvantageEstimator.GRPO, norm_adv_by_std_in_grpo=False)
     return keys, data.batch["advantages"], data.batch["response_mask"]
 
 
@@ -219,17 +248,24 @@ def test_malformed_output_and_engine_errors_degrade_and_the_batch_survives(worke
     malformed = "<think>\n<Parallel><Outlines><Outline>1:A</Outline><Outline>3:B</Outline></Outlines>A=1+1 ;2"
 
     async def batch():
-        servers = [real_server(model, worker), FailingServerManager(real_server(model, worker), fail_at=3),
-                   FailingServerManager(real_server(model, worker), fail_at=1), ScriptedServerManager(fmt, malformed)]
+        servers = [
+            real_server(model, worker),
+            FailingServerManager(real_server(model, worker), fail_at=3),
+            FailingServerManager(real_server(model, worker), fail_at=1),
+            ScriptedServerManager(fmt, malformed),
+        ]
         loops = [build_loop(worker, s) for s in servers]
-        return await asyncio.gather(*(loop.run(dict(GREEDY), raw_prompt=[{"role": "user", "content": problem["prompt"]}])
-                                      for loop in loops))
+        return await asyncio.gather(
+            *(loop.run(dict(GREEDY), raw_prompt=[{"role": "user", "content": problem["prompt"]}]) for loop in loops)
+        )
 
     good, thread_failed, first_failed, bad = asyncio.run(batch())
     assert good[-1].extra_fields["threadweaver_well_formed"]
 
     extra = thread_failed[-1].extra_fields
-    assert "thread 2: the engine failed (ConnectionError: the rollout server went away)" in extra["threadweaver_problems"]
+    assert (
+        "thread 2: the engine failed (ConnectionError: the rollout server went away)" in extra["threadweaver_problems"]
+    )
     assert extra["threadweaver_finish_reason"] == "stop" and len(thread_failed) == len(good) - 1
 
     assert len(first_failed) == 1 and first_failed[0].response_mask == [0]

@@ -21,7 +21,8 @@ from __future__ import annotations
 import functools
 import sys
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -72,7 +73,7 @@ def tree_block_mask(subtree_end: torch.Tensor, compile: bool | None = None):
     return build(mask_mod, batch, None, n, n, device=subtree_end.device)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled_create_block_mask():
     """Compiled once: without compilation ``create_block_mask`` materialises N x N intermediates."""
     from torch.nn.attention.flex_attention import create_block_mask
@@ -155,8 +156,11 @@ def _tree_attention(name: str, attention: Callable, build_tree_mask: Callable) -
             )
         if kwargs.get("sliding_window") is not None:
             raise TreeAttentionError(f"{name}: sliding-window layers are not supported with a trie")
-        mask = _CACHE.get(subtree_end, (name, query.dtype, query.device),
-                          lambda: build_tree_mask(subtree_end.to(query.device), query.dtype))
+        mask = _CACHE.get(
+            subtree_end,
+            (name, query.dtype, query.device),
+            lambda: build_tree_mask(subtree_end.to(query.device), query.dtype),
+        )
         return attention(module, query, key, value, mask, **kwargs)
 
     tree_attention.__name__ = name

@@ -45,15 +45,23 @@ class FlatRow:
 @dataclass
 class TrieCollator:
     tokenizer: Any = field(metadata={"help": "The model's tokenizer, with the ThreadWeaver tags as single tokens."})
-    max_length: int | None = field(default=None, metadata={
-        "help": "Cut longer rows at a pre-order prefix (always ancestor-closed)."})
-    sequential: bool = field(default=False, metadata={
-        "help": "Plain causal rows (prompt + trajectory, tags as ordinary tokens): the sequential baseline."})
-    skip_malformed: bool = field(default=False, metadata={
-        "help": "Skip (and log) rows that fail to parse instead of raising."})
-    train_injected: bool = field(default=True, metadata={
-        "help": "Also train the orchestrator's injected tokens on the sequential path, so the model "
-                "runs with branching off too."})
+    max_length: int | None = field(
+        default=None, metadata={"help": "Cut longer rows at a pre-order prefix (always ancestor-closed)."}
+    )
+    sequential: bool = field(
+        default=False,
+        metadata={"help": "Plain causal rows (prompt + trajectory, tags as ordinary tokens): the sequential baseline."},
+    )
+    skip_malformed: bool = field(
+        default=False, metadata={"help": "Skip (and log) rows that fail to parse instead of raising."}
+    )
+    train_injected: bool = field(
+        default=True,
+        metadata={
+            "help": "Also train the orchestrator's injected tokens on the sequential path, so the model "
+            "runs with branching off too."
+        },
+    )
     max_depth: int = field(default=3, metadata={"help": "Deepest nesting of parallel blocks accepted."})
     pad_to_multiple_of: int | None = field(default=None, metadata={"help": "Pad the batch length to a multiple."})
     row_key: str = field(default="id", metadata={"help": "Row field that names a row in errors and logs."})
@@ -102,8 +110,10 @@ class TrieCollator:
             if flat is not None:
                 rows.append(flat)
         if not rows:
-            raise RowFormatError(", ".join(str(r.get(self.row_key, "?")) for r in features),
-                                 f"every row of the batch is malformed ({self.skipped} skipped so far)")
+            raise RowFormatError(
+                ", ".join(str(r.get(self.row_key, "?")) for r in features),
+                f"every row of the batch is malformed ({self.skipped} skipped so far)",
+            )
         return self.pad(rows)
 
     def pad(self, rows: list[FlatRow]) -> dict[str, torch.Tensor]:

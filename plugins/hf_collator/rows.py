@@ -51,8 +51,9 @@ class RowEncoder:
             return self._prompt(row.get("prompt")), self._trajectory(_completion_text(row["completion"]))
         if "text" in row:
             return self._split_rendered(row["text"])
-        raise ValueError("no trajectory: expected 'messages', 'prompt' + 'completion', 'text' "
-                         "or 'prompt_ids' + 'completion_ids'")
+        raise ValueError(
+            "no trajectory: expected 'messages', 'prompt' + 'completion', 'text' or 'prompt_ids' + 'completion_ids'"
+        )
 
     def _prompt(self, prompt) -> list[int]:
         if isinstance(prompt, list):
@@ -94,7 +95,7 @@ class RowEncoder:
             full = self.tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
             if not full.startswith(bare) or full == bare:
                 raise ValueError("the chat template has no separable generation prompt; use 'messages' rows")
-            self._generation_prompt = full[len(bare):]
+            self._generation_prompt = full[len(bare) :]
         return self._generation_prompt
 
 

@@ -60,8 +60,13 @@ def train(args: SFTArgs) -> str:
     if not args.sequential:
         use_tree_attention(model)
 
-    collator = TrieCollator(tokenizer, max_length=args.max_length, sequential=args.sequential,
-                            skip_malformed=args.skip_malformed, row_key="_row")
+    collator = TrieCollator(
+        tokenizer,
+        max_length=args.max_length,
+        sequential=args.sequential,
+        skip_malformed=args.skip_malformed,
+        row_key="_row",
+    )
     rows = load_rows(args.data, collator)
     config = SFTConfig(
         output_dir=args.output_dir,
@@ -83,8 +88,13 @@ def train(args: SFTArgs) -> str:
         remove_unused_columns=False,
         dataset_kwargs={"skip_prepare_dataset": True},
     )
-    trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                         data_collator=collator)
+    trainer = SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        data_collator=collator,
+    )
     trainer.train()
     if collator.skipped:
         logger.warning("%d malformed rows skipped in all", collator.skipped)

@@ -11,11 +11,16 @@ from threadweaver.lmeval_tasks import discovery
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m threadweaver.lmeval_tasks",
-                                     description="Make the plain lm_eval CLI find the threadweaver model and tasks.")
-    parser.add_argument("action", choices=("install", "remove", "status", "path"),
-                        help="install/remove the .pth start-up hook, show its status, or print the tasks directory "
-                             "(for --include_path)")
+    parser = argparse.ArgumentParser(
+        prog="python -m threadweaver.lmeval_tasks",
+        description="Make the plain lm_eval CLI find the threadweaver model and tasks.",
+    )
+    parser.add_argument(
+        "action",
+        choices=("install", "remove", "status", "path"),
+        help="install/remove the .pth start-up hook, show its status, or print the tasks directory "
+        "(for --include_path)",
+    )
     args = parser.parse_args(argv)
     target = discovery.pth_path()
     if args.action == "path":

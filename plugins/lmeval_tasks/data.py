@@ -71,8 +71,8 @@ def _read_local(path: Path):
 def _synth(synth: dict):
     import datasets
 
-    from threadweaver.synth import SynthConfig, chat_row
     from threadweaver.dataset import synth_splits
+    from threadweaver.synth import SynthConfig, chat_row
 
     config = SynthConfig(**{k: v for k, v in synth.items() if k not in ("train", "validation", "seed")})
     rows = synth_splits(config, synth.get("train", 4000), synth.get("validation", 200), synth.get("seed", 0))
@@ -82,16 +82,26 @@ def _synth(synth: dict):
 def _check(rows, where: str, fields: list[str]) -> None:
     missing = [f for f in fields if f not in rows.column_names]
     if missing:
-        raise ValueError(f"{where}: no field {', '.join(repr(f) for f in missing)} (the rows have "
-                         f"{', '.join(rows.column_names)}); write the rows in the benchmark's own schema")
+        raise ValueError(
+            f"{where}: no field {', '.join(repr(f) for f in missing)} (the rows have "
+            f"{', '.join(rows.column_names)}); write the rows in the benchmark's own schema"
+        )
     for i, row in enumerate(rows):
         for f in fields:
             if row[f] is None or row[f] == "" or row[f] == []:
                 raise ValueError(f"{where}: row {i} has an empty {f!r}")
 
 
-def load(benchmark: str, problem_field: str, answer_field: str, hub: str | None = None,
-         hub_config: str | None = None, hub_split: str = "test", synth: dict | None = None, **metadata):
+def load(
+    benchmark: str,
+    problem_field: str,
+    answer_field: str,
+    hub: str | None = None,
+    hub_config: str | None = None,
+    hub_split: str = "test",
+    synth: dict | None = None,
+    **metadata,
+):
     """The task's rows as ``{"test": Dataset}`` with a ``gold`` column (called by lm-eval)."""
     import datasets
 

@@ -28,9 +28,9 @@ import importlib
 import inspect
 import sysconfig
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 MODEL_NAME = "threadweaver"
@@ -101,8 +101,12 @@ def run_hook(module: ModuleType) -> None:
     try:
         HOOKS[module.__name__](module)
     except Exception as err:
-        warnings.warn(f"threadweaver could not hook into {module.__name__} ({type(err).__name__}: {err}); "
-                      f"use --include_path {TASKS_DIR}", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"threadweaver could not hook into {module.__name__} ({type(err).__name__}: {err}); "
+            f"use --include_path {TASKS_DIR}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def pth_path() -> Path:

@@ -35,17 +35,29 @@ _LM_EVAL_RUN_ARGS = ("batch_size", "max_batch_size", "device")
 
 @dataclass(frozen=True)
 class ModelArgs:
-    model: str | None = field(default=None, metadata={
-        "help": "Model directory or hub id: the tokenizer, and the weights of in-process engines "
-                "(default: the model the vLLM server reports). 'pretrained' is accepted too."})
+    model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Model directory or hub id: the tokenizer, and the weights of in-process engines "
+            "(default: the model the vLLM server reports). 'pretrained' is accepted too."
+        },
+    )
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer, if not the model's."})
-    parallel: bool = field(default=True, metadata={
-        "help": "Decode threads concurrently; false: one plain request per prompt (the sequential baseline)."})
+    parallel: bool = field(
+        default=True,
+        metadata={
+            "help": "Decode threads concurrently; false: one plain request per prompt (the sequential baseline)."
+        },
+    )
     concurrency: int = field(default=32, metadata={"help": "Trajectories decoded at once."})
     seed: int | None = field(default=0, metadata={"help": "Seed of the first sample of each prompt."})
-    trajectories: str | None = field(default=None, metadata={
-        "help": "Append each trajectory to this JSONL file as `threadweaver generate` writes it (tokens, tree, "
-                "request timings, stats, wall_s), with the lm-eval context and request index."})
+    trajectories: str | None = field(
+        default=None,
+        metadata={
+            "help": "Append each trajectory to this JSONL file as `threadweaver generate` writes it (tokens, tree, "
+            "request timings, stats, wall_s), with the lm-eval context and request index."
+        },
+    )
 
 
 def split_model_args(kwargs: dict) -> tuple[ModelArgs, EngineArgs, Limits]:
@@ -54,13 +66,18 @@ def split_model_args(kwargs: dict) -> tuple[ModelArgs, EngineArgs, Limits]:
     if "pretrained" in kwargs:
         kwargs.setdefault("model", kwargs.pop("pretrained"))
     limit_fields = {f.name for f in fields(Limits)} - {"branching", "max_tokens"}
-    groups = {ModelArgs: {f.name for f in fields(ModelArgs)}, EngineArgs: {f.name for f in fields(EngineArgs)},
-              Limits: limit_fields}
+    groups = {
+        ModelArgs: {f.name for f in fields(ModelArgs)},
+        EngineArgs: {f.name for f in fields(EngineArgs)},
+        Limits: limit_fields,
+    }
     unknown = set(kwargs) - set().union(*groups.values())
     if unknown:
-        raise TypeError(f"unknown threadweaver model_args {', '.join(sorted(unknown))}; known: "
-                        f"{', '.join(sorted(set().union(*groups.values())))} (max tokens come from the task's "
-                        f"max_gen_toks, override with --gen_kwargs max_gen_toks=N)")
+        raise TypeError(
+            f"unknown threadweaver model_args {', '.join(sorted(unknown))}; known: "
+            f"{', '.join(sorted(set().union(*groups.values())))} (max tokens come from the task's "
+            f"max_gen_toks, override with --gen_kwargs max_gen_toks=N)"
+        )
     args = {cls: cls(**{k: v for k, v in kwargs.items() if k in names}) for cls, names in groups.items()}
     model_args, limits = args[ModelArgs], args[Limits]
     return model_args, args[EngineArgs], dataclasses.replace(limits, branching=model_args.parallel)
@@ -76,8 +93,12 @@ def sampling_from(gen_kwargs: dict, seed: int | None) -> tuple[Sampling, int | N
     if gen_kwargs.pop("do_sample", None) is False:
         temperature = 0.0
     max_tokens = gen_kwargs.pop("max_gen_toks", None)
-    sampling = Sampling(temperature=temperature, top_p=float(gen_kwargs.pop("top_p", 1.0)),
-                        top_k=int(gen_kwargs.pop("top_k", -1)), seed=gen_kwargs.pop("seed", seed))
+    sampling = Sampling(
+        temperature=temperature,
+        top_p=float(gen_kwargs.pop("top_p", 1.0)),
+        top_k=int(gen_kwargs.pop("top_k", -1)),
+        seed=gen_kwargs.pop("seed", seed),
+    )
     if gen_kwargs:
         log.warning("threadweaver ignores generation_kwargs %s", ", ".join(sorted(gen_kwargs)))
     return sampling, None if max_tokens is None else int(max_tokens), list(until)
@@ -87,7 +108,7 @@ def response_text(trajectory: Trajectory, fmt: Format, until: list[str]) -> str:
     """The generated text without its final end-of-sequence token, cut at the first stop string."""
     text = trajectory_text(trajectory, fmt)
     cuts = [text.index(s) for s in until if s and s in text]
-    return text[:min(cuts)] if cuts else text
+    return text[: min(cuts)] if cuts else text
 
 
 def counts_of(trajectory: Trajectory) -> measured.TokenCounts:
@@ -117,8 +138,10 @@ class ThreadWeaverLM(LM):
 
         source = await tokenizer_source(self.engine, self.args.tokenizer or self.args.model)
         if source is None:
-            raise ValueError("the threadweaver model needs tokenizer=... or model=... in --model_args "
-                             f"(the {self.engine_args.engine} engine does not say which model it serves)")
+            raise ValueError(
+                "the threadweaver model needs tokenizer=... or model=... in --model_args "
+                f"(the {self.engine_args.engine} engine does not say which model it serves)"
+            )
         return AutoTokenizer.from_pretrained(source)
 
     @property
@@ -131,8 +154,9 @@ class ThreadWeaverLM(LM):
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """Used by ``--apply_chat_template``; without it, each context is sent as one user turn."""
         self._chat_applied = True
-        return self.tokenizer.apply_chat_template(chat_history, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
 
     def _prompt_ids(self, context: str) -> tuple[int, ...]:
         if self._chat_applied:
@@ -176,8 +200,9 @@ class ThreadWeaverLM(LM):
             jobs.append(Job(str(position), copies[context], self._prompt_ids(context), {}))
             copies[context] += 1
         progress = BatchProgress()
-        async for job, trajectory, wall_s in decode_jobs(jobs, orchestrator, concurrency=self.args.concurrency,
-                                                         seed=sampling.seed):
+        async for job, trajectory, wall_s in decode_jobs(
+            jobs, orchestrator, concurrency=self.args.concurrency, seed=sampling.seed
+        ):
             position = int(job.row_id)
             text = response_text(trajectory, self.fmt, until)
             measured.record(text, counts_of(trajectory))
@@ -190,8 +215,10 @@ class ThreadWeaverLM(LM):
             self.cache_hook.add_partial("generate_until", requests[position].args, text)
             progress.add(trajectory)
             bar.update(1)
-            bar.set_postfix_str(f"{progress.tokens_per_s:.0f} tok/s, mean speedup {progress.mean_speedup:.2f}x, "
-                                f"degraded {progress.degraded}")
+            bar.set_postfix_str(
+                f"{progress.tokens_per_s:.0f} tok/s, mean speedup {progress.mean_speedup:.2f}x, "
+                f"degraded {progress.degraded}"
+            )
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         raise NotImplementedError("the threadweaver model only generates (generate_until tasks such as tw_math)")

@@ -68,6 +68,9 @@ def _warn_no_tokenizer() -> None:
     global _warned
     if not _warned:
         _warned = True
-        warnings.warn(f"token statistics need a tokenizer for responses another backend produced: pass tokenizer=... "
-                      f"in --model_args or set {measured.TOKENIZER_ENV}; they are NaN here", RuntimeWarning,
-                      stacklevel=3)
+        warnings.warn(
+            f"token statistics need a tokenizer for responses another backend produced: pass tokenizer=... "
+            f"in --model_args or set {measured.TOKENIZER_ENV}; they are NaN here",
+            RuntimeWarning,
+            stacklevel=3,
+        )

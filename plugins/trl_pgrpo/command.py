@@ -49,17 +49,30 @@ def train(args: PGRPOArgs) -> str:
     bf16 = cuda and torch.cuda.is_bf16_supported()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     rows = problem_rows(args.data, chat=bool(getattr(tokenizer, "chat_template", None)))
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16 if bf16 else torch.float32,
-                                                 attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model, dtype=torch.bfloat16 if bf16 else torch.float32, attn_implementation="sdpa"
+    )
     config = PGRPOConfig(
-        output_dir=args.output_dir, max_steps=args.max_steps,
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
         per_device_train_batch_size=args.prompts_per_step * args.num_generations,
-        num_generations=args.num_generations, learning_rate=args.learning_rate, epsilon=args.epsilon,
-        epsilon_high=args.epsilon_high, acceleration_factor=args.acceleration_factor,
-        acceleration_clip=args.acceleration_clip, branching=not args.sequential, temperature=args.temperature,
-        max_completion_length=args.max_completion_length, logging_steps=args.logging_steps, seed=args.seed,
-        use_cpu=not cuda, bf16=bf16, report_to="none", save_strategy="no",
-        use_vllm=args.vllm, vllm_mode="colocate",
+        num_generations=args.num_generations,
+        learning_rate=args.learning_rate,
+        epsilon=args.epsilon,
+        epsilon_high=args.epsilon_high,
+        acceleration_factor=args.acceleration_factor,
+        acceleration_clip=args.acceleration_clip,
+        branching=not args.sequential,
+        temperature=args.temperature,
+        max_completion_length=args.max_completion_length,
+        logging_steps=args.logging_steps,
+        seed=args.seed,
+        use_cpu=not cuda,
+        bf16=bf16,
+        report_to="none",
+        save_strategy="no",
+        use_vllm=args.vllm,
+        vllm_mode="colocate",
     )
     trainer = PGRPOTrainer(model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     trainer.train()

@@ -24,20 +24,32 @@ class PGRPOConfig(GRPOConfig):
     learning_rate: float = field(default=1e-6, metadata={"help": "Initial AdamW learning rate (the paper's 1e-6)."})
     num_generations: int | None = field(default=8, metadata={"help": "Rollouts per prompt (the paper's 8)."})
     epsilon: float = field(default=0.2, metadata={"help": "Lower clip of the importance ratio (the paper's 0.2)."})
-    epsilon_high: float | None = field(default=0.28, metadata={
-        "help": "Upper clip of the importance ratio (the paper's 0.28)."})
-    scale_rewards: str = field(default="none", metadata={
-        "help": "Must be 'none': advantages are mean-centred per group, never divided by the std."})
+    epsilon_high: float | None = field(
+        default=0.28, metadata={"help": "Upper clip of the importance ratio (the paper's 0.28)."}
+    )
+    scale_rewards: str = field(
+        default="none",
+        metadata={"help": "Must be 'none': advantages are mean-centred per group, never divided by the std."},
+    )
     temperature: float = field(default=1.0, metadata={"help": "Rollout sampling temperature (the paper's 1.0)."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping (the paper's 1.0)."})
 
-    branching: bool = field(default=True, metadata={
-        "help": "Fork-join rollouts; False trains the sequential baseline: one plain request per rollout and no "
-                "acceleration reward."})
-    acceleration_factor: float = field(default=0.5, metadata={
-        "help": "Weight of the acceleration reward (the paper's 0.5)."})
-    acceleration_clip: float = field(default=0.2, metadata={
-        "help": "Upper clip of 1 - critical path / total tokens before weighting (the paper's clip_max 0.2)."})
+    branching: bool = field(
+        default=True,
+        metadata={
+            "help": "Fork-join rollouts; False trains the sequential baseline: one plain request per rollout and no "
+            "acceleration reward."
+        },
+    )
+    acceleration_factor: float = field(
+        default=0.5, metadata={"help": "Weight of the acceleration reward (the paper's 0.5)."}
+    )
+    acceleration_clip: float = field(
+        default=0.2,
+        metadata={
+            "help": "Upper clip of 1 - critical path / total tokens before weighting (the paper's clip_max 0.2)."
+        },
+    )
     max_threads: int = field(default=16, metadata={"help": "Most threads in one block; more decode sequentially."})
     max_depth: int = field(default=3, metadata={"help": "Deepest nesting of blocks; deeper ones decode sequentially."})
 
@@ -47,35 +59,50 @@ class PGRPOConfig(GRPOConfig):
         if self.scale_rewards != "none":
             raise ValueError(f"scale_rewards={self.scale_rewards!r}: {STD_REFUSAL}")
         if self.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError(f"multi_objective_aggregation={self.multi_objective_aggregation!r} normalises each "
-                             f"reward by its std before summing: {STD_REFUSAL}")
+            raise ValueError(
+                f"multi_objective_aggregation={self.multi_objective_aggregation!r} normalises each "
+                f"reward by its std before summing: {STD_REFUSAL}"
+            )
         if self.use_vllm:
             self._check_vllm()
         if self.mask_truncated_completions:
-            raise ValueError("mask_truncated_completions reads truncation off a row's last token, but a P-GRPO row is a "
-                             "token trie whose last token ends a branch; a rollout cut by max_completion_length "
-                             "already gets no correctness reward")
+            raise ValueError(
+                "mask_truncated_completions reads truncation off a row's last token, but a P-GRPO row is a "
+                "token trie whose last token ends a branch; a rollout cut by max_completion_length "
+                "already gets no correctness reward"
+            )
         super().__post_init__()
 
     def _check_vllm(self) -> None:
         if self.vllm_mode != "colocate":
-            raise ValueError(f"vllm_mode={self.vllm_mode!r}: PGRPOTrainer rolls out on TRL's colocated vLLM "
-                             "(vllm_mode='colocate'). For a separate vLLM server, pass engine=VLLMServerEngine(url) "
-                             "(threadweaver.vllm_orchestrator) with use_vllm=False, and keep its weights in sync "
-                             "yourself: TRL's server protocol takes one set of sampling settings per batch and returns "
-                             "no finish reasons, and fork-join requests need their own stop tokens and budgets")
+            raise ValueError(
+                f"vllm_mode={self.vllm_mode!r}: PGRPOTrainer rolls out on TRL's colocated vLLM "
+                "(vllm_mode='colocate'). For a separate vLLM server, pass engine=VLLMServerEngine(url) "
+                "(threadweaver.vllm_orchestrator) with use_vllm=False, and keep its weights in sync "
+                "yourself: TRL's server protocol takes one set of sampling settings per batch and returns "
+                "no finish reasons, and fork-join requests need their own stop tokens and budgets"
+            )
         if self.vllm_enable_sleep_mode:
-            raise ValueError("vllm_enable_sleep_mode=True: PGRPOTrainer's rollouts do not wake and put vLLM back to "
-                             "sleep around generation yet; leave it off")
+            raise ValueError(
+                "vllm_enable_sleep_mode=True: PGRPOTrainer's rollouts do not wake and put vLLM back to "
+                "sleep around generation yet; leave it off"
+            )
         if self.vllm_tensor_parallel_size != 1:
-            raise ValueError(f"vllm_tensor_parallel_size={self.vllm_tensor_parallel_size}: PGRPOTrainer's rollouts "
-                             "decode each process's prompts on its own vLLM; tensor parallelism would need every rank "
-                             "of a group to issue the same requests. Use 1")
+            raise ValueError(
+                f"vllm_tensor_parallel_size={self.vllm_tensor_parallel_size}: PGRPOTrainer's rollouts "
+                "decode each process's prompts on its own vLLM; tensor parallelism would need every rank "
+                "of a group to issue the same requests. Use 1"
+            )
 
     def reward_config(self) -> RewardConfig:
         return RewardConfig(factor=self.acceleration_factor if self.branching else 0.0, clip=self.acceleration_clip)
 
     def limits(self) -> Limits:
         """The orchestrator's limits for one rollout: ``max_completion_length`` generated tokens in all."""
-        return Limits(branching=self.branching, max_threads=self.max_threads, max_depth=self.max_depth,
-                      max_tokens=self.max_completion_length, max_request_tokens=self.max_completion_length)
+        return Limits(
+            branching=self.branching,
+            max_threads=self.max_threads,
+            max_depth=self.max_depth,
+            max_tokens=self.max_completion_length,
+            max_request_tokens=self.max_completion_length,
+        )

@@ -10,7 +10,7 @@ and the trainer's ``correct_rate`` do not grade an answer again.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 from threadweaver.reward import RewardConfig, acceleration, grade
 
@@ -47,11 +47,16 @@ def pgrpo_rewards(config: RewardConfig = RewardConfig()) -> list[Callable]:
         golds = _golds(kwargs, "the acceleration reward")
         stats = kwargs.get("trajectory_stats")
         if stats is None:
-            raise ValueError("the acceleration reward needs the rollouts' trajectory_stats: train with PGRPOTrainer, "
-                             "whose fork-join rollouts attach them")
-        return [acceleration(s["total_tokens"], s["critical_path_tokens"], config)
-                if is_correct(completion_text(c), g, config.timeout_s) else 0.0
-                for c, g, s in zip(completions, golds, stats)]
+            raise ValueError(
+                "the acceleration reward needs the rollouts' trajectory_stats: train with PGRPOTrainer, "
+                "whose fork-join rollouts attach them"
+            )
+        return [
+            acceleration(s["total_tokens"], s["critical_path_tokens"], config)
+            if is_correct(completion_text(c), g, config.timeout_s)
+            else 0.0
+            for c, g, s in zip(completions, golds, stats)
+        ]
 
     acceleration_reward.__name__ = "acceleration"
     return [correctness, acceleration_reward]

@@ -34,31 +34,50 @@ from threadweaver.hf_collator import use_tree_attention
 from threadweaver.orchestrator import Engine, Orchestrator, Sampling, Trajectory, trajectory_text
 from threadweaver.pgrpo import TrieRow, rollout_metrics, sampling_logprobs, trie_row
 from threadweaver.trl_pgrpo.config import PGRPOConfig
-from threadweaver.trl_pgrpo.vllm_sync import use_vllm_reload
 from threadweaver.trl_pgrpo.rewards import GOLD_COLUMN, is_correct, pgrpo_rewards
+from threadweaver.trl_pgrpo.vllm_sync import use_vllm_reload
 
 TREE_KEYS = ("tree_parent", "tree_position", "tree_end")
 """Per completion token of a row: its parent's row index, its trie depth, the end of its subtree."""
 
 
 class PGRPOTrainer(GRPOTrainer):
-    def __init__(self, model, reward_funcs=None, args: PGRPOConfig | None = None, train_dataset=None,
-                 eval_dataset=None, processing_class=None, *, engine: Engine | None = None, **kwargs):
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args: PGRPOConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        *,
+        engine: Engine | None = None,
+        **kwargs,
+    ):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = PGRPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-PGRPO")
         elif not isinstance(args, PGRPOConfig):
-            raise TypeError(f"PGRPOTrainer needs a PGRPOConfig (P-GRPO's defaults and rollout settings), not a "
-                            f"{type(args).__name__}")
+            raise TypeError(
+                f"PGRPOTrainer needs a PGRPOConfig (P-GRPO's defaults and rollout settings), not a "
+                f"{type(args).__name__}"
+            )
         if args.use_vllm and engine is not None:
             raise ValueError("use_vllm=True rolls out on TRL's colocated vLLM; pass either it or engine=, not both")
         if kwargs.get("rollout_func") is not None:
             raise TypeError("PGRPOTrainer decodes its own fork-join rollouts; pass engine= to choose where")
         if reward_funcs is None:
             reward_funcs = pgrpo_rewards(args.reward_config())
-        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
-                         eval_dataset=eval_dataset, processing_class=processing_class, rollout_func=self._rollout,
-                         **kwargs)
+        super().__init__(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            rollout_func=self._rollout,
+            **kwargs,
+        )
         self.fmt = Format.from_tokenizer(self._tokenizer)
         use_tree_attention(self.model)
         if self.ref_model is not None:
@@ -92,10 +111,10 @@ class PGRPOTrainer(GRPOTrainer):
             from threadweaver.vllm_orchestrator.transformers_engine import TransformersEngine
 
             engine = TransformersEngine(model, pad_token_id=self._tokenizer.pad_token_id, max_batch=len(prompt_ids))
-        sampling = Sampling(temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k if args.top_k and args.top_k > 0 else -1)
-        orchestrator = Orchestrator(engine, self.fmt, args.limits(), sampling,
-                                    keep_calls=self._needs_sampling_logprobs)
+        sampling = Sampling(
+            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k if args.top_k and args.top_k > 0 else -1
+        )
+        orchestrator = Orchestrator(engine, self.fmt, args.limits(), sampling, keep_calls=self._needs_sampling_logprobs)
         jobs = [Job(str(i), 0, tuple(ids), {}) for i, ids in enumerate(prompt_ids)]
 
         async def decode_all() -> list[Trajectory]:
@@ -136,8 +155,11 @@ class PGRPOTrainer(GRPOTrainer):
         """TRL's generation step, with each rollout's own text as its completion (not the trie's tokens)."""
         out = list(super()._generate(prompts))
         texts = [trajectory_text(t, self.fmt) for t in self._trajectories]
-        out[3] = [[{"role": "assistant", "content": t}] for t in texts] if is_conversational(
-            {"prompt": prompts[0]}) else texts
+        out[3] = (
+            [[{"role": "assistant", "content": t}] for t in texts]
+            if is_conversational({"prompt": prompts[0]})
+            else texts
+        )
         # TRL reads truncation off a row's last token, which in a trie ends a branch: redo it per trajectory.
         self._gathered = gather_object([_without_tokens(t) for t in self._trajectories])
         metrics = self._metrics["train" if self.model.training else "eval"]
@@ -159,8 +181,12 @@ class PGRPOTrainer(GRPOTrainer):
         correct = None
         if all(GOLD_COLUMN in row for row in inputs):
             timeout = self.args.reward_config().timeout_s
-            correct = gather_object([is_correct(trajectory_text(t, self.fmt), str(row[GOLD_COLUMN]), timeout)
-                                     for t, row in zip(self._trajectories, inputs)])
+            correct = gather_object(
+                [
+                    is_correct(trajectory_text(t, self.fmt), str(row[GOLD_COLUMN]), timeout)
+                    for t, row in zip(self._trajectories, inputs)
+                ]
+            )
         for name, value in rollout_metrics(self._gathered, correct).items():
             self._metrics[mode][f"threadweaver/{name}"].append(value)
         return out
@@ -174,8 +200,17 @@ class PGRPOTrainer(GRPOTrainer):
         finally:
             self._tree = None
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           compute_entropy=False, compute_aux_loss=False, **multimodal):
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **multimodal,
+    ):
         """Per completion token, its log-prob from its trie parent's logits under the tree mask."""
         if self._tree is None:
             raise RuntimeError("PGRPOTrainer scores only the trie rows of its own rollouts")
@@ -189,8 +224,13 @@ class PGRPOTrainer(GRPOTrainer):
             rows = slice(start, start + batch_size)
             parent, position, end = _row_layout(self._tree, rows, attention_mask[rows], prompt_width)
             with self.accelerator.autocast():
-                logits = model(input_ids=input_ids[rows], attention_mask=attention_mask[rows], position_ids=position,
-                               subtree_end=end, fused_lm_head=False).logits
+                logits = model(
+                    input_ids=input_ids[rows],
+                    attention_mask=attention_mask[rows],
+                    position_ids=position,
+                    subtree_end=end,
+                    fused_lm_head=False,
+                ).logits
             index = parent[:, prompt_width:, None].expand(-1, -1, logits.shape[-1])
             scores = torch.log_softmax(logits.gather(1, index).float() / self.temperature, dim=-1)
             logps.append(scores.gather(-1, input_ids[rows, prompt_width:, None])[..., 0])
@@ -249,10 +289,11 @@ def _row_layout(tree: dict[str, torch.Tensor], rows: slice, attention_mask: torc
     in_completion[:, completion] = index[:, completion] < prompt_width + completion_length
     width = length - prompt_width
     tree_part = {key: _pad_to(value[rows], width)[:, :width] for key, value in tree.items()}
-    parent[:, completion] = torch.where(in_completion[:, completion], offset + tree_part["tree_parent"],
-                                        parent[:, completion])
-    position[:, completion] = torch.where(in_completion[:, completion], tree_part["tree_position"],
-                                          position[:, completion])
-    end[:, completion] = torch.where(in_completion[:, completion], offset + tree_part["tree_end"],
-                                     end[:, completion])
+    parent[:, completion] = torch.where(
+        in_completion[:, completion], offset + tree_part["tree_parent"], parent[:, completion]
+    )
+    position[:, completion] = torch.where(
+        in_completion[:, completion], tree_part["tree_position"], position[:, completion]
+    )
+    end[:, completion] = torch.where(in_completion[:, completion], offset + tree_part["tree_end"], end[:, completion])
     return parent, position, end

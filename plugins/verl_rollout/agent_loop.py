@@ -28,8 +28,10 @@ from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.verl_rollout.rows import trajectory_rows
 from threadweaver.verl_rollout.server_engine import ServerManagerEngine
 
-V1_REQUIRED = ("the threadweaver agent loop returns one output per engine request (a list per sample), which only "
-               "verl's v1 trainer accepts: set trainer.use_v1=true")
+V1_REQUIRED = (
+    "the threadweaver agent loop returns one output per engine request (a list per sample), which only "
+    "verl's v1 trainer accepts: set trainer.use_v1=true"
+)
 
 
 @functools.lru_cache(maxsize=8)
@@ -38,14 +40,27 @@ def _format(tokenizer) -> Format:
 
 
 class ThreadWeaverAgentLoop(AgentLoopBase):
-    def __init__(self, *args, branching: bool = True, max_threads: int = 16, max_depth: int = 3,
-                 timeout_s: float | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        branching: bool = True,
+        max_threads: int = 16,
+        max_depth: int = 3,
+        timeout_s: float | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         if not self.config.trainer.get("use_v1", False):
             raise ValueError(V1_REQUIRED)
         response_length = self.rollout_config.response_length
-        self.limits = Limits(branching=branching, max_threads=max_threads, max_depth=max_depth,
-                             max_tokens=response_length, max_request_tokens=response_length, timeout_s=timeout_s)
+        self.limits = Limits(
+            branching=branching,
+            max_threads=max_threads,
+            max_depth=max_depth,
+            max_tokens=response_length,
+            max_request_tokens=response_length,
+            timeout_s=timeout_s,
+        )
         self.fmt = _format(self.tokenizer)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> list[AgentLoopOutput]:
@@ -56,8 +71,15 @@ class ThreadWeaverAgentLoop(AgentLoopBase):
         with simple_timer("generate_sequences", timing):
             trajectory = await orchestrator.run(prompt_ids)
         metrics = AgentLoopMetrics(generate_sequences=timing["generate_sequences"])
-        return [AgentLoopOutput(prompt_ids=row.prompt_ids, response_ids=row.response_ids,
-                                response_mask=row.response_mask, response_logprobs=row.response_logprobs,
-                                num_turns=2, metrics=metrics,
-                                extra_fields=dict(row.extra_fields, turn_scores=[], tool_rewards=[]))
-                for row in trajectory_rows(trajectory, self.fmt)]
+        return [
+            AgentLoopOutput(
+                prompt_ids=row.prompt_ids,
+                response_ids=row.response_ids,
+                response_mask=row.response_mask,
+                response_logprobs=row.response_logprobs,
+                num_turns=2,
+                metrics=metrics,
+                extra_fields=dict(row.extra_fields, turn_scores=[], tool_rewards=[]),
+            )
+            for row in trajectory_rows(trajectory, self.fmt)
+        ]

@@ -21,8 +21,9 @@ from threadweaver.synth import SynthConfig
 DATA_SOURCE = "threadweaver/synth"
 
 
-def verl_row(prompt: str, answer: str, index: int, split: str, data_source: str = DATA_SOURCE,
-             agent_name: str | None = None) -> dict:
+def verl_row(
+    prompt: str, answer: str, index: int, split: str, data_source: str = DATA_SOURCE, agent_name: str | None = None
+) -> dict:
     row = {
         "data_source": data_source,
         "prompt": [{"role": "user", "content": prompt}],
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         problems = read_problems(args.problems)
         if len(problems) <= args.test:
             raise ValueError(f"{args.problems} has {len(problems)} problems; --test {args.test} leaves none to train")
-        splits = {"train": problems[args.test:], "test": problems[: args.test]}
+        splits = {"train": problems[args.test :], "test": problems[: args.test]}
         source = args.data_source or os.path.splitext(os.path.basename(args.problems))[0]
     else:
         synth = synth_splits(SynthConfig(), args.train, args.test, args.seed)

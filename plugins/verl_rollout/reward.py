@@ -23,12 +23,15 @@ _FROM_VERL = {"reward_router_address", "reward_model_tokenizer"}
 """What verl's reward managers may add to the call; not ours to read."""
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
-                  **reward_kwargs: Any) -> dict[str, float]:
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None, **reward_kwargs: Any
+) -> dict[str, float]:
     unknown = set(reward_kwargs) - _FROM_VERL - set(RewardConfig.__dataclass_fields__)
     if unknown:
-        raise TypeError(f"unknown reward_kwargs {sorted(unknown)}; the threadweaver reward takes "
-                        f"{sorted(RewardConfig.__dataclass_fields__)}")
+        raise TypeError(
+            f"unknown reward_kwargs {sorted(unknown)}; the threadweaver reward takes "
+            f"{sorted(RewardConfig.__dataclass_fields__)}"
+        )
     config = RewardConfig(**{k: v for k, v in reward_kwargs.items() if k not in _FROM_VERL})
     info = extra_info or {}
     text = info.get(PREFIX + "text", solution_str)

@@ -51,10 +51,17 @@ def trajectory_rows(trajectory: Trajectory, fmt: Format) -> list[Row]:
     request failed), one row with the prompt and an untrained end-of-sequence token keeps
     the session in its GRPO group."""
     fields = trajectory_fields(trajectory, fmt)
-    rows = [Row(list(c.context), list(c.completion), [1] * len(c.completion),
-                list(c.logprobs) if c.logprobs is not None else None,
-                dict(fields, **{PREFIX + "request": i}))
-            for i, c in enumerate(trajectory.calls) if c.completion]
+    rows = [
+        Row(
+            list(c.context),
+            list(c.completion),
+            [1] * len(c.completion),
+            list(c.logprobs) if c.logprobs is not None else None,
+            dict(fields, **{PREFIX + "request": i}),
+        )
+        for i, c in enumerate(trajectory.calls)
+        if c.completion
+    ]
     if not rows:
         eos = min(fmt.eos_ids)
         rows = [Row(list(trajectory.prompt_ids), [eos], [0], None, dict(fields, **{PREFIX + "request": -1}))]

@@ -10,7 +10,8 @@ own id underneath, so concurrent threads do not collide).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from threadweaver.orchestrator import Completion, Sampling
 
@@ -21,11 +22,13 @@ class ServerManagerEngine:
         self.request_id = request_id
         self.sampling_params = dict(sampling_params)
 
-    async def generate(self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int,
-                       sampling: Sampling) -> Completion:
+    async def generate(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> Completion:
         params = dict(self.sampling_params, max_tokens=max_tokens, stop_token_ids=list(stop_ids))
-        output = await self.server_manager.generate(request_id=self.request_id, prompt_ids=list(prompt_ids),
-                                                    sampling_params=params)
+        output = await self.server_manager.generate(
+            request_id=self.request_id, prompt_ids=list(prompt_ids), sampling_params=params
+        )
         tokens = tuple(output.token_ids[:max_tokens])
         logprobs = tuple(output.log_probs[: len(tokens)]) if output.log_probs else None
         reason = "stop" if tokens and tokens[-1] in stop_ids else "length"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 from threadweaver.orchestrator import Completion, Sampling
 
@@ -18,7 +18,7 @@ class AsyncLLMEngine:
         self._ids = itertools.count()
 
     @classmethod
-    def from_model(cls, model: str, *, logprobs: bool = False, **engine_args) -> "AsyncLLMEngine":
+    def from_model(cls, model: str, *, logprobs: bool = False, **engine_args) -> AsyncLLMEngine:
         """Start an in-process engine; ``engine_args`` are ``vllm.AsyncEngineArgs`` fields.
 
         Prefix caching is on unless ``enable_prefix_caching=False`` is given; without a
@@ -38,14 +38,16 @@ class AsyncLLMEngine:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         return cls(AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_args)), logprobs=logprobs)
 
-    async def generate(self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int,
-                       sampling: Sampling) -> Completion:
+    async def generate(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> Completion:
         from vllm.inputs import TokensPrompt
 
         params = vllm_sampling_params(stop_ids, max_tokens, sampling, self.logprobs)
         final = None
-        async for output in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
-                                              request_id=f"threadweaver-{next(self._ids)}"):
+        async for output in self.llm.generate(
+            TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id=f"threadweaver-{next(self._ids)}"
+        ):
             final = output
         return vllm_completion(final, stop_ids, self.logprobs, where="vLLM AsyncLLM")
 

@@ -9,8 +9,8 @@ deadlines). Each request gets its own result or the batch's exception.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Hashable, Sequence
 
 from threadweaver.orchestrator import Completion, Sampling
 
@@ -36,8 +36,9 @@ class BatchingEngine:
     def generate_batch(self, requests: list[Request]) -> list[Completion]:
         raise NotImplementedError
 
-    async def generate(self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int,
-                       sampling: Sampling) -> Completion:
+    async def generate(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> Completion:
         future = asyncio.get_running_loop().create_future()
         self._pending.append((Request(tuple(prompt_ids), tuple(sorted(stop_ids)), max_tokens, sampling), future))
         if self._worker is None or self._worker.done():
@@ -47,7 +48,7 @@ class BatchingEngine:
     async def _drain(self) -> None:
         while self._pending:
             await asyncio.sleep(0)
-            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch:]
+            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
             groups: dict[Hashable, list[tuple[Request, asyncio.Future]]] = {}
             for item in batch:
                 groups.setdefault(self.batch_key(item[0]), []).append(item)

@@ -15,12 +15,17 @@ from .engines import EngineArgs, make_engine, tokenizer_source
 class GenerateArgs:
     problems: str = field(metadata={"help": "JSONL rows with 'messages', 'prompt' or 'prompt_ids' (and an 'id')."})
     out: str = field(metadata={"help": "JSONL trajectories; rows already there are skipped (resume)."})
-    model: str | None = field(default=None, metadata={
-        "help": "Model directory or hub id: the tokenizer, and the weights of in-process engines "
-                "(default: the model the vLLM server reports)."})
+    model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Model directory or hub id: the tokenizer, and the weights of in-process engines "
+            "(default: the model the vLLM server reports)."
+        },
+    )
     concurrency: int = field(default=32, metadata={"help": "Trajectories decoded at once."})
-    sequential: bool = field(default=False, metadata={
-        "help": "Plain single-request decoding: the tags are ordinary tokens (branching off)."})
+    sequential: bool = field(
+        default=False, metadata={"help": "Plain single-request decoding: the tags are ordinary tokens (branching off)."}
+    )
     n: int = field(default=1, metadata={"help": "Samples per problem."})
 
 
@@ -48,12 +53,15 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
 
         def report(progress) -> None:
             bar.update(1)
-            bar.set_postfix_str(f"{progress.tokens_per_s:.0f} tok/s, mean speedup {progress.mean_speedup:.2f}x, "
-                                f"degraded {progress.degraded}")
+            bar.set_postfix_str(
+                f"{progress.tokens_per_s:.0f} tok/s, mean speedup {progress.mean_speedup:.2f}x, "
+                f"degraded {progress.degraded}"
+            )
 
         try:
-            return await run_batch(jobs, orchestrator, args.out, concurrency=args.concurrency, seed=sampling.seed,
-                                   on_done=report)
+            return await run_batch(
+                jobs, orchestrator, args.out, concurrency=args.concurrency, seed=sampling.seed, on_done=report
+            )
         finally:
             bar.close()
     finally:

@@ -75,8 +75,10 @@ class JSONClient:
                         if response.status < 400:
                             return json.loads(body)
                         if response.status not in _RETRIED_STATUS or attempt >= self.options.retries:
-                            raise EngineError(f"{self.what} at {self.base_url} answered {method} {path} with "
-                                              f"HTTP {response.status}: {_server_message(body)}")
+                            raise EngineError(
+                                f"{self.what} at {self.base_url} answered {method} {path} with "
+                                f"HTTP {response.status}: {_server_message(body)}"
+                            )
                         failure = f"HTTP {response.status}: {_server_message(body)}"
                 except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as err:
                     if attempt >= self.options.retries:
@@ -86,8 +88,15 @@ class JSONClient:
                         ) from err
                     failure = f"{type(err).__name__}: {err}"
                 attempt += 1
-                logger.warning("%s %s failed (%s); retry %d of %d in %.1fs", method, url, failure, attempt,
-                               self.options.retries, delay)
+                logger.warning(
+                    "%s %s failed (%s); retry %d of %d in %.1fs",
+                    method,
+                    url,
+                    failure,
+                    attempt,
+                    self.options.retries,
+                    delay,
+                )
                 await asyncio.sleep(delay)
                 delay *= 2
 

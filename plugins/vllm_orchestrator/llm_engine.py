@@ -26,5 +26,6 @@ class LLMEngine(BatchingEngine):
         params = [vllm_sampling_params(r.stop_ids, r.max_tokens, r.sampling, self.logprobs) for r in requests]
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [vllm_completion(output, r.stop_ids, self.logprobs, where="vLLM LLM")
-                for output, r in zip(outputs, requests)]
+        return [
+            vllm_completion(output, r.stop_ids, self.logprobs, where="vLLM LLM") for output, r in zip(outputs, requests)
+        ]

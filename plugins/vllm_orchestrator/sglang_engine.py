@@ -5,7 +5,7 @@ SGLang's radix cache shares the prefix of a block's threads without any hint.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from threadweaver.orchestrator import Completion, Sampling
 
@@ -14,14 +14,21 @@ from .wire import to_completion
 
 
 class SGLangEngine:
-    def __init__(self, base_url: str = "http://127.0.0.1:30000", *, options: HTTPOptions = HTTPOptions(),
-                 logprobs: bool = False, extra_sampling: dict | None = None):
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:30000",
+        *,
+        options: HTTPOptions = HTTPOptions(),
+        logprobs: bool = False,
+        extra_sampling: dict | None = None,
+    ):
         self.client = JSONClient(base_url, options, what="SGLang server")
         self.logprobs = logprobs
         self.extra_sampling = dict(extra_sampling or {})
 
-    async def generate(self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int,
-                       sampling: Sampling) -> Completion:
+    async def generate(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> Completion:
         params = {
             "max_new_tokens": max_tokens,
             "stop_token_ids": list(stop_ids),
@@ -44,8 +51,15 @@ class SGLangEngine:
         logprobs = None
         if self.logprobs:
             logprobs = [entry[0] for entry in meta.get("output_token_logprobs", [])]
-        return to_completion(reply["output_ids"], finish.get("type"), finish.get("matched"), stop_ids, logprobs,
-                             meta.get("cached_tokens"), where=where)
+        return to_completion(
+            reply["output_ids"],
+            finish.get("type"),
+            finish.get("matched"),
+            stop_ids,
+            logprobs,
+            meta.get("cached_tokens"),
+            where=where,
+        )
 
     async def aclose(self) -> None:
         await self.client.aclose()

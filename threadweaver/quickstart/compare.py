@@ -34,9 +34,15 @@ def problems(samples: list[dict], trajectories: list[dict]) -> dict[int, Problem
         rows = by_context.get(context)
         if not rows:
             raise ValueError(f"doc {sample['doc_id']}: no trajectory was written for its prompt")
-        out[sample["doc_id"]] = Problem(sample["doc_id"], sample["acc"], sample["format_valid"],
-                                        sample["token_latency"], sample["total_tokens"],
-                                        fmean(row["wall_s"] for row in rows), tuple(rows))
+        out[sample["doc_id"]] = Problem(
+            sample["doc_id"],
+            sample["acc"],
+            sample["format_valid"],
+            sample["token_latency"],
+            sample["total_tokens"],
+            fmean(row["wall_s"] for row in rows),
+            tuple(rows),
+        )
     return out
 
 
@@ -68,31 +74,69 @@ def table(runs: dict[str, dict[int, Problem]], labels: dict[str, str], reference
     ref = runs[reference]
     rows = []
     for key, results in runs.items():
-        rows.append(Row(labels[key], _mean(results, "acc"), _mean(results, "format_valid"),
-                        _mean(results, "token_latency"), _mean(results, "total_tokens"), _mean(results, "wall_s"),
-                        _mean(ref, "total_tokens") / _mean(results, "token_latency"),
-                        _mean(ref, "wall_s") / _mean(results, "wall_s")))
+        rows.append(
+            Row(
+                labels[key],
+                _mean(results, "acc"),
+                _mean(results, "format_valid"),
+                _mean(results, "token_latency"),
+                _mean(results, "total_tokens"),
+                _mean(results, "wall_s"),
+                _mean(ref, "total_tokens") / _mean(results, "token_latency"),
+                _mean(ref, "wall_s") / _mean(results, "wall_s"),
+            )
+        )
     return rows
 
 
 def per_problem_speedups(run: dict[int, Problem], reference: dict[int, Problem]) -> dict[str, list[float]]:
     """Per shared problem: ``tokens`` (reference total / token latency) and ``wall`` (reference wall / wall)."""
     shared = sorted(set(run) & set(reference))
-    return {"tokens": [reference[d].total_tokens / run[d].token_latency for d in shared],
-            "wall": [reference[d].wall_s / run[d].wall_s for d in shared]}
+    return {
+        "tokens": [reference[d].total_tokens / run[d].token_latency for d in shared],
+        "wall": [reference[d].wall_s / run[d].wall_s for d in shared],
+    }
 
 
 def format_table(rows: list[Row], reference_label: str) -> str:
-    headers = ("decoding", "accuracy", "well-formed", "token latency", "total tokens",
-               "token-latency speedup", "wall-clock / problem", "wall-clock speedup")
-    cells = [(r.label, f"{r.acc:.1%}", f"{r.format_valid:.1%}", f"{r.token_latency:.1f}", f"{r.total_tokens:.1f}",
-              f"{r.token_speedup:.2f}x", f"{r.wall_s * 1000:.0f} ms", f"{r.wall_speedup:.2f}x") for r in rows]
+    headers = (
+        "decoding",
+        "accuracy",
+        "well-formed",
+        "token latency",
+        "total tokens",
+        "token-latency speedup",
+        "wall-clock / problem",
+        "wall-clock speedup",
+    )
+    cells = [
+        (
+            r.label,
+            f"{r.acc:.1%}",
+            f"{r.format_valid:.1%}",
+            f"{r.token_latency:.1f}",
+            f"{r.total_tokens:.1f}",
+            f"{r.token_speedup:.2f}x",
+            f"{r.wall_s * 1000:.0f} ms",
+            f"{r.wall_speedup:.2f}x",
+        )
+        for r in rows
+    ]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
 
     def line(values):
-        return "| " + " | ".join(v.ljust(w) if i == 0 else v.rjust(w)
-                                 for i, (v, w) in enumerate(zip(values, widths))) + " |"
+        return (
+            "| "
+            + " | ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths)))
+            + " |"
+        )
 
     rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(headers), rule, *map(line, cells),
-                      f"speedups are against the {reference_label} (its mean total tokens and wall-clock)"])
+    return "\n".join(
+        [
+            line(headers),
+            rule,
+            *map(line, cells),
+            f"speedups are against the {reference_label} (its mean total tokens and wall-clock)",
+        ]
+    )

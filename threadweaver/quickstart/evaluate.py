@@ -12,10 +12,10 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from threadweaver.report import read_jsonl
 
@@ -32,8 +32,13 @@ class Mode:
 
 MODES = (
     Mode("fork_join", "ThreadWeaver, fork-join", "parallel", parallel=True),
-    Mode("one_after_another", "same tokens, threads one after another", "parallel", parallel=True,
-         concurrent_threads=False),
+    Mode(
+        "one_after_another",
+        "same tokens, threads one after another",
+        "parallel",
+        parallel=True,
+        concurrent_threads=False,
+    ),
     Mode("baseline", "sequential baseline model", "baseline", parallel=False),
 )
 
@@ -63,9 +68,13 @@ def served(models: dict[str, str], log_dir: Path, dtype: str) -> Iterator[dict[s
     from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
 
     log_dir.mkdir(parents=True, exist_ok=True)
-    servers = {name: VLLMServer(ServeArgs(model=path, port=0, max_model_len=2048, cpu_kv_cache_gib=1, dtype=dtype),
-                                log_path=str(log_dir / f"server-{name}.log"))
-               for name, path in models.items()}
+    servers = {
+        name: VLLMServer(
+            ServeArgs(model=path, port=0, max_model_len=2048, cpu_kv_cache_gib=1, dtype=dtype),
+            log_path=str(log_dir / f"server-{name}.log"),
+        )
+        for name, path in models.items()
+    }
     with ExitStack() as stack:
         for server in servers.values():
             stack.callback(server.stop)
@@ -77,8 +86,21 @@ def served(models: dict[str, str], log_dir: Path, dtype: str) -> Iterator[dict[s
 
 def lm_eval_command(task: str, model_args: dict, out: Path, limit: int | None) -> list[str]:
     joined = ",".join(f"{key}={value}" for key, value in model_args.items())
-    command = [sys.executable, "-m", "lm_eval", "run", "--model", "threadweaver", "--model_args", joined,
-               "--tasks", task, "--output_path", str(out), "--log_samples"]
+    command = [
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "run",
+        "--model",
+        "threadweaver",
+        "--model_args",
+        joined,
+        "--tasks",
+        task,
+        "--output_path",
+        str(out),
+        "--log_samples",
+    ]
     return command + (["--limit", str(limit)] if limit else [])
 
 
@@ -88,17 +110,18 @@ def read_lm_eval_output(out: Path) -> dict:
     if not results_paths:
         raise FileNotFoundError(f"lm_eval wrote no results_*.json under {out}")
     results = json.loads(results_paths[-1].read_text())
-    stamp = results_paths[-1].name[len("results_"):-len(".json")]
+    stamp = results_paths[-1].name[len("results_") : -len(".json")]
     results["samples"] = {}
     for path in out.rglob(f"samples_*_{stamp}.jsonl"):
-        task = path.name[len("samples_"):-len(f"_{stamp}.jsonl")]
+        task = path.name[len("samples_") : -len(f"_{stamp}.jsonl")]
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         results["samples"][task] = sorted(rows, key=lambda row: row["doc_id"])
     return results
 
 
-def evaluate(mode: Mode, endpoint: Endpoint, task: str, out: Path, *, limit: int | None, concurrency: int,
-             expected: int | None) -> tuple[dict, list[dict]]:
+def evaluate(
+    mode: Mode, endpoint: Endpoint, task: str, out: Path, *, limit: int | None, concurrency: int, expected: int | None
+) -> tuple[dict, list[dict]]:
     """Run one mode through ``lm_eval``: (its results with samples, its trajectories)."""
     from tqdm import tqdm
 
@@ -107,11 +130,18 @@ def evaluate(mode: Mode, endpoint: Endpoint, task: str, out: Path, *, limit: int
     log_path = run_dir / "lm_eval.log"
     run_dir.mkdir(parents=True, exist_ok=True)
     trajectories.unlink(missing_ok=True)
-    model_args = {**endpoint.model_args(), "parallel": mode.parallel, "concurrent_threads": mode.concurrent_threads,
-                  "concurrency": concurrency, "trajectories": trajectories}
+    model_args = {
+        **endpoint.model_args(),
+        "parallel": mode.parallel,
+        "concurrent_threads": mode.concurrent_threads,
+        "concurrency": concurrency,
+        "trajectories": trajectories,
+    }
     command = lm_eval_command(task, model_args, run_dir / "lm_eval", limit)
-    with open(log_path, "w") as log, tqdm(total=expected, desc=f"      {mode.label}", unit=" problems",
-                                           dynamic_ncols=True) as bar:
+    with (
+        open(log_path, "w") as log,
+        tqdm(total=expected, desc=f"      {mode.label}", unit=" problems", dynamic_ncols=True) as bar,
+    ):
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         while process.poll() is None:
             time.sleep(0.5)
@@ -119,8 +149,9 @@ def evaluate(mode: Mode, endpoint: Endpoint, task: str, out: Path, *, limit: int
                 bar.update(done - bar.n)
     if process.returncode != 0:
         tail = log_path.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"lm_eval failed with exit code {process.returncode} ({' '.join(command)}); "
-                           f"its log is {log_path}:\n{tail}")
+        raise RuntimeError(
+            f"lm_eval failed with exit code {process.returncode} ({' '.join(command)}); its log is {log_path}:\n{tail}"
+        )
     rows = [row for _, row in read_jsonl(str(trajectories))] if trajectories.exists() else []
     return read_lm_eval_output(run_dir / "lm_eval"), rows
 

@@ -31,16 +31,24 @@ class Recipe:
     warmup: int = 30
     learning_rate: dict = field(default_factory=lambda: {"parallel": 3e-3, "sequential": 1e-3})
 
-    def shortened(self, steps: int) -> "Recipe":
+    def shortened(self, steps: int) -> Recipe:
         """The same recipe with fewer steps: a quick check of the training path, not the recipe."""
         return replace(self, max_steps=steps, warmup=min(self.warmup, steps // 10))
 
     def sft_args(self, model: str, kit: str, data: str, out: str) -> SFTArgs:
         form = "sequential" if model == "sequential" else "parallel"
-        return SFTArgs(model=kit, data=os.path.join(data, form, "train.jsonl"), output_dir=out,
-                       sequential=form == "sequential", max_steps=self.max_steps, batch_size=self.batch_size,
-                       learning_rate=self.learning_rate[model], warmup=self.warmup, logging_steps=50,
-                       seed=self.seed)
+        return SFTArgs(
+            model=kit,
+            data=os.path.join(data, form, "train.jsonl"),
+            output_dir=out,
+            sequential=form == "sequential",
+            max_steps=self.max_steps,
+            batch_size=self.batch_size,
+            learning_rate=self.learning_rate[model],
+            warmup=self.warmup,
+            logging_steps=50,
+            seed=self.seed,
+        )
 
 
 RECIPE = Recipe()
@@ -51,8 +59,10 @@ def embedded_models() -> dict[str, Path]:
     models = {name: EMBEDDED / name for name in MODELS}
     missing = [str(path) for path in models.values() if not (path / "model.safetensors").exists()]
     if missing:
-        raise FileNotFoundError(f"the embedded quickstart models are missing ({', '.join(missing)}); "
-                                "rebuild them with `threadweaver quickstart --retrain`")
+        raise FileNotFoundError(
+            f"the embedded quickstart models are missing ({', '.join(missing)}); "
+            "rebuild them with `threadweaver quickstart --retrain`"
+        )
     return models
 
 

@@ -26,7 +26,7 @@ def critical_requests(requests: list[dict]) -> tuple[int, set[int]]:
     children: dict[tuple, dict[int, list[tuple]]] = defaultdict(lambda: defaultdict(list))
     for path in dict.fromkeys(paths):
         for depth in range(1, len(path) + 1):
-            parent, child = path[:depth - 1], path[:depth]
+            parent, child = path[: depth - 1], path[:depth]
             if child not in children[parent][child[-1][0]]:
                 children[parent][child[-1][0]].append(child)
 
@@ -66,8 +66,10 @@ def svg(timeline: Timeline, scale_s: float) -> str:
     def x(seconds: float) -> float:
         return _LABEL + seconds / scale_s * _WIDTH
 
-    parts = [f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{_LABEL + _WIDTH + 10}" '
-             f'height="{height}" role="img" aria-label="{html.escape(timeline.title)}">']
+    parts = [
+        f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{_LABEL + _WIDTH + 10}" '
+        f'height="{height}" role="img" aria-label="{html.escape(timeline.title)}">'
+    ]
     for lane, path in enumerate(lanes):
         y = lane * _LANE + 4
         parts.append(f'<text class="lane" x="{_LABEL - 6}" y="{y + 14}" text-anchor="end">{_lane_name(path)}</text>')
@@ -76,22 +78,29 @@ def svg(timeline: Timeline, scale_s: float) -> str:
         x0, x1 = x(request["started"]), x(request["ended"])
         colour = _COLOURS[(path[-1][1] if path else 0) % len(_COLOURS)] if path else "#777"
         critical = i in marked
-        tip = (f'{_lane_name(path)}: {request["completion_tokens"]} tokens, '
-               f'{request["started"] * 1000:.0f}-{request["ended"] * 1000:.0f} ms'
-               + (", on the critical path" if critical else ""))
-        parts.append(f'<rect class="request{" critical" if critical else ""}" x="{x0:.1f}" y="{lane * _LANE + 4}" '
-                     f'width="{max(x1 - x0, 1.5):.1f}" height="{_LANE - 6}" fill="{colour}" rx="3">'
-                     f'<title>{html.escape(tip)}</title></rect>')
+        tip = (
+            f"{_lane_name(path)}: {request['completion_tokens']} tokens, "
+            f"{request['started'] * 1000:.0f}-{request['ended'] * 1000:.0f} ms"
+            + (", on the critical path" if critical else "")
+        )
+        parts.append(
+            f'<rect class="request{" critical" if critical else ""}" x="{x0:.1f}" y="{lane * _LANE + 4}" '
+            f'width="{max(x1 - x0, 1.5):.1f}" height="{_LANE - 6}" fill="{colour}" rx="3">'
+            f"<title>{html.escape(tip)}</title></rect>"
+        )
         if x1 - x0 > 30:
-            parts.append(f'<text class="tokens" x="{(x0 + x1) / 2:.1f}" y="{lane * _LANE + 17}" '
-                         f'text-anchor="middle">{request["completion_tokens"]}</text>')
+            parts.append(
+                f'<text class="tokens" x="{(x0 + x1) / 2:.1f}" y="{lane * _LANE + 17}" '
+                f'text-anchor="middle">{request["completion_tokens"]}</text>'
+            )
     axis_y = _LANE * len(lanes) + 8
     parts.append(f'<line x1="{_LABEL}" y1="{axis_y}" x2="{_LABEL + _WIDTH}" y2="{axis_y}" stroke="#999"/>')
     step = _tick(scale_s)
     tick = 0.0
     while tick <= scale_s + 1e-9:
-        parts.append(f'<text class="tick" x="{x(tick):.1f}" y="{axis_y + 14}" text-anchor="middle">'
-                     f'{tick * 1000:.0f} ms</text>')
+        parts.append(
+            f'<text class="tick" x="{x(tick):.1f}" y="{axis_y + 14}" text-anchor="middle">{tick * 1000:.0f} ms</text>'
+        )
         tick += step
     parts.append("</svg>")
     return "".join(parts)
@@ -110,11 +119,14 @@ def _tree_html(nodes: list[dict]) -> str:
         if "text" in node:
             out.append(f'<span class="text">{html.escape(node["text"])}</span>')
             continue
-        threads = "".join(f'<div class="thread"><b>thread {t["number"]}</b>{_tree_html(t["body"])}</div>'
-                          for t in node["threads"])
+        threads = "".join(
+            f'<div class="thread"><b>thread {t["number"]}</b>{_tree_html(t["body"])}</div>' for t in node["threads"]
+        )
         outlines = ", ".join(html.escape(o) for o in node["outlines"])
-        out.append(f'<div class="block"><div class="outlines">outlines: {outlines}</div>'
-                   f'<div class="threads">{threads}</div></div>')
+        out.append(
+            f'<div class="block"><div class="outlines">outlines: {outlines}</div>'
+            f'<div class="threads">{threads}</div></div>'
+        )
     return "".join(out)
 
 
@@ -138,23 +150,33 @@ pre, .tree { white-space: pre-wrap; font-family: ui-monospace, monospace; font-s
 
 def page(examples: list[tuple[str, list[Timeline]]], heading: str, intro: str) -> str:
     """A whole page: per example a heading and its timelines on one time scale."""
-    body = [f"<h1>{html.escape(heading)}</h1>", f"<p>{html.escape(intro)}</p>",
-            '<p class="legend"><span><span class="swatch" style="background:#777"></span>main sequence</span>'
-            '<span><span class="swatch" style="background:#4e79a7"></span>threads</span>'
-            '<span><span class="swatch" style="border:2.5px solid #c0392b"></span>critical path</span></p>']
+    body = [
+        f"<h1>{html.escape(heading)}</h1>",
+        f"<p>{html.escape(intro)}</p>",
+        '<p class="legend"><span><span class="swatch" style="background:#777"></span>main sequence</span>'
+        '<span><span class="swatch" style="background:#4e79a7"></span>threads</span>'
+        '<span><span class="swatch" style="border:2.5px solid #c0392b"></span>critical path</span></p>',
+    ]
     for title, timelines in examples:
         scale = max(max(r["ended"] for r in t.row["requests"]) for t in timelines) or 1.0
         body.append(f'<section class="example"><h2>{html.escape(title)}</h2>')
         for timeline in timelines:
             stats, row = timeline.row["stats"], timeline.row
             critical = stats["critical_path_tokens"]
-            body.append(f'<h3>{html.escape(timeline.title)}</h3><p class="caption">{row["wall_s"] * 1000:.0f} ms; '
-                        f'{stats["total_tokens"]} generated tokens, {critical} on the critical path; '
-                        f'{len(row["requests"])} request{"s" if len(row["requests"]) > 1 else ""}</p>')
+            body.append(
+                f'<h3>{html.escape(timeline.title)}</h3><p class="caption">{row["wall_s"] * 1000:.0f} ms; '
+                f"{stats['total_tokens']} generated tokens, {critical} on the critical path; "
+                f"{len(row['requests'])} request{'s' if len(row['requests']) > 1 else ''}</p>"
+            )
             body.append(svg(timeline, scale))
         first = timelines[0].row
-        body.append(f'<details><summary>the trajectory</summary><div class="tree">{_tree_html(first["tree"])}'
-                    "</div></details></section>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(heading)}</title><style>{_STYLE}</style></head><body>"
-            + "\n".join(body) + "</body></html>\n")
+        body.append(
+            f'<details><summary>the trajectory</summary><div class="tree">{_tree_html(first["tree"])}'
+            "</div></details></section>"
+        )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(heading)}</title><style>{_STYLE}</style></head><body>"
+        + "\n".join(body)
+        + "</body></html>\n"
+    )
