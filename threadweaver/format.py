@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
-from functools import lru_cache
+from dataclasses import astuple, dataclass, fields
+from functools import cached_property, lru_cache
 from typing import Any, Protocol
 
 THINK, THINK_END = "<think>", "</think>"
@@ -37,8 +37,8 @@ TAGS: tuple[str, ...] = (
 """Every tag of the format, each a single token in a prepared tokenizer."""
 
 _TAG_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in TAGS) + ")")
-_SEED_TEXT = re.compile(r"\s*(\d+)\s*:")
-_OUTLINE_NUMBER = re.compile(r"\s*(\d+)\s*:")
+_NUMBER = re.compile(r"\s*(\d+)\s*:")
+"""The ``n:`` that starts an outline and a thread's seed."""
 _JOIN_BEFORE = (OUTLINES_END, THREAD_END)
 _JOIN_AFTER = (THREAD, PARALLEL_END)
 
@@ -77,6 +77,11 @@ class TagIds:
                 "call threadweaver.format.add_tags(tokenizer, model) first"
             )
         return cls(**ids)
+
+    @cached_property
+    def structural(self) -> frozenset[int]:
+        """The tags that make up blocks (all but ``<think>`` and ``</think>``)."""
+        return frozenset(astuple(self)[2:])
 
     def name(self, token_id: int) -> str | None:
         for f, tag in zip(fields(self), TAGS):
@@ -142,9 +147,6 @@ class Format:
         unk = getattr(tokenizer, "unk_token", None) or ("<unk>" if hasattr(tokenizer, "token_to_id") else None)
         return cls(codec, tags, eos, vocab.get(unk) if unk else None)
 
-    def tag_id(self, tag: str) -> int:
-        return self._tag_by_text[tag]
-
     def tag_name(self, token_id: int) -> str | None:
         return self.tags.name(token_id)
 
@@ -157,7 +159,7 @@ class Format:
 
     def outline_number(self, ids: Sequence[int]) -> int | None:
         """The ``n`` of an outline body ``"n: ..."``, or None."""
-        match = _OUTLINE_NUMBER.match(self.codec.decode(ids))
+        match = _NUMBER.match(self.codec.decode(ids))
         return int(match.group(1)) if match else None
 
     def encode(self, text: str) -> list[int]:
@@ -178,7 +180,7 @@ class Format:
             if before in _JOIN_BEFORE and after in _JOIN_AFTER and piece.isspace():
                 continue
             if before == THREAD:
-                match = _SEED_TEXT.match(piece)
+                match = _NUMBER.match(piece)
                 if match:
                     ids.extend(self.seed(int(match.group(1))))
                     piece = piece[match.end() :]

@@ -12,10 +12,11 @@ token limit or the deadline is closed with an injected ``</Thread>``. An engine 
 raises, unless ``degrade_on_engine_error`` is set (RL rollouts, where one failed
 request must not lose a batch): then it ends that sequence like a limit would. Tags the model
 writes outside a block head are kept as text, and an empty thread stays empty. Each
-such event is listed in the trajectory's ``problems``. Token latency is counted from
-the requests as they ran: a sequence's own generated tokens plus, per block, its
-longest thread (all of them, when ``concurrent_threads`` is off and they run one after
-another).
+such event is listed in the trajectory's ``problems``. Token latency counts the tokens
+as the requests generated them (:func:`threadweaver.stats.latency_stats` over the decoded
+tree, with the threads the orchestrator closed): a sequence's own generated tokens plus,
+per block, its longest thread (all of them, when ``concurrent_threads`` is off and they
+run one after another).
 """
 
 from __future__ import annotations
@@ -25,38 +26,12 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
+from threadweaver.engine import Completion, Engine, Sampling
 from threadweaver.format import Format
-from threadweaver.stats import LatencyStats, reference_longest
-from threadweaver.tree import Block, Node, Text, Thread, TrajectoryFormatError, parse_head, render
-
-
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float = field(default=0.0, metadata={"help": "0 is greedy."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
-    top_k: int = field(default=-1, metadata={"help": "Keep the k most likely tokens (-1: all)."})
-    seed: int | None = field(default=None, metadata={"help": "Sampling seed, where the engine takes one."})
-
-
-@dataclass(frozen=True)
-class Completion:
-    token_ids: tuple[int, ...]
-    """Generated tokens, including the stop token that ended them."""
-    finish_reason: str
-    """``"stop"`` (a stop token) or ``"length"`` (``max_tokens``)."""
-    logprobs: tuple[float, ...] | None = None
-    cached_tokens: int | None = None
-    """Context tokens the engine served from its prefix cache, where it says."""
-
-
-class Engine(Protocol):
-    """Anything that continues token ids: vLLM, SGLang, transformers, a test script."""
-
-    async def generate(
-        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
-    ) -> Completion: ...
+from threadweaver.layout import ThreadPath, flat, thread_name, thread_opening
+from threadweaver.stats import LatencyStats, latency_stats
+from threadweaver.tree import DEFAULT_MAX_DEPTH, Block, Node, Text, Thread, TrajectoryFormatError, parse_head, render
 
 
 @dataclass(frozen=True)
@@ -70,7 +45,9 @@ class Limits:
         },
     )
     max_threads: int = field(default=16, metadata={"help": "Most threads in one block; more decode sequentially."})
-    max_depth: int = field(default=3, metadata={"help": "Deepest nesting of blocks; deeper ones decode sequentially."})
+    max_depth: int = field(
+        default=DEFAULT_MAX_DEPTH, metadata={"help": "Deepest nesting of blocks; deeper ones decode sequentially."}
+    )
     max_tokens: int = field(default=8192, metadata={"help": "Most generated tokens in one trajectory."})
     max_request_tokens: int = field(default=4096, metadata={"help": "Most generated tokens in one request."})
     timeout_s: float | None = field(default=None, metadata={"help": "Wall-clock limit per trajectory."})
@@ -78,8 +55,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class RequestRecord:
-    thread_path: tuple[tuple[int, int], ...]
-    """(block index, thread number) per level; ``()`` is the main sequence."""
+    thread_path: ThreadPath
     context_tokens: int
     completion_tokens: int
     finish_reason: str
@@ -112,7 +88,7 @@ class Trajectory:
     stats: LatencyStats
     finish_reason: str
     """``"stop"`` (EOS), ``"length"`` (a token limit), ``"timeout"`` or ``"error"`` (the engine failed)."""
-    closed_threads: frozenset[tuple[tuple[int, int], ...]] = frozenset()
+    closed_threads: frozenset[ThreadPath] = frozenset()
     """Thread paths whose ``</Thread>`` the orchestrator injected (a limit or a dropped EOS ended them)."""
     calls: tuple[EngineCall, ...] = ()
     """Every answered request, in the order the engine answered, when the orchestrator keeps them."""
@@ -140,9 +116,6 @@ class _Stop(Exception):
 @dataclass
 class _Decoded:
     nodes: list[Node]
-    total: int
-    """Generated tokens in this sequence and everything below it."""
-    critical: int
     ended: str
     """``"stop"`` (EOS or ``</Thread>``), ``"length"`` or ``"timeout"``."""
 
@@ -166,19 +139,9 @@ class Orchestrator:
         """Decode one trajectory; ``sampling`` overrides the orchestrator's for this one."""
         run = _Run(self, tuple(prompt_ids), sampling or self.sampling)
         main = await run.sequence(run.prompt, (), 0)
-        nodes = tuple(main.nodes)
-        ids, generated = _render_with_flags(nodes, self.fmt, run.closed_by_orchestrator)
-        stats = LatencyStats(
-            total_tokens=main.total,
-            critical_path_tokens=main.critical,
-            injected_tokens=len(generated) - sum(generated),
-            thread_tokens=run.thread_tokens,
-            blocks=len(run.threads_per_block),
-            threads_per_block=tuple(run.threads_per_block),
-            max_depth=run.max_depth,
-            reference_longest_thread=reference_longest(nodes) if run.max_depth <= 1 else None,
-            reference_total_tokens=len(ids),
-        )
+        nodes, closed = tuple(main.nodes), frozenset(run.closed_by_orchestrator)
+        ids, generated = flat(nodes, self.fmt.tags, closed)
+        stats = latency_stats(nodes, closed, self.limits.concurrent_threads)
         return Trajectory(
             run.prompt,
             tuple(ids),
@@ -188,7 +151,7 @@ class Orchestrator:
             tuple(run.problems),
             stats,
             main.ended,
-            frozenset(run.closed_by_orchestrator),
+            closed,
             tuple(run.calls),
         )
 
@@ -208,23 +171,7 @@ class _Run:
         self.records: list[RequestRecord] = []
         self.calls: list[EngineCall] = []
         self.problems: list[str] = []
-        self.thread_tokens = 0
-        self.threads_per_block: list[int] = []
-        self.max_depth = 0
-        self.closed_by_orchestrator: set[tuple] = set()
-        tags = self.tags
-        self.structural = frozenset(
-            (
-                tags.parallel,
-                tags.parallel_end,
-                tags.outlines,
-                tags.outlines_end,
-                tags.outline,
-                tags.outline_end,
-                tags.thread,
-                tags.thread_end,
-            )
-        )
+        self.closed_by_orchestrator: set[ThreadPath] = set()
 
     async def request(self, context: tuple[int, ...], stop: frozenset[int], path) -> Completion:
         limits = self.o.limits
@@ -267,19 +214,16 @@ class _Run:
         if not self.o.degrade_on_engine_error:
             raise err
         self.problems.append(
-            f"{self.where(path)}: the engine failed ({type(err).__name__}: {err}); the sequence stopped there"
+            f"{thread_name(path)}: the engine failed ({type(err).__name__}: {err}); the sequence stopped there"
         )
         raise _Stop("error") from None
 
-    def where(self, path) -> str:
-        return "main sequence" if not path else "thread " + ".".join(str(n) for _, n in path)
-
     def check_stray(self, text: list[int], path) -> None:
         """Record structural tags the model wrote in plain text (they are kept as text)."""
-        stray = sorted({t for t in text if t in self.structural}, key=text.index)
+        stray = sorted({t for t in text if t in self.tags.structural}, key=text.index)
         if stray:
             names = ", ".join(self.o.fmt.tag_name(t) for t in stray)
-            self.problems.append(f"{self.where(path)}: stray {names} outside a block; kept as text")
+            self.problems.append(f"{thread_name(path)}: stray {names} outside a block; kept as text")
 
     async def sequence(self, context: tuple[int, ...], path, depth: int) -> _Decoded:
         """Decode one sequence from ``context``: the main one (to EOS) or a thread (to ``</Thread>``)."""
@@ -289,7 +233,6 @@ class _Run:
         nodes: list[Node] = []
         text: list[int] = []  # the current run of sequential tokens
         out: list[int] = []  # everything after ``context`` so far
-        total = critical = 0
         blocks = 0
         ended = "stop"
         last = None
@@ -305,8 +248,6 @@ class _Run:
                 ended = halt.reason
                 break
             tokens = list(completion.token_ids)
-            total += len(tokens)
-            critical += len(tokens)
             out.extend(tokens)
             text.extend(tokens)
             last = tokens[-1] if tokens else None
@@ -315,7 +256,7 @@ class _Run:
                 if block is None:
                     branching = False  # the rest of this sequence decodes as plain text
                     continue
-                node, head_start, b_total, b_critical = block
+                node, head_start = block
                 if head_start:
                     self.check_stray(text[:head_start], path)
                     nodes.append(Text(tuple(text[:head_start])))
@@ -323,8 +264,6 @@ class _Run:
                 nodes.append(node)
                 rendered = render([node], fmt)[len(node.head) :]
                 out.extend(rendered)
-                total += b_total
-                critical += b_critical
                 blocks += 1
                 continue
             if in_thread and last == tags.thread_end:
@@ -335,9 +274,8 @@ class _Run:
             if last in fmt.eos_ids:
                 if in_thread:
                     text.pop()
-                    total, critical = total - 1, critical - 1
                     self.problems.append(
-                        f"{self.where(path)}: end-of-sequence token inside the thread; dropped and the thread closed"
+                        f"{thread_name(path)}: end-of-sequence token inside the thread; dropped and the thread closed"
                     )
                 break
             if completion.finish_reason == "length" or not tokens:
@@ -348,19 +286,19 @@ class _Run:
                 self.check_stray(text, path)
             nodes.append(Text(tuple(text)))
         if in_thread and not nodes and ended == "stop":
-            self.problems.append(f"{self.where(path)}: the thread is empty")
+            self.problems.append(f"{thread_name(path)}: the thread is empty")
         if in_thread and (ended != "stop" or last != tags.thread_end):
             self.closed_by_orchestrator.add(path)
             if ended == "error":
-                self.problems.append(f"{self.where(path)}: closed after the engine error")
+                self.problems.append(f"{thread_name(path)}: closed after the engine error")
             elif ended != "stop":
-                self.problems.append(f"{self.where(path)}: stopped by the {ended} limit; the thread was closed")
-        return _Decoded(nodes, total, critical, ended)
+                self.problems.append(f"{thread_name(path)}: stopped by the {ended} limit; the thread was closed")
+        return _Decoded(nodes, ended)
 
     async def fork(self, context, text: list[int], path, depth: int, block_index: int):
         """Run the block whose head ends ``text``; None (and a problem) if it must stay sequential."""
         tags, limits = self.tags, self.o.limits
-        where = f"{self.where(path)}, block {block_index + 1}"
+        where = f"{thread_name(path)}, block {block_index + 1}"
         starts = [i for i, t in enumerate(text) if t == tags.parallel]
         if not starts:
             self.problems.append(f"{where}: </Outlines> without <Parallel>; decoded sequentially")
@@ -382,59 +320,18 @@ class _Run:
                 f"{where}: nested {depth + 1} deep, over max_depth={limits.max_depth}; decoded sequentially"
             )
             return None
-        self.max_depth = max(self.max_depth, depth + 1)
-        self.threads_per_block.append(len(outlines))
 
         def thread(o):
-            return self.sequence(
-                context + (tags.thread,) + self.o.fmt.seed(o.number), path + ((block_index, o.number),), depth + 1
-            )
+            seed = self.o.fmt.seed(o.number)
+            return self.sequence(context + thread_opening(tags, seed), (*path, (block_index, o.number)), depth + 1)
 
         if limits.concurrent_threads:
             decoded = await asyncio.gather(*map(thread, outlines))
-            critical = max(d.critical for d in decoded)
         else:
             decoded = [await thread(o) for o in outlines]
-            critical = sum(d.critical for d in decoded)
         threads = tuple(Thread(o.number, self.o.fmt.seed(o.number), tuple(d.nodes)) for o, d in zip(outlines, decoded))
-        total = sum(d.total for d in decoded)
-        if not path:
-            self.thread_tokens += total
-        return Block(head, outlines, threads), head_start, total, critical
+        return Block(head, outlines, threads), head_start
 
 
 def _open_threads(text: list[int], tags) -> int:
     return text.count(tags.thread) - text.count(tags.thread_end)
-
-
-def _render_with_flags(nodes: Sequence[Node], fmt: Format, closed: set[tuple]) -> tuple[list[int], list[bool]]:
-    """The trajectory's ids, and per id whether the model generated it (not injected).
-
-    ``closed`` holds the paths of threads whose ``</Thread>`` the orchestrator injected.
-    """
-    ids: list[int] = []
-    generated: list[bool] = []
-
-    def walk(seq: Sequence[Node], path: tuple) -> None:
-        blocks = 0
-        for node in seq:
-            if isinstance(node, Text):
-                ids.extend(node.ids)
-                generated.extend([True] * len(node.ids))
-                continue
-            ids.extend(node.head)
-            generated.extend([True] * len(node.head))
-            for thread in node.threads:
-                ids.append(fmt.tags.thread)
-                ids.extend(thread.seed)
-                generated.extend([False] * (1 + len(thread.seed)))
-                thread_path = path + ((blocks, thread.number),)
-                walk(thread.body, thread_path)
-                ids.append(fmt.tags.thread_end)
-                generated.append(thread_path not in closed)
-            ids.append(fmt.tags.parallel_end)
-            generated.append(False)
-            blocks += 1
-
-    walk(nodes, ())
-    return ids, generated

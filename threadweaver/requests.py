@@ -1,7 +1,6 @@
 """The (context, completion) requests that the inference state machine issues.
 
-This is the single source of truth shared by inference, SFT and RL. For a trajectory
-the orchestrator issues, in this order:
+For a trajectory the orchestrator issues, in this order:
 
 1. a sequential request that generates up to and including ``</Outlines>``;
 2. per thread ``i``, a request whose context is everything so far plus the injected
@@ -11,6 +10,10 @@ the orchestrator issues, in this order:
    the injected ``</Parallel>``.
 
 The last request's context + completion is always the whole prompt + trajectory.
+:func:`plan_requests` derives them from the trajectory's layout
+(:mod:`threadweaver.layout`), the walk that rendering, the statistics and the trie use
+too; tests hold the orchestrator, SFT and RL rows against it, and benches count the
+tokens of the unshared layout with it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from threadweaver.format import Format
-from threadweaver.tree import Node, Text, render
+from threadweaver.layout import ThreadPath, spans
+from threadweaver.tree import Node
 
 Stop = Literal["outlines", "thread", "end"]
 
@@ -29,10 +33,7 @@ Stop = Literal["outlines", "thread", "end"]
 class Request:
     context: tuple[int, ...]
     completion: tuple[int, ...]
-    thread_path: tuple[tuple[int, int], ...]
-    """(block index, thread number) per level, from the top down: ``()`` is the main
-    sequence, ``((0, 2), (1, 1))`` is thread 1 of the second block inside thread 2 of
-    the first top-level block. Block indices count blocks within one sequence."""
+    thread_path: ThreadPath
     stop: Stop
     """What ended the completion: ``</Outlines>``, ``</Thread>``, or the trajectory's end."""
     start: int
@@ -57,46 +58,35 @@ class RequestPlan:
 def plan_requests(prompt: Sequence[int], nodes: Sequence[Node], fmt: Format) -> RequestPlan:
     """All requests the orchestrator issues for ``prompt`` followed by tree ``nodes``."""
     prompt = tuple(prompt)
-    trajectory = tuple(render(nodes, fmt))
-    generated = [True] * len(trajectory)
+    layout = list(spans(nodes, fmt.tags))
+    trajectory = tuple(i for span in layout for i in span.ids)
+    generated = tuple(span.generated for span in layout for _ in span.ids)
     requests: list[Request] = []
+    # Per open sequence: the trajectory spans in its current request's context, and where
+    # that request's completion starts. Per open block: its parent's context at the fork.
+    sequences: list[tuple[list[tuple[int, int]], int]] = [([], 0)]
+    forks: list[list[tuple[int, int]]] = []
 
-    def tokens(spans: list[tuple[int, int]]) -> tuple[int, ...]:
-        out = list(prompt)
-        for start, end in spans:
-            out.extend(trajectory[start:end])
-        return tuple(out)
+    def emit(end: int, path: ThreadPath, stop: Stop) -> None:
+        context, start = sequences[-1]
+        ids = prompt + tuple(i for a, b in context for i in trajectory[a:b])
+        requests.append(Request(ids, trajectory[start:end], path, stop, start))
 
-    def emit(spans, start, end, path, stop):
-        requests.append(Request(tokens(spans), trajectory[start:end], path, stop, start))
-
-    def run(spans: list[tuple[int, int]], nodes: Sequence[Node], pos: int, path: tuple) -> int:
-        """Walk one sequence from trajectory position ``pos``; return where it ends."""
-        start, block_index = pos, -1
-        for node in nodes:
-            if isinstance(node, Text):
-                pos += len(node.ids)
-                continue
-            block_index += 1
-            pos += len(node.head)
-            emit(spans, start, pos, path, "outlines")
-            base = _joined(spans, (start, pos))
-            for thread in node.threads:
-                seed_start = pos
-                pos += 1 + len(thread.seed)
-                generated[seed_start:pos] = [False] * (pos - seed_start)
-                pos = run(_joined(base, (seed_start, pos)), thread.body, pos, path + ((block_index, thread.number),))
-            generated[pos] = False
-            pos += 1
-            spans, start = _joined(base, (base[-1][1], pos)), pos
-        if path:
-            pos += 1
-        emit(spans, start, pos, path, "thread" if path else "end")
-        return pos
-
-    end = run([], nodes, 0, ())
-    assert end == len(trajectory)
-    return RequestPlan(prompt, trajectory, tuple(generated), tuple(requests))
+    for span in layout:
+        end = span.start + len(span.ids)
+        if span.kind == "head":
+            emit(end, span.path, "outlines")
+            forks.append(_joined(sequences[-1][0], (sequences[-1][1], end)))
+        elif span.kind == "seed":
+            sequences.append((_joined(forks[-1], (span.start - 1, end)), end))
+        elif span.kind == "close":
+            emit(end, span.path, "thread")
+            sequences.pop()
+        elif span.kind == "join":
+            fork = forks.pop()
+            sequences[-1] = (_joined(fork, (fork[-1][1], end)), end)
+    emit(len(trajectory), (), "end")
+    return RequestPlan(prompt, trajectory, generated, tuple(requests))
 
 
 def _joined(spans: list[tuple[int, int]], span: tuple[int, int]) -> list[tuple[int, int]]:

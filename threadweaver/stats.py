@@ -11,6 +11,10 @@ Definitions (all counts are of trajectory tokens; the prompt is not counted):
   its body (nested blocks by the same rule) plus its ``</Thread>``.
 * ``speedup``: ``total_tokens / critical_path_tokens``; 1.0 for a sequential output.
 
+A ``</Thread>`` the orchestrator injected to close a thread (``closed_threads``) is not
+generated; threads run one after another (``concurrent_threads=False``) put every
+thread on the critical path.
+
 The reference implementation's ``num_tokens_in_the_longest_thread`` counts every
 token outside thread interiors as sequential, including all ``<Thread>``/``</Thread>``
 tags and ``</Parallel>``, counts the ``"i:"`` prefix inside each thread, does not
@@ -21,10 +25,20 @@ response alone for one-level trajectories (None where blocks nest).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 
+from threadweaver.format import TagIds
+from threadweaver.layout import ThreadPath, spans
 from threadweaver.tree import Node, Text
+
+_UNNAMED_TAGS = TagIds(*[-1] * 10)
+"""Counting needs the layout's lengths, not the tags' ids."""
+
+
+def speedup(total_tokens: float, critical_path_tokens: float) -> float:
+    """Generated tokens over critical-path tokens; 1.0 when nothing was generated."""
+    return total_tokens / critical_path_tokens if critical_path_tokens else 1.0
 
 
 @dataclass(frozen=True)
@@ -36,13 +50,14 @@ class LatencyStats:
     """Generated tokens inside threads (at any depth)."""
     blocks: int
     threads_per_block: tuple[int, ...]
+    """In the order the blocks open in the trajectory."""
     max_depth: int
     reference_longest_thread: int | None
     reference_total_tokens: int
 
     @property
     def speedup(self) -> float:
-        return self.total_tokens / self.critical_path_tokens if self.critical_path_tokens else 1.0
+        return speedup(self.total_tokens, self.critical_path_tokens)
 
     @property
     def parallel_ratio(self) -> float:
@@ -53,51 +68,46 @@ class LatencyStats:
         return {**asdict(self), "speedup": self.speedup, "parallel_ratio": self.parallel_ratio}
 
 
-def latency_stats(nodes: Sequence[Node]) -> LatencyStats:
-    walk = _Walk()
-    total, critical = walk.sequence(nodes, depth=0)
-    nested = walk.max_depth > 1
+def latency_stats(
+    nodes: Sequence[Node], closed_threads: Collection[ThreadPath] = (), concurrent_threads: bool = True
+) -> LatencyStats:
+    total = injected = thread_tokens = max_depth = 0
+    threads_per_block: list[int] = []
+    critical = [0]
+    """Critical-path tokens of each open sequence, innermost last."""
+    blocks: list[list[int]] = []
+    """Per open block: its index in ``threads_per_block``, and its threads' critical path."""
+    for span in spans(nodes, _UNNAMED_TAGS, closed_threads):
+        n = len(span.ids)
+        if span.generated:
+            total += n
+            critical[-1] += n
+            thread_tokens += n if span.path else 0
+        else:
+            injected += n
+        if span.kind == "head":
+            max_depth = max(max_depth, len(span.path) + 1)
+            blocks.append([len(threads_per_block), 0])
+            threads_per_block.append(0)
+        elif span.kind == "open":
+            threads_per_block[blocks[-1][0]] += 1
+            critical.append(0)
+        elif span.kind == "close":
+            thread = critical.pop()
+            blocks[-1][1] = max(blocks[-1][1], thread) if concurrent_threads else blocks[-1][1] + thread
+        elif span.kind == "join":
+            critical[-1] += blocks.pop()[1]
     return LatencyStats(
         total_tokens=total,
-        critical_path_tokens=critical,
-        injected_tokens=walk.injected,
-        thread_tokens=walk.thread_tokens,
-        blocks=len(walk.threads_per_block),
-        threads_per_block=tuple(walk.threads_per_block),
-        max_depth=walk.max_depth,
-        reference_longest_thread=None if nested else reference_longest(nodes),
-        reference_total_tokens=total + walk.injected,
+        critical_path_tokens=critical[0],
+        injected_tokens=injected,
+        thread_tokens=thread_tokens,
+        blocks=len(threads_per_block),
+        threads_per_block=tuple(threads_per_block),
+        max_depth=max_depth,
+        reference_longest_thread=None if max_depth > 1 else reference_longest(nodes),
+        reference_total_tokens=total + injected,
     )
-
-
-class _Walk:
-    def __init__(self) -> None:
-        self.injected = 0
-        self.thread_tokens = 0
-        self.threads_per_block: list[int] = []
-        self.max_depth = 0
-
-    def sequence(self, nodes: Sequence[Node], depth: int) -> tuple[int, int]:
-        """(generated tokens, critical-path tokens) of a sequence."""
-        total = critical = 0
-        for node in nodes:
-            if isinstance(node, Text):
-                total += len(node.ids)
-                critical += len(node.ids)
-                continue
-            self.max_depth = max(self.max_depth, depth + 1)
-            self.threads_per_block.append(len(node.threads))
-            self.injected += 1 + sum(1 + len(t.seed) for t in node.threads)
-            longest = 0
-            total += len(node.head)
-            for thread in node.threads:
-                t_total, t_critical = self.sequence(thread.body, depth + 1)
-                total += t_total + 1
-                if depth == 0:
-                    self.thread_tokens += t_total + 1
-                longest = max(longest, t_critical + 1)
-            critical += len(node.head) + longest
-        return total, critical
 
 
 def reference_longest(nodes: Sequence[Node]) -> int:

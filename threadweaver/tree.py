@@ -121,10 +121,10 @@ def parse_head(ids: Sequence[int], fmt: Format) -> tuple[Outline, ...]:
 
 
 def render(nodes: Sequence[Node], fmt: Format) -> list[int]:
-    """The exact token ids of a tree."""
-    out: list[int] = []
-    _render_into(out, nodes, fmt)
-    return out
+    """The exact token ids of a tree (:mod:`threadweaver.layout` lays them out)."""
+    from threadweaver.layout import flat
+
+    return flat(nodes, fmt.tags)[0]
 
 
 def tree_json(nodes: Sequence[Node], fmt: Format) -> list[dict]:
@@ -143,21 +143,6 @@ def tree_json(nodes: Sequence[Node], fmt: Format) -> list[dict]:
     return out
 
 
-def _render_into(out: list[int], nodes: Sequence[Node], fmt: Format) -> None:
-    tags = fmt.tags
-    for node in nodes:
-        if isinstance(node, Text):
-            out.extend(node.ids)
-            continue
-        out.extend(node.head)
-        for thread in node.threads:
-            out.append(tags.thread)
-            out.extend(thread.seed)
-            _render_into(out, thread.body, fmt)
-            out.append(tags.thread_end)
-        out.append(tags.parallel_end)
-
-
 class _Parser:
     def __init__(self, ids: list[int], fmt: Format, strict: bool, max_depth: int):
         self.ids = ids
@@ -167,17 +152,7 @@ class _Parser:
         self.max_depth = max_depth
         self.pos = 0
         self.problems: list[Problem] = []
-        t = fmt.tags
-        self.structural = {
-            t.parallel,
-            t.parallel_end,
-            t.outlines,
-            t.outlines_end,
-            t.outline,
-            t.outline_end,
-            t.thread,
-            t.thread_end,
-        }
+        self.structural = fmt.tags.structural
 
     def problem(self, position: int, message: str) -> Problem:
         token = self.ids[position] if position < len(self.ids) else None

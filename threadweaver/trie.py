@@ -24,7 +24,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from threadweaver.format import Format
-from threadweaver.tree import Node, Text
+from threadweaver.layout import ThreadPath, spans
+from threadweaver.tree import Node
 
 
 class TokenTrie:
@@ -67,18 +68,39 @@ class TokenTrie:
         fmt: Format,
         *,
         train_injected: bool = False,
-        closed_threads: Collection[tuple] = (),
+        closed_threads: Collection[ThreadPath] = (),
     ) -> None:
-        """Every request of the trajectory ``prompt`` + ``nodes``, built straight from the tree.
+        """Every request of the trajectory ``prompt`` + ``nodes``, in one pass over its layout.
 
         The same trie as inserting each (context, completion) of
         :func:`threadweaver.requests.plan_requests`, in O(trie size) rather than O(sum of
-        request lengths), which grows with the square of the number of blocks.
+        request lengths), which grows with the square of the number of blocks. A cursor
+        follows each request path that is being laid out: the trajectory's own sequential
+        path, and from the fork of each block a branch per thread 2..k (thread 1 shares
+        its parent's path). A token is trained on the path whose request generated it:
+        the cursor that started at its sequence or at a thread-1 ancestor of it.
         ``closed_threads``: paths (as in :class:`~threadweaver.orchestrator.Trajectory`)
         whose ``</Thread>`` was injected, not generated; it is not trained.
         """
-        builder = _TrajectoryBuilder(self, fmt, train_injected, frozenset(closed_threads))
-        builder.walk(self.extend(-1, prompt, False), nodes, True, True, ())
+        cursors = {(): self.extend(-1, prompt, False)}
+        """Per request path being laid out (its first thread's path; ``()``: the trajectory's own), its last node."""
+        forks: dict[ThreadPath, int] = {}
+        """Per block (its thread 1's path): the node after its first ``<Thread>``, where threads 2..k branch."""
+        for span in spans(nodes, fmt.tags, closed_threads):
+            owner = _owner(span.path)
+            branch = span.kind == "open" and span.path[-1][1] != 1
+            for base, node in cursors.items():
+                own = base == owner
+                # train_injected trains the injected tokens of the trajectory's own path (a
+                # closing </Thread> only where that path owns the thread)
+                injected = train_injected and not base and not span.generated and (own or span.kind != "close")
+                cursors[base] = self.extend(node, span.ids, (own and span.generated) or injected)
+            if branch:
+                cursors[span.path] = forks[(*span.path[:-1], (span.path[-1][0], 1))]
+            elif span.kind == "open":
+                forks[span.path] = cursors[owner]
+            elif span.kind == "close":
+                cursors.pop(span.path, None)
 
     def flatten(self) -> FlatTrie:
         order = self._preorder()
@@ -193,44 +215,11 @@ class FlatTrie:
         )
 
 
-class _TrajectoryBuilder:
-    """Lays out a trajectory's requests: each sequence once, with each thread 2..k both as
-    a context copy on its block's continuation and as its own request's branch.
-
-    ``own``: tokens here are completions of the request whose path this is (trained when
-    generated); False inside context copies. ``main``: on the trajectory's own sequential
-    path, where ``train_injected`` also trains the injected tokens.
-    """
-
-    def __init__(self, trie: TokenTrie, fmt: Format, train_injected: bool, closed_threads: frozenset):
-        self.trie, self.tags, self.fmt = trie, fmt.tags, fmt
-        self.train_injected = train_injected
-        self.closed_threads = closed_threads
-
-    def walk(self, at: int, nodes: Sequence[Node], own: bool, main: bool, path: tuple) -> int:
-        extend, tags = self.trie.extend, self.tags
-        injected = main and self.train_injected
-        blocks = 0
-        for node in nodes:
-            if isinstance(node, Text):
-                at = extend(at, node.ids, own)
-                continue
-            fork = extend(extend(at, node.head, own), (tags.thread,), injected)
-            at = fork
-            for k, thread in enumerate(node.threads):
-                thread_path = path + ((blocks, thread.number),)
-                generated_end = thread_path not in self.closed_threads
-                if k:
-                    at = extend(at, (tags.thread,), injected)
-                at = extend(at, thread.seed, injected)
-                at = self.walk(at, thread.body, own and not k, main, thread_path)
-                at = extend(at, (tags.thread_end,), own and not k and (generated_end or injected))
-                if k and own:
-                    branch = self.walk(extend(fork, thread.seed, False), thread.body, True, False, thread_path)
-                    extend(branch, (tags.thread_end,), generated_end)
-            at = extend(at, (tags.parallel_end,), injected)
-            blocks += 1
-        return at
+def _owner(path: ThreadPath) -> ThreadPath:
+    """The request path a sequence's generated tokens belong to: thread 1 shares its parent's."""
+    while path and path[-1][1] == 1:
+        path = path[:-1]
+    return path
 
 
 def trajectory_trie(

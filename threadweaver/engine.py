@@ -1,0 +1,73 @@
+"""What an engine is to the orchestrator: token ids in, a :class:`Completion` out.
+
+Every engine (vLLM, SGLang, transformers, verl's server manager, a test script) turns
+its own reply into a :class:`Completion` through :func:`to_completion`, so a stop
+token, a finish reason and a failed request mean the same thing whichever engine ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = field(default=0.0, metadata={"help": "0 is greedy."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
+    top_k: int = field(default=-1, metadata={"help": "Keep the k most likely tokens (-1: all)."})
+    seed: int | None = field(default=None, metadata={"help": "Sampling seed, where the engine takes one."})
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: tuple[int, ...]
+    """Generated tokens, including the stop token that ended them."""
+    finish_reason: str
+    """``"stop"`` (a stop token) or ``"length"`` (``max_tokens``)."""
+    logprobs: tuple[float, ...] | None = None
+    cached_tokens: int | None = None
+    """Context tokens the engine served from its prefix cache, where it says."""
+
+
+class Engine(Protocol):
+    """Anything that continues token ids: vLLM, SGLang, transformers, a test script."""
+
+    async def generate(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> Completion: ...
+
+
+class EngineError(RuntimeError):
+    """The engine could not serve a request; the message says why and what to check."""
+
+
+def to_completion(
+    token_ids: Sequence[int],
+    finish_reason: str | None,
+    matched,
+    stop_ids: Sequence[int],
+    logprobs: Sequence[float] | None = None,
+    cached_tokens: int | None = None,
+    *,
+    where: str,
+) -> Completion:
+    """An engine's reply as a :class:`Completion`; ``where`` names the engine in errors.
+
+    ``matched``: the stop token (or string) the engine reports, if any. vLLM and SGLang
+    keep a matched stop token id at the end of the ids; should one ever drop it, it is
+    put back, so a ``"stop"`` completion always ends with it. ``finish_reason=None`` is an
+    engine that finished without saying why (verl's server manager): a last token among
+    ``stop_ids`` is a stop, anything else the length limit.
+    """
+    ids = list(token_ids)
+    if finish_reason is None:
+        finish_reason = "stop" if ids and ids[-1] in stop_ids else "length"
+    if finish_reason == "stop" and isinstance(matched, int) and matched in stop_ids and (not ids or ids[-1] != matched):
+        ids.append(matched)
+    if finish_reason in ("stop", "length"):
+        return Completion(tuple(ids), finish_reason, None if logprobs is None else tuple(logprobs), cached_tokens)
+    raise EngineError(
+        f"{where}: the request finished with {finish_reason!r} (matched {matched!r}) instead of 'stop' or 'length'"
+    )
