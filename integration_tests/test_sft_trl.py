@@ -127,7 +127,7 @@ def test_malformed_row_is_named_or_skipped(tmp_path):
         str(tmp_path / "out"),
         "--max-steps",
         "2",
-        "--batch-size",
+        "--per-device-train-batch-size",
         "2",
     ]
     failed = run("sft", *args, check=False)
@@ -140,19 +140,19 @@ def test_malformed_row_is_named_or_skipped(tmp_path):
 
 
 def test_sequential_baseline_trains_plain_sequences(tmp_path):
-    """--sequential: the tags are ordinary tokens, so the malformed row is just text."""
+    """--no-branching: the tags are ordinary tokens, so the malformed row is just text."""
     run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
     run("synth", "--out", str(tmp_path / "data"), "--train", "4", "--validation", "1", *SYNTH)
     run(
         "sft",
         str(tmp_path / "kit"),
         str(tmp_path / "data" / "parallel" / "train.jsonl"),
-        "--sequential",
+        "--no-branching",
         "--output-dir",
         str(tmp_path / "out"),
         "--max-steps",
         "2",
-        "--batch-size",
+        "--per-device-train-batch-size",
         "2",
         "--logging-steps",
         "1",

@@ -43,7 +43,7 @@ def test_every_row_shape_flattens_to_the_same_trie(tokenizer, collator):
     prompt_text = tokenizer.apply_chat_template(
         [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
     )
-    prompt_ids, trajectory_ids = collator.encoder(chat("m"))
+    prompt_ids, trajectory_ids = collator.encode(chat("m"))
     shapes = [
         chat("messages"),
         {
@@ -60,7 +60,7 @@ def test_every_row_shape_flattens_to_the_same_trie(tokenizer, collator):
 
 
 def test_only_trajectory_tokens_are_trained(tokenizer, collator):
-    prompt, trajectory = collator.encoder(chat("r"))
+    prompt, trajectory = collator.encode(chat("r"))
     flat = collator.flatten(chat("r"))
     trained = [i for i, label in enumerate(flat.labels) if label != -100]
     # every trajectory token once (train_injected), none of the prompt
@@ -91,8 +91,8 @@ def test_max_length_cuts_an_ancestor_closed_prefix(tokenizer):
 
 
 def test_sequential_mode_is_plain_causal(tokenizer):
-    collator = TrieCollator(tokenizer, sequential=True)
-    prompt, trajectory = collator.encoder(chat("r"))
+    collator = TrieCollator(tokenizer, branching=False)
+    prompt, trajectory = collator.encode(chat("r"))
     batch = collator([chat("r")])
     assert "subtree_end" not in batch
     assert batch["input_ids"][0].tolist() == prompt + trajectory
@@ -154,7 +154,7 @@ def test_plain_attention_is_caught_before_training(tiny):
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
 def test_without_a_tree_the_model_generates_exactly_as_before(tiny, collator, backend):
     """Generation (no subtree_end, padded batch, KV cache) is untouched by the switch."""
-    batch = collator.encoder.tokenizer([QUESTION, "a+b?"], return_tensors="pt", padding=True, padding_side="left")
+    batch = collator.tokenizer([QUESTION, "a+b?"], return_tensors="pt", padding=True, padding_side="left")
     tiny.set_attn_implementation(backend)
     plain = tiny.generate(**batch, max_new_tokens=8, do_sample=False)
     use_tree_attention(tiny)

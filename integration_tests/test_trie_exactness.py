@@ -80,7 +80,7 @@ def _errors(model, tokenizer, backend, tree_attention=True):
 
     errors = []
     for b, row in enumerate(ROWS):
-        prompt, trajectory = collator.encoder(row)
+        prompt, trajectory = collator.encode(row)
         nodes = parse(trajectory, collator.fmt).nodes
         plan = plan_requests(prompt, nodes, collator.fmt)
         flat = trajectory_trie(prompt, nodes, collator.fmt, train_injected=True)

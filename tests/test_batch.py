@@ -4,11 +4,13 @@ import asyncio
 import json
 
 import pytest
-from test_orchestrator import GOOD, PROMPT, WELL_FORMED, ScriptedEngine
+from orchestrator_scripts import GOOD, PROMPT, WELL_FORMED
 
-from threadweaver.batch import Job, finished_keys, prompt_ids, read_jobs, run_batch
+from threadweaver.batch import Job, read_jobs, run_batch
+from threadweaver.jsonl import RowError, finished_keys
 from threadweaver.orchestrator import Orchestrator
-from threadweaver.report import RowError
+from threadweaver.rows import RowReader
+from threadweaver.testing import ScriptedEngine
 from threadweaver.tree import tree_json
 
 
@@ -26,6 +28,10 @@ class ChatTokenizer:
 
     def encode(self, text, add_special_tokens):
         return self.fmt.encode(text)
+
+
+def prompt_ids(row, tokenizer):
+    return RowReader(tokenizer).prompt(row)
 
 
 def test_prompts_from_each_row_shape(fmt):

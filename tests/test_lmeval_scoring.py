@@ -9,7 +9,7 @@ import pytest
 
 from threadweaver.format import Format
 from threadweaver.lmeval_tasks import data, discovery, measured, scoring
-from threadweaver.stats import latency_stats
+from threadweaver.stats import LatencyStats, latency_stats
 from threadweaver.tree import parse_text
 
 PARALLEL = (
@@ -66,9 +66,18 @@ def test_a_named_local_file_that_is_missing_is_an_error(tmp_path):
 
 def test_measured_counts_are_used_as_recorded(qwen):
     measured.use_tokenizer(qwen)  # would give other counts: the recorded ones must win
-    measured.record(
-        PARALLEL, measured.TokenCounts(total_tokens=50, critical_path_tokens=20, blocks=1, well_formed=False)
+    stats = LatencyStats(
+        total_tokens=50,
+        critical_path_tokens=20,
+        injected_tokens=7,
+        thread_tokens=30,
+        blocks=1,
+        threads_per_block=(2,),
+        max_depth=1,
+        reference_longest_thread=None,
+        reference_total_tokens=57,
     )
+    measured.record(PARALLEL, stats, False)
     metrics = scoring.process_results({"gold": "7"}, [[PARALLEL]])
     assert metrics == {
         "acc": 1.0,

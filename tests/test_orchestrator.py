@@ -1,61 +1,17 @@
-"""The orchestration state machine over a scripted engine that honours the engine contract.
-
-The engine answers by the end of the context (the text after the last match of a
-script key) and applies stop ids and max_tokens as vLLM does: the stop token is kept.
-"""
+"""The orchestration state machine over a scripted engine that honours the engine contract
+(:class:`threadweaver.testing.ScriptedEngine`)."""
 
 import asyncio
 
 import pytest
 from chars import EOS
+from orchestrator_scripts import GOOD, HEAD, PROMPT, WELL_FORMED
 
-from threadweaver.orchestrator import Completion, Limits, Orchestrator
+from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.requests import plan_requests
 from threadweaver.stats import latency_stats
+from threadweaver.testing import ScriptedEngine
 from threadweaver.tree import Block, parse
-
-
-class ScriptedEngine:
-    def __init__(self, fmt, script: dict[str, str], delay: float = 0.0):
-        self.fmt, self.script, self.delay = fmt, script, delay
-        self.calls = []
-
-    async def generate(self, prompt_ids, stop_ids, max_tokens, sampling):
-        self.calls.append(list(prompt_ids))
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        context = self.fmt.decode(prompt_ids)
-        key = max((k for k in self.script if context.endswith(k)), key=len)
-        reply = [EOS if t == "EOS" else t for t in _split_eos(self.script[key])]
-        ids = []
-        for piece in reply:
-            ids.extend([EOS] if piece == EOS else self.fmt.encode(piece))
-        for i, t in enumerate(ids[:max_tokens]):
-            if t in stop_ids:
-                return Completion(tuple(ids[: i + 1]), "stop")
-        return Completion(tuple(ids[:max_tokens]), "length")
-
-
-def _split_eos(text):
-    parts = text.split("<EOS>")
-    out = []
-    for i, part in enumerate(parts):
-        if part:
-            out.append(part)
-        if i < len(parts) - 1:
-            out.append("EOS")
-    return out
-
-
-PROMPT = "Q?"
-HEAD = "<Parallel><Outlines><Outline>1:a</Outline><Outline>2:b</Outline></Outlines>"
-GOOD = {
-    PROMPT: "think " + HEAD + " never reached",
-    "<Thread>1:": "aa</Thread>",
-    "<Thread>2:": "bbbb</Thread>",
-    "</Parallel>": " done<EOS>",
-}
-WELL_FORMED = "think " + HEAD + "<Thread>1:aa</Thread><Thread>2:bbbb</Thread></Parallel> done"
 
 
 def decode(fmt, script, limits=Limits(), delay=0.0):

@@ -5,12 +5,11 @@ import asyncio
 import dataclasses
 
 import pytest
-from test_orchestrator import GOOD, PROMPT, ScriptedEngine
-from test_orchestrator_malformed import CASES
-from test_quickstart import NESTED
+from orchestrator_scripts import CASES, GOOD, NESTED, PROMPT
 
 from threadweaver.orchestrator import EngineCall, Limits, Orchestrator
 from threadweaver.pgrpo import rollout_metrics, sampling_logprobs, trie_row
+from threadweaver.testing import ScriptedEngine
 
 SCRIPTS = {
     "well-formed": (GOOD, Limits()),

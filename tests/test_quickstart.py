@@ -5,20 +5,12 @@ import dataclasses
 import re
 
 import pytest
-from test_orchestrator import GOOD, PROMPT, ScriptedEngine
+from orchestrator_scripts import GOOD, NESTED, PROMPT
 
 from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.quickstart.compare import Problem, format_table, per_problem_speedups, problems, table
 from threadweaver.quickstart.timeline import Timeline, critical_requests, page
-
-INNER = "<Thread>1:x<Parallel><Outlines><Outline>1:c</Outline><Outline>2:d</Outline></Outlines>"
-NESTED = {
-    **GOOD,
-    "<Thread>1:": INNER[len("<Thread>1:") :],
-    INNER + "<Thread>1:": "cccccccccc</Thread>",
-    INNER + "<Thread>2:": "d</Thread>",
-    "<Thread>2:d</Thread></Parallel>": "y</Thread>",
-}
+from threadweaver.testing import ScriptedEngine
 
 
 def decoded_row(fmt, script, limits=Limits()):

@@ -1,24 +1,27 @@
-"""Batch decoding: JSONL problems in, JSONL trajectories out, resumable.
+"""Decoding many prompts: bounded concurrency, per-sample seeds, JSONL out, resumable.
 
 Each finished trajectory is appended and flushed at once, so a crash loses only the
 trajectories still in flight; rerunning skips every (row id, sample) already written.
 The engine and the tokenizer are passed in: this module does no host I/O itself.
+:func:`run_sync` is the one bridge from synchronous hosts (TRL, lm-eval, the command
+line) to the asynchronous orchestrator.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-import os
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from threadweaver.format import Format
+from threadweaver.jsonl import RowError, appending, read_jsonl
 from threadweaver.orchestrator import Orchestrator, Trajectory
-from threadweaver.report import RowError, read_jsonl
+from threadweaver.rows import RowReader
 from threadweaver.tree import tree_json
 
 
@@ -30,91 +33,30 @@ class Job:
     row: dict
 
 
-def prompt_ids(row: dict, tokenizer: Any) -> list[int]:
-    """The prompt of a problem row: ``prompt_ids``, ``messages`` or ``prompt``.
-
-    ``messages`` are rendered with the chat template and the generation prompt; a
-    trailing assistant turn (a reference solution) is left out. A ``prompt`` string is
-    one user turn through the chat template, or verbatim if the tokenizer has none.
-    """
-    if "prompt_ids" in row:
-        ids = row["prompt_ids"]
-        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
-            raise ValueError("field 'prompt_ids' must be a non-empty list of token ids")
-        return ids
-    if "messages" in row:
-        messages = row["messages"]
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-            raise ValueError("field 'messages' must be a list of {role, content} turns")
-        while messages and messages[-1]["role"] == "assistant":
-            messages = messages[:-1]
-        if not messages:
-            raise ValueError("field 'messages' has no turn before the assistant's")
-        return chat_prompt_ids(tokenizer, messages)
-    if "prompt" in row:
-        prompt = row["prompt"]
-        if isinstance(prompt, list):
-            return chat_prompt_ids(tokenizer, prompt)
-        if not isinstance(prompt, str):
-            raise ValueError("field 'prompt' must be a string or a list of messages")
-        if getattr(tokenizer, "chat_template", None):
-            return chat_prompt_ids(tokenizer, [{"role": "user", "content": prompt}])
-        return tokenizer.encode(prompt, add_special_tokens=False)
-    raise ValueError("no prompt: expected 'messages', 'prompt' or 'prompt_ids'")
-
-
-def chat_prompt_ids(tokenizer: Any, messages: list[dict], **template_kwargs) -> list[int]:
-    """``messages`` through the chat template, with the generation prompt, as token ids."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
 def read_jobs(path: str, tokenizer: Any, samples: int) -> Iterator[Job]:
     """One job per (row, sample); a bad row raises :class:`RowError` naming its line."""
     seen: set[str] = set()
+    reader = RowReader(tokenizer)
     for line, row in read_jsonl(path):
         row_id = str(row.get("id", f"line-{line}"))
         if row_id in seen:
             raise RowError(line, f"duplicate id {row_id!r}; ids must be unique for resuming")
         seen.add(row_id)
         try:
-            ids = tuple(prompt_ids(row, tokenizer))
+            ids = tuple(reader.prompt(row))
         except ValueError as err:
             raise RowError(line, str(err)) from None
         for sample in range(samples):
             yield Job(row_id, sample, ids, row)
 
 
-def finished_keys(path: str) -> set[tuple[str, int]]:
-    """(id, sample) of rows already in ``path``; a torn last line (a crash mid-write) is cut off."""
-    if not os.path.exists(path):
-        return set()
-    keys = set()
-    good = 0
-    with open(path, "rb") as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-                keys.add((row["id"], row["sample"]))
-            except (ValueError, KeyError, TypeError):
-                break
-            if not line.endswith(b"\n"):
-                break
-            good += len(line)
-    if good < os.path.getsize(path):
-        with open(path, "r+b") as f:
-            f.truncate(good)
-    return keys
-
-
-def trajectory_row(job: Job, trajectory: Trajectory, fmt: Format, wall_s: float) -> dict:
-    row = {"id": job.row_id, "sample": job.sample}
-    if "answer" in job.row:
-        row["answer"] = job.row["answer"]
-    row.update(
-        {
+def trajectory_row(trajectory: Trajectory, fmt: Format, wall_s: float, **head) -> dict:
+    """A finished trajectory as a JSONL row: ``head`` (its id, sample, ...), then what the orchestrator recorded."""
+    return {
+        **head,
+        **{
             "text": fmt.decode(trajectory.token_ids),
-            "prompt_ids": list(job.prompt_ids),
+            "prompt_ids": list(trajectory.prompt_ids),
             "token_ids": list(trajectory.token_ids),
             "injected": [i for i, g in enumerate(trajectory.generated) if not g],
             "tree": tree_json(trajectory.nodes, fmt),
@@ -123,9 +65,8 @@ def trajectory_row(job: Job, trajectory: Trajectory, fmt: Format, wall_s: float)
             "problems": list(trajectory.problems),
             "finish_reason": trajectory.finish_reason,
             "wall_s": wall_s,
-        }
-    )
-    return row
+        },
+    }
 
 
 @dataclass
@@ -152,26 +93,37 @@ class BatchProgress:
     def mean_speedup(self) -> float:
         return self.speedup_sum / self.done if self.done else 0.0
 
+    def postfix(self) -> str:
+        """The progress bar's description of the run so far."""
+        return f"{self.tokens_per_s:.0f} tok/s, mean speedup {self.mean_speedup:.2f}x, degraded {self.degraded}"
 
-async def decode_jobs(
-    jobs: Iterable[Job], orchestrator: Orchestrator, *, concurrency: int, seed: int | None = None
-) -> AsyncIterator[tuple[Job, Trajectory, float]]:
-    """Decode ``jobs``, ``concurrency`` trajectories at a time: (job, trajectory, wall seconds) as each finishes.
 
-    With ``seed``, sample ``k`` is drawn with seed ``seed + k``. The first engine error
-    cancels the rest and is raised after every trajectory that finished with it.
+async def decode_many(
+    orchestrator: Orchestrator,
+    prompts: Sequence[Sequence[int]],
+    *,
+    concurrency: int,
+    seed: int | None = None,
+    samples: Sequence[int] | None = None,
+) -> AsyncIterator[tuple[int, Trajectory, float]]:
+    """Decode ``prompts``, ``concurrency`` at a time: (index, trajectory, wall seconds) as each finishes.
+
+    With ``seed``, prompt ``i`` is drawn with seed ``seed + samples[i]`` (its sample number,
+    0 by default). The first engine error cancels the rest and is raised after every
+    trajectory that finished with it.
     """
     slots = asyncio.Semaphore(concurrency)
     base = orchestrator.sampling
 
-    async def one(job: Job) -> tuple[Job, Trajectory, float]:
+    async def one(index: int) -> tuple[int, Trajectory, float]:
         async with slots:
-            sampling = base if seed is None else dataclasses.replace(base, seed=seed + job.sample)
+            sample = samples[index] if samples is not None else 0
+            sampling = base if seed is None else dataclasses.replace(base, seed=seed + sample)
             started = time.monotonic()
-            trajectory = await orchestrator.run(job.prompt_ids, sampling)
-            return job, trajectory, time.monotonic() - started
+            trajectory = await orchestrator.run(prompts[index], sampling)
+            return index, trajectory, time.monotonic() - started
 
-    pending = {asyncio.ensure_future(one(job)) for job in jobs}
+    pending = {asyncio.ensure_future(one(i)) for i in range(len(prompts))}
     error: BaseException | None = None
     try:
         while pending and error is None:
@@ -198,14 +150,40 @@ async def run_batch(
     seed: int | None = None,
     on_done: Callable[[BatchProgress], None] | None = None,
 ) -> BatchProgress:
-    """Decode ``jobs`` (see :func:`decode_jobs`), appending each trajectory to ``out_path`` as it finishes."""
+    """Decode ``jobs`` (see :func:`decode_many`), appending each trajectory to ``out_path`` as it finishes."""
     progress = BatchProgress()
-    os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
-    with open(out_path, "a", encoding="utf-8") as out:
-        async for job, trajectory, wall_s in decode_jobs(jobs, orchestrator, concurrency=concurrency, seed=seed):
-            out.write(json.dumps(trajectory_row(job, trajectory, orchestrator.fmt, wall_s)) + "\n")
-            out.flush()
+    prompts, samples = [job.prompt_ids for job in jobs], [job.sample for job in jobs]
+    with appending(out_path) as append:
+        async for i, trajectory, wall_s in decode_many(
+            orchestrator, prompts, concurrency=concurrency, seed=seed, samples=samples
+        ):
+            job = jobs[i]
+            answer = {"answer": job.row["answer"]} if "answer" in job.row else {}
+            append(trajectory_row(trajectory, orchestrator.fmt, wall_s, id=job.row_id, sample=job.sample, **answer))
             progress.add(trajectory)
             if on_done:
                 on_done(progress)
     return progress
+
+
+_loops = threading.local()
+_worker: ThreadPoolExecutor | None = None
+
+
+def run_sync(coroutine):
+    """Run ``coroutine`` to the end from synchronous code and return its result.
+
+    Each thread keeps one event loop between calls, so what an engine binds to it (an
+    HTTP session) serves every call. Called inside a running loop (a notebook), the
+    coroutine runs on a worker thread of its own.
+    """
+    global _worker
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        loop = getattr(_loops, "loop", None)
+        if loop is None or loop.is_closed():
+            loop = _loops.loop = asyncio.new_event_loop()
+        return loop.run_until_complete(coroutine)
+    _worker = _worker or ThreadPoolExecutor(1, thread_name_prefix="threadweaver-run-sync")
+    return _worker.submit(run_sync, coroutine).result()

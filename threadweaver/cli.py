@@ -7,8 +7,6 @@ import json
 import sys
 
 from threadweaver.cli_args import add_arguments, from_args
-from threadweaver.pgrpo_args import PGRPOArgs
-from threadweaver.sft_args import SFTArgs
 from threadweaver.synth import SynthConfig
 
 
@@ -23,15 +21,16 @@ def _synth(args: argparse.Namespace) -> None:
 def _stats(args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
-    from threadweaver.format import Format
+    from threadweaver.jsonl import RowError
     from threadweaver.kit.tokenizers import load_tokenizer
-    from threadweaver.report import RowError, file_stats, format_summary, format_table, summary
+    from threadweaver.report import file_stats, format_summary, format_table, summary
+    from threadweaver.rows import RowReader
 
-    fmt = Format.from_tokenizer(load_tokenizer(args.tokenizer))
+    reader = RowReader(load_tokenizer(args.tokenizer))
     try:
         rows = list(
             tqdm(
-                file_stats(args.file, fmt, strict=args.strict),
+                file_stats(args.file, reader, strict=args.strict),
                 desc="stats",
                 unit=" rows",
                 disable=args.json or not sys.stderr.isatty(),
@@ -71,27 +70,21 @@ def _quickstart(args: argparse.Namespace) -> None:
 def _sft(args: argparse.Namespace) -> None:
     import logging
 
-    from threadweaver.hf_collator import RowFormatError
-    from threadweaver.hf_collator.sft import train
+    from threadweaver.hf_collator import sft
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        out = train(from_args(SFTArgs, args))
-    except RowFormatError as err:
-        sys.exit(f"threadweaver sft: {args.data}: {err} (--skip-malformed skips such rows)")
+        out = sft.main(args.rest)
     except ValueError as err:
         sys.exit(f"threadweaver sft: {err}")
     print(f"saved model and tokenizer to {out}")
 
 
 def _pgrpo(args: argparse.Namespace) -> None:
-    from threadweaver.report import RowError
-    from threadweaver.trl_pgrpo.command import train
+    from threadweaver.trl_pgrpo import command
 
     try:
-        out = train(from_args(PGRPOArgs, args))
-    except RowError as err:
-        sys.exit(f"threadweaver pgrpo: {args.data}: {err}")
+        out = command.main(args.rest)
     except (ValueError, TypeError) as err:
         sys.exit(f"threadweaver pgrpo: {err}")
     print(f"saved model and tokenizer to {out}")
@@ -107,17 +100,17 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _generate(args: argparse.Namespace) -> None:
+    from threadweaver.engine import EngineError
+    from threadweaver.jsonl import RowError
     from threadweaver.orchestrator import Limits, Sampling
-    from threadweaver.report import RowError
     from threadweaver.vllm_orchestrator.engines import EngineArgs
     from threadweaver.vllm_orchestrator.generate import GenerateArgs, run
-    from threadweaver.vllm_orchestrator.http import EngineError
 
     try:
         progress = run(
             from_args(GenerateArgs, args),
             from_args(EngineArgs, args),
-            from_args(Limits, args, branching=not args.sequential),
+            from_args(Limits, args),
             from_args(Sampling, args),
         )
     except RowError as err:
@@ -173,15 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(p, TinyQwen3Config)
     p.set_defaults(func=_kit)
 
-    p = commands.add_parser("sft", help="fine-tune a model on trajectories with TRL's SFTTrainer and tree attention")
-    add_arguments(p, SFTArgs)
-    p.set_defaults(func=_sft)
-
-    p = commands.add_parser(
-        "pgrpo", help="P-GRPO: reinforce correct and faster fork-join reasoning with TRL (the paper's defaults)"
-    )
-    add_arguments(p, PGRPOArgs)
-    p.set_defaults(func=_pgrpo)
+    # Their flags are the fields of the TRL configs they fill, parsed when the command runs.
+    for name, help_text, func in (
+        (
+            "sft",
+            "fine-tune a model on trajectories with TRL's SFTTrainer and tree attention (--help: every flag)",
+            _sft,
+        ),
+        ("pgrpo", "P-GRPO: reinforce correct and faster fork-join reasoning with TRL (the paper's defaults)", _pgrpo),
+    ):
+        commands.add_parser(name, help=help_text, add_help=False).set_defaults(func=func)
 
     p = commands.add_parser(
         "serve",
@@ -194,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("generate", help="decode JSONL problems into JSONL trajectories (resumable)")
     add_arguments(p, GenerateArgs)
     add_arguments(p, EngineArgs)
-    add_arguments(p, Limits, exclude=("branching",))
+    add_arguments(p, Limits)
     add_arguments(p, Sampling)
     p.set_defaults(func=_generate)
 
@@ -214,7 +208,10 @@ def main(argv: list[str] | None = None) -> None:
     passthrough: list[str] = []
     if "--" in argv:
         argv, passthrough = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    args.rest = rest
+    if args.rest and args.func not in (_sft, _pgrpo):
+        parser.error(f"unrecognized arguments: {' '.join(args.rest)}")
     if passthrough and args.func is not _serve:
         parser.error("only `threadweaver serve` passes flags after --")
     args.vllm_args = passthrough

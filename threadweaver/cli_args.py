@@ -18,10 +18,13 @@ def _value_type(hint):
     return hint
 
 
-def add_arguments(parser: argparse.ArgumentParser, config_cls: type, exclude: tuple[str, ...] = ()) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser, config_cls: type, exclude: tuple[str, ...] = (), include: tuple[str, ...] = ()
+) -> None:
+    """A flag per field of ``config_cls`` (only ``include`` if given; never ``exclude`` or non-init fields)."""
     hints = typing.get_type_hints(config_cls)
     for f in dataclasses.fields(config_cls):
-        if f.name in exclude:
+        if f.name in exclude or not f.init or (include and f.name not in include):
             continue
         flag = "--" + f.name.replace("_", "-")
         kind = _value_type(hints[f.name])

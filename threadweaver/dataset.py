@@ -6,19 +6,10 @@ import json
 import os
 from dataclasses import asdict
 
+from threadweaver.jsonl import write_jsonl
 from threadweaver.synth import SynthConfig, chat_row, make_rows
 
 FORMS = ("parallel", "sequential")
-
-
-def write_jsonl(path: str, rows) -> None:
-    """Write rows atomically: a crash never leaves a half-written file under ``path``."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
 
 
 def synth_splits(config: SynthConfig, n_train: int, n_validation: int, seed: int) -> dict[str, list[dict]]:

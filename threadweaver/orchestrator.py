@@ -36,7 +36,9 @@ from threadweaver.tree import DEFAULT_MAX_DEPTH, Block, Node, Text, Thread, Traj
 
 @dataclass(frozen=True)
 class Limits:
-    branching: bool = field(default=True, metadata={"help": "Decode threads concurrently (off: one plain request)."})
+    branching: bool = field(
+        default=True, metadata={"help": "Fork-join decoding; off: one plain request, the sequential baseline."}
+    )
     concurrent_threads: bool = field(
         default=True,
         metadata={

@@ -16,7 +16,26 @@ from statistics import fmean
 
 from threadweaver.format import Format
 from threadweaver.orchestrator import EngineCall, Trajectory
+from threadweaver.reward import RewardConfig
 from threadweaver.trie import trajectory_trie
+
+
+@dataclass(frozen=True)
+class PaperSettings:
+    """P-GRPO's settings in the paper, declared once: TRL's ``PGRPOConfig`` and the verl configs refer to them."""
+
+    learning_rate: float = 1e-6
+    rollouts_per_prompt: int = 8
+    clip_low: float = 0.2
+    """Lower clip of the importance ratio (its epsilon)."""
+    clip_high: float = 0.28
+    temperature: float = 1.0
+    max_grad_norm: float = 1.0
+    acceleration_factor: float = RewardConfig.factor
+    acceleration_clip: float = RewardConfig.clip
+
+
+PAPER = PaperSettings()
 
 
 @dataclass(frozen=True)

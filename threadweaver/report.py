@@ -6,53 +6,14 @@ the response (see :mod:`threadweaver.stats`), shown for one-level trajectories.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from statistics import mean
 
-from threadweaver.format import Format
-from threadweaver.stats import LatencyStats, latency_stats
-from threadweaver.tree import Parsed, parse
-
-
-class RowError(ValueError):
-    """A bad input row; names the file line (1-based)."""
-
-    def __init__(self, line: int, message: str):
-        super().__init__(f"line {line}: {message}")
-        self.line = line
-
-
-def read_jsonl(path: str) -> Iterator[tuple[int, dict]]:
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise RowError(line_no, f"not JSON ({err})") from None
-            if not isinstance(row, dict):
-                raise RowError(line_no, "not a JSON object")
-            yield line_no, row
-
-
-def trajectory_ids(row: dict, fmt: Format) -> list[int]:
-    """The trajectory's tokens from ``token_ids``, ``text`` or the last assistant message."""
-    if "token_ids" in row:
-        ids = row["token_ids"]
-        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-            raise ValueError("field 'token_ids' must be a list of integers")
-        return ids
-    if isinstance(row.get("text"), str):
-        return fmt.encode(row["text"])
-    messages = row.get("messages")
-    if isinstance(messages, list):
-        for message in reversed(messages):
-            if isinstance(message, dict) and message.get("role") == "assistant":
-                return fmt.encode(message.get("content", ""))
-    raise ValueError("no trajectory: expected a 'token_ids', 'text' or 'messages' (with an assistant turn) field")
+from threadweaver.jsonl import RowError, read_jsonl
+from threadweaver.rows import RowReader
+from threadweaver.stats import LatencyStats, latency_stats, speedup
+from threadweaver.tree import parse
 
 
 @dataclass(frozen=True)
@@ -66,21 +27,14 @@ class RowStats:
         return {"line": self.line, "id": self.id, **self.stats.as_dict(), "problems": list(self.problems)}
 
 
-def parsed_rows(path: str, fmt: Format, *, strict: bool = False) -> Iterator[tuple[int, dict, Parsed]]:
-    """(line, row, parsed trajectory) per row; a bad row raises :class:`RowError`."""
+def file_stats(path: str, reader: RowReader, *, strict: bool = False) -> Iterator[RowStats]:
+    """Per row, the statistics of its trajectory; a bad row raises :class:`RowError` naming its line."""
     for line, row in read_jsonl(path):
         try:
-            parsed = parse(trajectory_ids(row, fmt), fmt, strict=strict)
+            parsed = parse(reader.trajectory(row), reader.fmt, strict=strict)
         except ValueError as err:  # TrajectoryFormatError included
             raise RowError(line, str(err)) from None
-        yield line, row, parsed
-
-
-def file_stats(path: str, fmt: Format, *, strict: bool = False) -> Iterator[RowStats]:
-    for line, row, parsed in parsed_rows(path, fmt, strict=strict):
-        yield RowStats(
-            line, str(row.get("id", line)), latency_stats(parsed.nodes), tuple(str(p) for p in parsed.problems)
-        )
+        yield RowStats(line, str(row.get("id", line)), latency_stats(parsed.nodes), tuple(map(str, parsed.problems)))
 
 
 def summary(rows: Iterable[RowStats]) -> dict:
@@ -94,7 +48,7 @@ def summary(rows: Iterable[RowStats]) -> dict:
         "mean_total_tokens": total,
         "mean_critical_path_tokens": critical,
         "mean_speedup": mean(r.stats.speedup for r in rows),
-        "speedup_of_means": total / critical if critical else 1.0,
+        "speedup_of_means": speedup(total, critical),
         "parallel_activation_ratio": mean(r.stats.blocks > 0 for r in rows),
         "well_formed_ratio": mean(not r.problems for r in rows),
         "mean_parallel_ratio": mean(r.stats.parallel_ratio for r in rows),

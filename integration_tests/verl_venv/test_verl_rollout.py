@@ -120,8 +120,11 @@ def test_import_verl_registers_the_agent_loops():
         "print(r['threadweaver'], r['threadweaver_sequential'])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    target = "threadweaver.verl_rollout.agent_loop.ThreadWeaverAgentLoop"
-    assert out.split("} {") == [f"{{'_target_': '{target}'", f"'_target_': '{target}', 'branching': False}}\n"]
+    module = "threadweaver.verl_rollout.agent_loop"
+    assert out.split("} {") == [
+        f"{{'_target_': '{module}.ThreadWeaverAgentLoop'",
+        f"'_target_': '{module}.SequentialAgentLoop'}}\n",
+    ]
 
 
 def test_the_legacy_trainer_is_refused_with_the_flag_to_set(worker, model):

@@ -11,14 +11,12 @@ from threadweaver.hf_collator.attention import (
     register,
     use_tree_attention,
 )
-from threadweaver.hf_collator.collator import TrieCollator
-from threadweaver.hf_collator.rows import RowEncoder, RowFormatError
+from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
 
 register()
 
 __all__ = [
     "NAMES",
-    "RowEncoder",
     "RowFormatError",
     "TreeAttentionError",
     "TrieCollator",

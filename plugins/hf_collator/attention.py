@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-TREE_KWARG = "subtree_end"
+from threadweaver.hosts import check_host
 
 NAMES = {"sdpa": "threadweaver_sdpa", "eager": "threadweaver_eager", "flex_attention": "threadweaver_flex"}
 """Base implementation -> the tree-masked implementation registered for it."""
@@ -176,6 +176,7 @@ def _deferred(build: Callable) -> Callable:
 
 def register() -> None:
     """Register the ``threadweaver_*`` implementations with transformers (idempotent)."""
+    check_host("transformers")
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 

@@ -11,7 +11,7 @@ once, in one row of the batch. The batch is:
 * ``subtree_end``: the O(N) tree metadata the attention hook turns into the mask on the
   model's device. No N x N tensor is built on the host.
 
-With ``sequential=True`` rows are plain causal sequences (prompt + trajectory, the tags
+With ``branching=False`` rows are plain causal sequences (prompt + trajectory, the tags
 as ordinary tokens): the paper's sequential baseline, for any attention implementation.
 """
 
@@ -24,13 +24,22 @@ from typing import Any
 
 import torch
 
-from threadweaver.hf_collator.rows import RowEncoder, RowFormatError
-from threadweaver.tree import TrajectoryFormatError, parse
+from threadweaver.rows import RowReader
+from threadweaver.tree import DEFAULT_MAX_DEPTH, TrajectoryFormatError, parse
 from threadweaver.trie import trajectory_trie
 
 IGNORE_INDEX = -100
 
 logger = logging.getLogger(__name__)
+
+
+class RowFormatError(ValueError):
+    """A row that cannot be trained on; the message names the row (and token position)."""
+
+    def __init__(self, row: str, message: str, position: int | None = None):
+        super().__init__(f"row {row}: {message}")
+        self.row = row
+        self.position = position
 
 
 @dataclass
@@ -48,9 +57,12 @@ class TrieCollator:
     max_length: int | None = field(
         default=None, metadata={"help": "Cut longer rows at a pre-order prefix (always ancestor-closed)."}
     )
-    sequential: bool = field(
-        default=False,
-        metadata={"help": "Plain causal rows (prompt + trajectory, tags as ordinary tokens): the sequential baseline."},
+    branching: bool = field(
+        default=True,
+        metadata={
+            "help": "Trie rows with tree attention; off: plain causal rows (prompt + trajectory, tags as "
+            "ordinary tokens), the sequential baseline."
+        },
     )
     skip_malformed: bool = field(
         default=False, metadata={"help": "Skip (and log) rows that fail to parse instead of raising."}
@@ -62,25 +74,33 @@ class TrieCollator:
             "runs with branching off too."
         },
     )
-    max_depth: int = field(default=3, metadata={"help": "Deepest nesting of parallel blocks accepted."})
+    max_depth: int = field(default=DEFAULT_MAX_DEPTH, metadata={"help": "Deepest nesting of parallel blocks accepted."})
     pad_to_multiple_of: int | None = field(default=None, metadata={"help": "Pad the batch length to a multiple."})
     row_key: str = field(default="id", metadata={"help": "Row field that names a row in errors and logs."})
     skipped: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        self.encoder = RowEncoder(self.tokenizer)
-        self.fmt = self.encoder.fmt
+        self.reader = RowReader(self.tokenizer)
+        self.fmt = self.reader.fmt
+        self.end_of_turn = self.tokenizer.eos_token_id
+        if self.end_of_turn is None:
+            raise ValueError("the tokenizer has no eos_token: set it to the end-of-turn token (e.g. <|im_end|>)")
         pad = self.tokenizer.pad_token_id
-        self.pad_id = self.encoder.end_of_turn if pad is None else pad
+        self.pad_id = self.end_of_turn if pad is None else pad
+
+    def encode(self, row: dict) -> tuple[list[int], list[int]]:
+        """(prompt ids, trajectory ids); a trajectory given as text ends with the end-of-turn token,
+        which the model must learn to write (see :mod:`threadweaver.rows` for the row shapes)."""
+        return self.reader.prompt(row), self.reader.trajectory(row, self.end_of_turn)
 
     def flatten(self, row: dict, name: str | None = None) -> FlatRow:
         """One row, flattened; raises :class:`RowFormatError` naming the row and position."""
         name = name if name is not None else str(row.get(self.row_key, "?"))
         try:
-            prompt, trajectory = self.encoder(row)
+            prompt, trajectory = self.encode(row)
             if not prompt:
                 raise ValueError("empty prompt: the first trajectory token has no context to be predicted from")
-            if self.sequential:
+            if not self.branching:
                 return _plain(prompt, trajectory, self.max_length)
             tree = parse(trajectory, self.fmt, strict=True, max_depth=self.max_depth)
             flat = trajectory_trie(prompt, tree.nodes, self.fmt, train_injected=self.train_injected)
@@ -126,7 +146,7 @@ class TrieCollator:
             "position_ids": torch.zeros((len(rows), length), dtype=torch.long),
             "attention_mask": torch.zeros((len(rows), length), dtype=torch.long),
         }
-        tree = not self.sequential
+        tree = self.branching
         if tree:
             # A padding token sees only itself and nobody sees it.
             batch["subtree_end"] = torch.arange(1, length + 1, dtype=torch.int32).repeat(len(rows), 1)

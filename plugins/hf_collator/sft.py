@@ -1,23 +1,81 @@
 """``threadweaver sft``: trie SFT with TRL's SFTTrainer, as a command.
 
-The model is trained with tree attention (or, with ``--sequential``, as plain causal
-sequences) and saved with its tokenizer in the plain transformers layout, so
-transformers and vLLM load it without threadweaver.
+Its flags are the fields of TRL's ``SFTConfig`` and of :class:`TrieCollator`, as TRL's own
+command line parses its configs; :data:`DEFAULTS` are this command's own defaults where
+they differ from TRL's. The model is trained with tree attention (with ``--no-branching``,
+as plain causal sequences) and saved with its tokenizer in the plain transformers layout,
+so transformers and vLLM load it without threadweaver.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
 from tqdm import tqdm
 
+from threadweaver.cli_args import add_arguments
 from threadweaver.hf_collator.attention import use_tree_attention
-from threadweaver.hf_collator.collator import TrieCollator
-from threadweaver.report import read_jsonl
-from threadweaver.sft_args import SFTArgs
+from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
+from threadweaver.jsonl import read_jsonl
 
 logger = logging.getLogger(__name__)
+
+DEFAULTS = {
+    "output_dir": os.path.join("runs", "sft"),
+    "learning_rate": 1e-4,
+    "lr_scheduler_type": "cosine",
+    "per_device_train_batch_size": 8,
+    "max_length": 8192,
+    "logging_steps": 10,
+    "seed": 0,
+    "save_strategy": "no",
+    "report_to": "none",
+}
+SHARED_WITH_CONFIG = ("max_length", "pad_to_multiple_of")
+"""Collator settings that ``SFTConfig`` declares already: the collator takes them from it."""
+NOT_FLAGS = ("tokenizer", "row_key", *SHARED_WITH_CONFIG)
+COLLATOR_FLAGS = tuple(f.name for f in dataclasses.fields(TrieCollator) if f.init and f.name not in NOT_FLAGS)
+ATTENTION = ("auto", "sdpa", "eager", "flex_attention")
+
+
+def parser():
+    """The command's parser (imports TRL, so it is built only when the command runs)."""
+    import torch
+    from transformers import HfArgumentParser
+    from trl import SFTConfig
+
+    cuda = torch.cuda.is_available()
+    parser = HfArgumentParser(SFTConfig, prog="threadweaver sft", description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="Model directory or hub id (a causal LM in transformers format).")
+    parser.add_argument(
+        "data",
+        help="JSONL rows in any shape threadweaver.rows reads (messages, prompt + "
+        "completion, text, prompt_ids + completion_ids or token_ids).",
+    )
+    parser.add_argument(
+        "--attention",
+        default="auto",
+        choices=ATTENTION,
+        help="Tree attention backend ('auto': flex_attention on GPU, sdpa on CPU).",
+    )
+    add_arguments(parser, TrieCollator, include=COLLATOR_FLAGS)
+    parser.set_defaults(**DEFAULTS, use_cpu=not cuda, bf16=cuda and torch.cuda.is_bf16_supported())
+    return parser
+
+
+def main(argv: list[str]) -> str:
+    """Run the command; returns where the model was saved."""
+    from trl import SFTConfig
+
+    values = vars(parser().parse_args(argv))
+    model, data, attention = values.pop("model"), values.pop("data"), values.pop("attention")
+    collator = {name: values.pop(name) for name in COLLATOR_FLAGS}
+    try:
+        return train(model, data, SFTConfig(**values), attention, **collator)
+    except RowFormatError as err:
+        raise ValueError(f"{data}: {err} (--skip-malformed skips such rows)") from None
 
 
 def load_rows(path: str, collator: TrieCollator) -> list[dict]:
@@ -37,57 +95,32 @@ def load_rows(path: str, collator: TrieCollator) -> list[dict]:
     return rows
 
 
-def train(args: SFTArgs) -> str:
+def train(model_dir: str, data: str, config, attention: str = "auto", **collator_settings) -> str:
+    """Fine-tune ``model_dir`` on ``data`` with ``config`` (an ``SFTConfig``); returns the output directory."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
     from threadweaver.format import add_tags
 
     cuda = torch.cuda.is_available()
-    attention = args.attention if args.attention != "auto" else ("flex_attention" if cuda else "sdpa")
+    attention = attention if attention != "auto" else ("flex_attention" if cuda else "sdpa")
     if attention == "flex_attention" and not cuda:
         raise ValueError("FlexAttention has no backward pass on CPU; train with --attention sdpa")
-    dtype = args.dtype
-    if dtype == "auto":
-        dtype = "bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32"
-
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation=attention)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attention)
     if add_tags(tokenizer, model):
         logger.warning("added the ThreadWeaver tags to the tokenizer and the embeddings")
-    if not args.sequential:
-        use_tree_attention(model)
-
     collator = TrieCollator(
-        tokenizer,
-        max_length=args.max_length,
-        sequential=args.sequential,
-        skip_malformed=args.skip_malformed,
-        row_key="_row",
+        tokenizer, **{name: getattr(config, name) for name in SHARED_WITH_CONFIG}, **collator_settings, row_key="_row"
     )
-    rows = load_rows(args.data, collator)
-    config = SFTConfig(
-        output_dir=args.output_dir,
-        num_train_epochs=args.epochs,
-        max_steps=args.max_steps,
-        learning_rate=args.learning_rate,
-        lr_scheduler_type=args.lr_scheduler,
-        warmup_steps=args.warmup,
-        weight_decay=args.weight_decay,
-        per_device_train_batch_size=args.batch_size,
-        gradient_accumulation_steps=args.grad_accum,
-        gradient_checkpointing=args.gradient_checkpointing,
-        bf16=dtype == "bfloat16",
-        use_cpu=not cuda,
-        logging_steps=args.logging_steps,
-        save_strategy="no",
-        report_to="none",
-        seed=args.seed,
-        remove_unused_columns=False,
-        dataset_kwargs={"skip_prepare_dataset": True},
-    )
+    if collator.branching:
+        use_tree_attention(model)
+    rows = load_rows(data, collator)
+    # The collator does the tokenising: TRL must keep every column and prepare nothing.
+    config.remove_unused_columns = False
+    config.dataset_kwargs = {**(config.dataset_kwargs or {}), "skip_prepare_dataset": True}
     trainer = SFTTrainer(
         model=model,
         args=config,
@@ -99,7 +132,7 @@ def train(args: SFTArgs) -> str:
     if collator.skipped:
         logger.warning("%d malformed rows skipped in all", collator.skipped)
     model.set_attn_implementation("sdpa")
-    trainer.save_model(args.output_dir)
-    tokenizer.save_pretrained(args.output_dir)
-    trainer.state.save_to_json(os.path.join(args.output_dir, "trainer_state.json"))
-    return args.output_dir
+    trainer.save_model(config.output_dir)
+    tokenizer.save_pretrained(config.output_dir)
+    trainer.state.save_to_json(os.path.join(config.output_dir, "trainer_state.json"))
+    return config.output_dir

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+from threadweaver.hosts import check_host
+
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 MODEL_NAME = "threadweaver"
 MODEL_TARGET = "threadweaver.lmeval_tasks.model:ThreadWeaverLM"
@@ -51,6 +53,7 @@ def register_model(_module: ModuleType | None = None) -> None:
 
     lm-eval's own models go in first: ``get_model`` adds them only while the registry is empty.
     """
+    check_host("lm_eval")
     from lm_eval.api.registry import model_registry
 
     importlib.import_module("lm_eval.models")
@@ -74,6 +77,7 @@ def with_tasks_dir(include_path) -> list:
 
 def add_tasks_dir(manager_module: ModuleType) -> None:
     """Make ``TaskManager(...)`` also scan :data:`TASKS_DIR` (idempotent)."""
+    check_host("lm_eval")
     cls = manager_module.TaskManager
     original = cls.__init__
     if getattr(original, "_threadweaver_tasks", False):

@@ -12,27 +12,19 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from dataclasses import dataclass
 from typing import Any
+
+from threadweaver.stats import LatencyStats, latency_stats
 
 TOKENIZER_ENV = "THREADWEAVER_TOKENIZER"
 
 
-@dataclass(frozen=True)
-class TokenCounts:
-    total_tokens: int
-    critical_path_tokens: int
-    blocks: int
-    """Parallel blocks in the response."""
-    well_formed: bool
-
-    @property
-    def speedup(self) -> float:
-        return self.total_tokens / self.critical_path_tokens if self.critical_path_tokens else 1.0
+Measured = tuple[LatencyStats, bool]
+"""A response's latency statistics, and whether it was well-formed."""
 
 
 _lock = threading.Lock()
-_by_text: dict[bytes, TokenCounts] = {}
+_by_text: dict[bytes, Measured] = {}
 """Keyed by a digest of the text: lm-eval already holds every response once."""
 _tokenizer: Any = None
 _tokenizer_hint: str | None = None
@@ -42,12 +34,12 @@ def _key(text: str) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
-def record(text: str, counts: TokenCounts) -> None:
+def record(text: str, stats: LatencyStats, well_formed: bool) -> None:
     with _lock:
-        _by_text[_key(text)] = counts
+        _by_text[_key(text)] = (stats, well_formed)
 
 
-def lookup(text: str) -> TokenCounts | None:
+def lookup(text: str) -> Measured | None:
     with _lock:
         return _by_text.get(_key(text))
 
@@ -84,21 +76,18 @@ def fallback_tokenizer() -> Any:
     return tokenizer
 
 
-def count_tokens(text: str, tokenizer: Any) -> TokenCounts:
-    """Token counts of a response by tokenising it: the post-hoc parser's view of the text.
+def count_tokens(text: str, tokenizer: Any) -> Measured:
+    """A response's statistics by tokenising it: the post-hoc parser's view of the text.
 
     Malformed parts count as sequential text, as the orchestrator would have decoded
     them; a tokenizer without the tags sees one sequential chain.
     """
     from threadweaver.format import Format
-    from threadweaver.stats import latency_stats
-    from threadweaver.tree import parse_text
+    from threadweaver.tree import Text, parse_text
 
     try:
         fmt = Format.from_tokenizer(tokenizer)
     except ValueError:
-        n = len(tokenizer.encode(text, add_special_tokens=False))
-        return TokenCounts(n, n, 0, True)
+        return latency_stats([Text(tuple(tokenizer.encode(text, add_special_tokens=False)))]), True
     parsed = parse_text(text, fmt, strict=False)
-    stats = latency_stats(parsed.nodes)
-    return TokenCounts(stats.total_tokens, stats.critical_path_tokens, stats.blocks, parsed.well_formed)
+    return latency_stats(parsed.nodes), parsed.well_formed

@@ -2,7 +2,7 @@
 
 ``lm_eval run --model threadweaver --model_args base_url=http://127.0.0.1:8000 --tasks tw_math``.
 Every ``--model_args`` key is a field of :class:`ModelArgs`, :class:`EngineArgs` or
-:class:`Limits`; ``parallel=false`` decodes each prompt as one plain request (the
+:class:`Limits`; ``branching=false`` decodes each prompt as one plain request (the
 sequential baseline). Sampling comes from the task's ``generation_kwargs``
 (``temperature``, ``top_p``, ``top_k``, ``do_sample``, ``max_gen_toks``, ``until``).
 Repeats of one prompt (``repeats: k``) are drawn with seeds ``seed``, ``seed+1``, ...
@@ -10,22 +10,26 @@ Repeats of one prompt (``repeats: k``) are drawn with seeds ``seed``, ``seed+1``
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
-import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields
 
-from lm_eval.api.model import LM
-
-from threadweaver.batch import BatchProgress, Job, decode_jobs, prompt_ids, trajectory_row
+from threadweaver.batch import BatchProgress, decode_many, run_sync, trajectory_row
 from threadweaver.format import Format
+from threadweaver.hosts import check_host
+from threadweaver.jsonl import appending
 from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, trajectory_text
+from threadweaver.rows import RowReader, plain_ids
 from threadweaver.vllm_orchestrator.engines import EngineArgs, make_engine, tokenizer_source
 
 from . import measured
+
+check_host("lm_eval")
+
+from lm_eval.api.model import LM  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +47,6 @@ class ModelArgs:
         },
     )
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer, if not the model's."})
-    parallel: bool = field(
-        default=True,
-        metadata={
-            "help": "Decode threads concurrently; false: one plain request per prompt (the sequential baseline)."
-        },
-    )
     concurrency: int = field(default=32, metadata={"help": "Trajectories decoded at once."})
     seed: int | None = field(default=0, metadata={"help": "Seed of the first sample of each prompt."})
     trajectories: str | None = field(
@@ -65,7 +63,7 @@ def split_model_args(kwargs: dict) -> tuple[ModelArgs, EngineArgs, Limits]:
     kwargs = {k: v for k, v in kwargs.items() if k not in _LM_EVAL_RUN_ARGS}
     if "pretrained" in kwargs:
         kwargs.setdefault("model", kwargs.pop("pretrained"))
-    limit_fields = {f.name for f in fields(Limits)} - {"branching", "max_tokens"}
+    limit_fields = {f.name for f in fields(Limits)} - {"max_tokens"}
     groups = {
         ModelArgs: {f.name for f in fields(ModelArgs)},
         EngineArgs: {f.name for f in fields(EngineArgs)},
@@ -79,8 +77,7 @@ def split_model_args(kwargs: dict) -> tuple[ModelArgs, EngineArgs, Limits]:
             f"max_gen_toks, override with --gen_kwargs max_gen_toks=N)"
         )
     args = {cls: cls(**{k: v for k, v in kwargs.items() if k in names}) for cls, names in groups.items()}
-    model_args, limits = args[ModelArgs], args[Limits]
-    return model_args, args[EngineArgs], dataclasses.replace(limits, branching=model_args.parallel)
+    return args[ModelArgs], args[EngineArgs], args[Limits]
 
 
 def sampling_from(gen_kwargs: dict, seed: int | None) -> tuple[Sampling, int | None, list[str]]:
@@ -111,11 +108,6 @@ def response_text(trajectory: Trajectory, fmt: Format, until: list[str]) -> str:
     return text[: min(cuts)] if cuts else text
 
 
-def counts_of(trajectory: Trajectory) -> measured.TokenCounts:
-    stats = trajectory.stats
-    return measured.TokenCounts(stats.total_tokens, stats.critical_path_tokens, stats.blocks, not trajectory.degraded)
-
-
 class ThreadWeaverLM(LM):
     """Only ``generate_until``: parallel reasoning is scored on what it generates."""
 
@@ -123,15 +115,12 @@ class ThreadWeaverLM(LM):
         super().__init__()
         self.args, self.engine_args, self.limits = split_model_args(kwargs)
         self._request_cap_given = "max_request_tokens" in kwargs
-        self._loop = asyncio.new_event_loop()
         self.engine = make_engine(self.engine_args, self.args.model)
-        self.tokenizer = self._run(self._load_tokenizer())
-        self.fmt = Format.from_tokenizer(self.tokenizer)
+        self.tokenizer = run_sync(self._load_tokenizer())
+        self.reader = RowReader(self.tokenizer)
+        self.fmt = self.reader.fmt
         self._chat_applied = False
         measured.use_tokenizer(self.tokenizer)
-
-    def _run(self, coroutine):
-        return self._loop.run_until_complete(coroutine)
 
     async def _load_tokenizer(self):
         from transformers import AutoTokenizer
@@ -158,10 +147,9 @@ class ThreadWeaverLM(LM):
             chat_history, tokenize=False, add_generation_prompt=add_generation_prompt
         )
 
-    def _prompt_ids(self, context: str) -> tuple[int, ...]:
-        if self._chat_applied:
-            return tuple(self.tokenizer.encode(context, add_special_tokens=False))
-        return tuple(prompt_ids({"prompt": context}, self.tokenizer))
+    def _prompt_ids(self, context: str) -> list[int]:
+        """The context as lm-eval rendered it, or else as one user turn."""
+        return plain_ids(self.tokenizer, context) if self._chat_applied else self.reader.prompt({"prompt": context})
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Decode every request; repeats of a prompt are samples 0, 1, ... of one problem."""
@@ -172,20 +160,13 @@ class ThreadWeaverLM(LM):
 
         bar = tqdm(total=len(requests), desc="threadweaver", unit=" traj", disable=disable_tqdm, dynamic_ncols=True)
         out: list[str | None] = [None] * len(requests)
-        dump = None
-        if self.args.trajectories:
-            os.makedirs(os.path.dirname(self.args.trajectories) or ".", exist_ok=True)
-            dump = open(self.args.trajectories, "a", encoding="utf-8")
-        try:
+        dump = appending(self.args.trajectories) if self.args.trajectories else contextlib.nullcontext()
+        with dump as append, bar:
             for indices in by_kwargs.values():
-                self._run(self._generate([requests[i] for i in indices], indices, out, bar, dump))
-        finally:
-            bar.close()
-            if dump is not None:
-                dump.close()
+                run_sync(self._generate([requests[i] for i in indices], indices, out, bar, append))
         return out
 
-    async def _generate(self, requests, indices: list[int], out: list, bar, dump) -> None:
+    async def _generate(self, requests, indices: list[int], out: list, bar, append) -> None:
         sampling, max_tokens, until = sampling_from(requests[0].args[1], self.args.seed)
         limits = self.limits
         if max_tokens is not None:
@@ -193,32 +174,26 @@ class ThreadWeaverLM(LM):
             cap = limits.max_request_tokens if self._request_cap_given else max_tokens
             limits = dataclasses.replace(limits, max_tokens=max_tokens, max_request_tokens=cap)
         orchestrator = Orchestrator(self.engine, self.fmt, limits, sampling)
-        copies: dict[str, int] = defaultdict(int)
-        jobs = []
-        for position, request in enumerate(requests):
-            context = request.args[0]
-            jobs.append(Job(str(position), copies[context], self._prompt_ids(context), {}))
-            copies[context] += 1
+        contexts = [request.args[0] for request in requests]
+        samples, seen = [], Counter()  # repeats of a prompt are its samples 0, 1, ...
+        for context in contexts:
+            samples.append(seen[context])
+            seen[context] += 1
+        prompts = [self._prompt_ids(context) for context in contexts]
         progress = BatchProgress()
-        async for job, trajectory, wall_s in decode_jobs(
-            jobs, orchestrator, concurrency=self.args.concurrency, seed=sampling.seed
+        async for position, trajectory, wall_s in decode_many(
+            orchestrator, prompts, concurrency=self.args.concurrency, seed=sampling.seed, samples=samples
         ):
-            position = int(job.row_id)
             text = response_text(trajectory, self.fmt, until)
-            measured.record(text, counts_of(trajectory))
-            if dump is not None:
-                row = trajectory_row(job, trajectory, self.fmt, wall_s)
-                row.update(id=str(indices[position]), context=requests[position].args[0])
-                dump.write(json.dumps(row) + "\n")
-                dump.flush()
+            measured.record(text, trajectory.stats, not trajectory.degraded)
+            if append is not None:
+                row = trajectory_row(trajectory, self.fmt, wall_s, id=str(indices[position]), sample=samples[position])
+                append({**row, "context": contexts[position]})
             out[indices[position]] = text
             self.cache_hook.add_partial("generate_until", requests[position].args, text)
             progress.add(trajectory)
             bar.update(1)
-            bar.set_postfix_str(
-                f"{progress.tokens_per_s:.0f} tok/s, mean speedup {progress.mean_speedup:.2f}x, "
-                f"degraded {progress.degraded}"
-            )
+            bar.set_postfix_str(progress.postfix())
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         raise NotImplementedError("the threadweaver model only generates (generate_until tasks such as tw_math)")
@@ -227,11 +202,6 @@ class ThreadWeaverLM(LM):
         raise NotImplementedError("the threadweaver model only generates (generate_until tasks such as tw_math)")
 
     def __del__(self):
-        loop = getattr(self, "_loop", None)
-        if loop is None or loop.is_closed():
-            return
-        try:
-            if hasattr(getattr(self, "engine", None), "aclose"):
-                loop.run_until_complete(self.engine.aclose())
-        finally:
-            loop.close()
+        if hasattr(getattr(self, "engine", None), "aclose"):
+            with contextlib.suppress(Exception):  # at interpreter exit the loop may be gone
+                run_sync(self.engine.aclose())

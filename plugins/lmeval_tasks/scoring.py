@@ -32,23 +32,24 @@ _warned = False
 
 
 def response_metrics(response: str, gold: str) -> dict[str, float]:
-    counts = measured.lookup(response)
-    is_measured = counts is not None
-    if counts is None:
+    found = measured.lookup(response)
+    is_measured = found is not None
+    if found is None:
         tokenizer = measured.fallback_tokenizer()
         if tokenizer is not None:
-            counts = measured.count_tokens(response, tokenizer)
+            found = measured.count_tokens(response, tokenizer)
     metrics = {"acc": float(grade(response, gold).correct), "stats_measured": float(is_measured)}
-    if counts is None:
+    if found is None:
         _warn_no_tokenizer()
         return {**metrics, **{m: math.nan for m in HIGHER_IS_BETTER if m not in metrics}}
+    stats, well_formed = found
     return {
         **metrics,
-        "token_latency": float(counts.critical_path_tokens),
-        "total_tokens": float(counts.total_tokens),
-        "speedup": counts.speedup,
-        "parallel_activation": float(counts.blocks > 0),
-        "format_valid": float(counts.well_formed),
+        "token_latency": float(stats.critical_path_tokens),
+        "total_tokens": float(stats.total_tokens),
+        "speedup": stats.speedup,
+        "parallel_activation": float(stats.blocks > 0),
+        "format_valid": float(well_formed),
     }
 
 

@@ -5,8 +5,12 @@ rollouts (the shared orchestrator), one token-trie row per trajectory under the 
 mask, and the correctness + acceleration rewards (:func:`pgrpo_rewards`).
 """
 
-from threadweaver.trl_pgrpo.config import PGRPOConfig
-from threadweaver.trl_pgrpo.rewards import pgrpo_rewards
-from threadweaver.trl_pgrpo.trainer import PGRPOTrainer
+from threadweaver.hosts import check_host
+
+check_host("trl")
+
+from threadweaver.trl_pgrpo.config import PGRPOConfig  # noqa: E402
+from threadweaver.trl_pgrpo.rewards import pgrpo_rewards  # noqa: E402
+from threadweaver.trl_pgrpo.trainer import PGRPOTrainer  # noqa: E402
 
 __all__ = ["PGRPOConfig", "PGRPOTrainer", "pgrpo_rewards"]

@@ -1,7 +1,9 @@
 """``threadweaver pgrpo``: P-GRPO with :class:`PGRPOTrainer`, as a command.
 
-The trained model is saved with its tokenizer in the plain transformers layout, so
-transformers and vLLM load it without threadweaver.
+Its flags are the fields of :class:`PGRPOConfig` (the paper's settings by default), as TRL's
+own command line parses its configs; :data:`DEFAULTS` are this command's own defaults where
+they differ. The trained model is saved with its tokenizer in the plain transformers
+layout, so transformers and vLLM load it without threadweaver.
 """
 
 from __future__ import annotations
@@ -9,76 +11,97 @@ from __future__ import annotations
 import json
 import os
 
-from threadweaver.pgrpo_args import PGRPOArgs
-from threadweaver.report import RowError, read_jsonl
+from threadweaver.jsonl import RowError, read_jsonl
+from threadweaver.rows import RowReader, prompt_messages
+
+DEFAULTS = {
+    "output_dir": os.path.join("runs", "pgrpo"),
+    "max_steps": 100,
+    "logging_steps": 1,
+    "max_completion_length": 1024,
+    "seed": 0,
+    "save_strategy": "no",
+    "report_to": "none",
+    "vllm_mode": "colocate",
+}
 
 
-def problem_rows(path: str, chat: bool) -> list[dict]:
+def parser():
+    """The command's parser (imports TRL, so it is built only when the command runs)."""
+    import torch
+    from transformers import HfArgumentParser
+
+    from threadweaver.trl_pgrpo import PGRPOConfig
+
+    cuda = torch.cuda.is_available()
+    parser = HfArgumentParser(PGRPOConfig, prog="threadweaver pgrpo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="The SFT'd ThreadWeaver model (directory or hub id).")
+    parser.add_argument("data", help="JSONL problems: 'messages' or 'prompt' (see threadweaver.rows), and 'answer'.")
+    parser.add_argument(
+        "--prompts-per-step",
+        type=int,
+        default=1,
+        help="Problems per step, each rolled out --num-generations times (default: 1).",
+    )
+    parser.set_defaults(**DEFAULTS, use_cpu=not cuda, bf16=cuda and torch.cuda.is_bf16_supported())
+    return parser
+
+
+def main(argv: list[str]) -> str:
+    """Run the command; returns where the model was saved."""
+    from threadweaver.trl_pgrpo import PGRPOConfig
+
+    command = parser()
+    values = vars(command.parse_args(argv))
+    model, data, prompts = values.pop("model"), values.pop("data"), values.pop("prompts_per_step")
+    if values["per_device_train_batch_size"] != command.get_default("per_device_train_batch_size"):
+        raise ValueError(
+            "the batch is --prompts-per-step x --num-generations rollouts; "
+            "set those instead of --per-device-train-batch-size"
+        )
+    values["per_device_train_batch_size"] = prompts * values["num_generations"]
+    try:
+        return train(model, data, PGRPOConfig(**values))
+    except RowError as err:
+        raise ValueError(f"{data}: {err}") from None
+
+
+def problem_rows(path: str, reader: RowReader) -> list[dict]:
     """``{prompt, answer}`` rows for TRL; a row without a prompt or an answer names its line."""
     rows = []
     for line, row in read_jsonl(path):
         if "answer" not in row:
             raise RowError(line, "no 'answer' field (the gold answer the correctness reward grades against)")
-        if "messages" in row:
-            messages = list(row["messages"])
-            while messages and messages[-1].get("role") == "assistant":
-                messages.pop()
-            if not messages:
-                raise RowError(line, "field 'messages' has no turn before the assistant's")
-            prompt = messages
-        elif isinstance(row.get("prompt"), (str, list)):
-            prompt = row["prompt"]
-            if isinstance(prompt, str) and chat:
-                prompt = [{"role": "user", "content": prompt}]
-        else:
+        if "messages" not in row and "prompt" not in row:
             raise RowError(line, "no prompt: expected 'messages' or 'prompt'")
+        try:
+            prompt = prompt_messages(row["messages"]) if "messages" in row else row["prompt"]
+            reader.prompt({"prompt": prompt})
+        except ValueError as err:
+            raise RowError(line, str(err)) from None
         rows.append({"prompt": prompt, "answer": str(row["answer"])})
     if not rows:
         raise ValueError(f"{path}: no problems")
     return rows
 
 
-def train(args: PGRPOArgs) -> str:
+def train(model_dir: str, data: str, config) -> str:
+    """P-GRPO on the problems in ``data`` with ``config`` (a ``PGRPOConfig``); returns the output directory."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from threadweaver.trl_pgrpo import PGRPOConfig, PGRPOTrainer
+    from threadweaver.trl_pgrpo import PGRPOTrainer
 
-    cuda = torch.cuda.is_available()
-    bf16 = cuda and torch.cuda.is_bf16_supported()
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    rows = problem_rows(args.data, chat=bool(getattr(tokenizer, "chat_template", None)))
-    model = AutoModelForCausalLM.from_pretrained(
-        args.model, dtype=torch.bfloat16 if bf16 else torch.float32, attn_implementation="sdpa"
-    )
-    config = PGRPOConfig(
-        output_dir=args.output_dir,
-        max_steps=args.max_steps,
-        per_device_train_batch_size=args.prompts_per_step * args.num_generations,
-        num_generations=args.num_generations,
-        learning_rate=args.learning_rate,
-        epsilon=args.epsilon,
-        epsilon_high=args.epsilon_high,
-        acceleration_factor=args.acceleration_factor,
-        acceleration_clip=args.acceleration_clip,
-        branching=not args.sequential,
-        temperature=args.temperature,
-        max_completion_length=args.max_completion_length,
-        logging_steps=args.logging_steps,
-        seed=args.seed,
-        use_cpu=not cuda,
-        bf16=bf16,
-        report_to="none",
-        save_strategy="no",
-        use_vllm=args.vllm,
-        vllm_mode="colocate",
-    )
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = problem_rows(data, RowReader(tokenizer))
+    dtype = torch.bfloat16 if config.bf16 else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
     trainer = PGRPOTrainer(model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     trainer.train()
     model.set_attn_implementation("sdpa")
-    trainer.save_model(args.output_dir)
-    tokenizer.save_pretrained(args.output_dir)
-    with open(os.path.join(args.output_dir, "log_history.json"), "w", encoding="utf-8") as f:
+    trainer.save_model(config.output_dir)
+    tokenizer.save_pretrained(config.output_dir)
+    with open(os.path.join(config.output_dir, "log_history.json"), "w", encoding="utf-8") as f:
         json.dump(trainer.state.log_history, f, indent=1)
-    return args.output_dir
+    return config.output_dir

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from threadweaver.orchestrator import Limits
+from threadweaver.pgrpo import PAPER
 from threadweaver.reward import RewardConfig
 
 STD_REFUSAL = (
@@ -17,41 +18,44 @@ STD_REFUSAL = (
 )
 
 
+def _paper(name: str, help_text: str):
+    """A field whose default is the paper's setting ``name`` (:data:`threadweaver.pgrpo.PAPER`)."""
+    value = getattr(PAPER, name)
+    return field(default=value, metadata={"help": f"{help_text} (the paper's {value})."})
+
+
+def _limit(name: str):
+    """A field declared by the orchestrator's :class:`Limits`: the same default and help."""
+    declared = Limits.__dataclass_fields__[name]
+    return field(default=declared.default, metadata=declared.metadata)
+
+
 @dataclass
 class PGRPOConfig(GRPOConfig):
     """GRPO with the paper's P-GRPO settings; the fields below are the ThreadWeaver ones."""
 
-    learning_rate: float = field(default=1e-6, metadata={"help": "Initial AdamW learning rate (the paper's 1e-6)."})
-    num_generations: int | None = field(default=8, metadata={"help": "Rollouts per prompt (the paper's 8)."})
-    epsilon: float = field(default=0.2, metadata={"help": "Lower clip of the importance ratio (the paper's 0.2)."})
-    epsilon_high: float | None = field(
-        default=0.28, metadata={"help": "Upper clip of the importance ratio (the paper's 0.28)."}
-    )
+    learning_rate: float = _paper("learning_rate", "Initial AdamW learning rate")
+    num_generations: int | None = _paper("rollouts_per_prompt", "Rollouts per prompt")
+    epsilon: float = _paper("clip_low", "Lower clip of the importance ratio")
+    epsilon_high: float | None = _paper("clip_high", "Upper clip of the importance ratio")
     scale_rewards: str = field(
         default="none",
         metadata={"help": "Must be 'none': advantages are mean-centred per group, never divided by the std."},
     )
-    temperature: float = field(default=1.0, metadata={"help": "Rollout sampling temperature (the paper's 1.0)."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping (the paper's 1.0)."})
+    temperature: float = _paper("temperature", "Rollout sampling temperature")
+    max_grad_norm: float = _paper("max_grad_norm", "Gradient clipping")
 
     branching: bool = field(
-        default=True,
+        default=Limits.branching,
         metadata={
-            "help": "Fork-join rollouts; False trains the sequential baseline: one plain request per rollout and no "
-            "acceleration reward."
+            "help": "Fork-join rollouts; off trains the sequential baseline: one plain request per rollout and "
+            "no acceleration reward."
         },
     )
-    acceleration_factor: float = field(
-        default=0.5, metadata={"help": "Weight of the acceleration reward (the paper's 0.5)."}
-    )
-    acceleration_clip: float = field(
-        default=0.2,
-        metadata={
-            "help": "Upper clip of 1 - critical path / total tokens before weighting (the paper's clip_max 0.2)."
-        },
-    )
-    max_threads: int = field(default=16, metadata={"help": "Most threads in one block; more decode sequentially."})
-    max_depth: int = field(default=3, metadata={"help": "Deepest nesting of blocks; deeper ones decode sequentially."})
+    acceleration_factor: float = _paper("acceleration_factor", "Weight of the acceleration reward")
+    acceleration_clip: float = _paper("acceleration_clip", "Upper clip of 1 - critical path / total tokens")
+    max_threads: int = _limit("max_threads")
+    max_depth: int = _limit("max_depth")
 
     def __post_init__(self) -> None:
         if self.scale_rewards is False:

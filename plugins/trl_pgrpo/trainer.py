@@ -18,9 +18,7 @@ broadcast to its tokens), clipping and loss apply unchanged.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
 from statistics import fmean
 
 import torch
@@ -28,15 +26,27 @@ from accelerate.utils import gather_object
 from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 
-from threadweaver.batch import Job, chat_prompt_ids, decode_jobs
-from threadweaver.format import Format
+from threadweaver.batch import decode_many, run_sync
 from threadweaver.hf_collator import use_tree_attention
+from threadweaver.hosts import supported_range
 from threadweaver.orchestrator import Engine, Orchestrator, Sampling, Trajectory, trajectory_text
 from threadweaver.pgrpo import TrieRow, rollout_metrics, sampling_logprobs, trie_row
+from threadweaver.rows import RowReader
 from threadweaver.trl_pgrpo.config import PGRPOConfig
 from threadweaver.trl_pgrpo.rewards import GOLD_COLUMN, is_correct, pgrpo_rewards
 from threadweaver.trl_pgrpo.vllm_sync import use_vllm_reload
 
+GENERATE_RESULT = (
+    "prompt_ids",
+    "completion_ids",
+    "tool_mask",
+    "completions",
+    "logprobs",
+    "extra_fields",
+    "images",
+    "tool_images",
+)
+"""What ``GRPOTrainer._generate`` returns, in order (TRL 1.16)."""
 TREE_KEYS = ("tree_parent", "tree_position", "tree_end")
 """Per completion token of a row: its parent's row index, its trie depth, the end of its subtree."""
 
@@ -78,7 +88,8 @@ class PGRPOTrainer(GRPOTrainer):
             rollout_func=self._rollout,
             **kwargs,
         )
-        self.fmt = Format.from_tokenizer(self._tokenizer)
+        self.reader = RowReader(self._tokenizer, **self.chat_template_kwargs)
+        self.fmt = self.reader.fmt
         use_tree_attention(self.model)
         if self.ref_model is not None:
             use_tree_attention(self.ref_model)
@@ -91,12 +102,6 @@ class PGRPOTrainer(GRPOTrainer):
         """This step's rollouts from every process, their token lists dropped: for the logs."""
 
     # Rollouts ---------------------------------------------------------------------------
-
-    def _prompt_ids(self, prompt) -> list[int]:
-        """A dataset prompt as TRL tokenises it: a conversation through the chat template, text as it is."""
-        if is_conversational({"prompt": prompt}):
-            return chat_prompt_ids(self._tokenizer, prompt, **self.chat_template_kwargs)
-        return self._tokenizer(text=prompt)["input_ids"]
 
     def _decode(self, prompt_ids: list[list[int]]) -> list[Trajectory]:
         args = self.args
@@ -115,17 +120,16 @@ class PGRPOTrainer(GRPOTrainer):
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k if args.top_k and args.top_k > 0 else -1
         )
         orchestrator = Orchestrator(engine, self.fmt, args.limits(), sampling, keep_calls=self._needs_sampling_logprobs)
-        jobs = [Job(str(i), 0, tuple(ids), {}) for i, ids in enumerate(prompt_ids)]
 
         async def decode_all() -> list[Trajectory]:
-            out: list[Trajectory | None] = [None] * len(jobs)
-            async for job, trajectory, _ in decode_jobs(jobs, orchestrator, concurrency=len(jobs)):
-                out[int(job.row_id)] = trajectory
+            out: list[Trajectory | None] = [None] * len(prompt_ids)
+            async for i, trajectory, _ in decode_many(orchestrator, prompt_ids, concurrency=len(prompt_ids)):
+                out[i] = trajectory
             return out
 
         model.eval()
         try:
-            return _run_sync(decode_all())
+            return run_sync(decode_all())
         finally:
             model.train(training)
 
@@ -136,7 +140,7 @@ class PGRPOTrainer(GRPOTrainer):
 
     def _rollout(self, prompts: list, trainer=None) -> dict:
         """TRL's ``rollout_func``: one fork-join trajectory per prompt row, as trie rows."""
-        trajectories = self._decode([self._prompt_ids(p) for p in prompts])
+        trajectories = self._decode([self.reader.prompt({"prompt": p}) for p in prompts])
         rows = [trie_row(t, self.fmt) for t in trajectories]
         self._trajectories = trajectories
         self._tree = _tree_tensors(rows, self.accelerator.device)
@@ -153,22 +157,30 @@ class PGRPOTrainer(GRPOTrainer):
 
     def _generate(self, prompts: list):
         """TRL's generation step, with each rollout's own text as its completion (not the trie's tokens)."""
-        out = list(super()._generate(prompts))
+        result = super()._generate(prompts)
+        if len(result) != len(GENERATE_RESULT):
+            raise RuntimeError(
+                f"TRL's GRPOTrainer._generate returned {len(result)} values, not the {GENERATE_RESULT} "
+                f"of the TRL versions PGRPOTrainer supports ({supported_range('trl')})"
+            )
+        out = dict(zip(GENERATE_RESULT, result))
         texts = [trajectory_text(t, self.fmt) for t in self._trajectories]
-        out[3] = (
-            [[{"role": "assistant", "content": t}] for t in texts]
-            if is_conversational({"prompt": prompts[0]})
-            else texts
-        )
+        conversational = is_conversational({"prompt": prompts[0]})
+        out["completions"] = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
         # TRL reads truncation off a row's last token, which in a trie ends a branch: redo it per trajectory.
         self._gathered = gather_object([_without_tokens(t) for t in self._trajectories])
-        metrics = self._metrics["train" if self.model.training else "eval"]
         ended = [t.stats.total_tokens for t in self._gathered if t.finish_reason == "stop"] or [0]
-        metrics["completions/clipped_ratio"][-1] = fmean(t.finish_reason != "stop" for t in self._gathered)
-        metrics["completions/mean_terminated_length"][-1] = fmean(ended)
-        metrics["completions/min_terminated_length"][-1] = min(ended)
-        metrics["completions/max_terminated_length"][-1] = max(ended)
-        return tuple(out)
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        for name, value in {
+            "completions/clipped_ratio": fmean(t.finish_reason != "stop" for t in self._gathered),
+            "completions/mean_terminated_length": fmean(ended),
+            "completions/min_terminated_length": min(ended),
+            "completions/max_terminated_length": max(ended),
+        }.items():
+            if not metrics.get(name):
+                raise RuntimeError(f"TRL logged no {name} this step; PGRPOTrainer supports {supported_range('trl')}")
+            metrics[name][-1] = value  # this step's value, as TRL just appended it
+        return tuple(out.values())
 
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict:
         try:
@@ -237,16 +249,6 @@ class PGRPOTrainer(GRPOTrainer):
             if compute_entropy:
                 entropies.append(-(scores.exp() * scores).sum(-1))
         return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
-
-
-def _run_sync(coroutine):
-    """Run ``coroutine`` to the end, also from inside a running event loop (a notebook)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
 
 
 def _without_tokens(trajectory: Trajectory) -> Trajectory:

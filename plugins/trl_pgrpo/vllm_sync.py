@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import functools
 
+from threadweaver.hosts import check_host
+
 
 def use_vllm_reload(generation) -> None:
     """Make TRL's colocated ``VLLMGeneration`` (``PGRPOConfig`` refuses other modes) sync through
     vLLM's in-place reload when vLLM runs on CPU."""
+    check_host("vllm")
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():

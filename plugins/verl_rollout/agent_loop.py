@@ -20,13 +20,16 @@ import functools
 from typing import Any
 from uuid import uuid4
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
-from verl.utils.profiler import simple_timer
-
 from threadweaver.format import Format
+from threadweaver.hosts import check_host
 from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.verl_rollout.rows import trajectory_rows
 from threadweaver.verl_rollout.server_engine import ServerManagerEngine
+
+check_host("verl")
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput  # noqa: E402
+from verl.utils.profiler import simple_timer  # noqa: E402
 
 V1_REQUIRED = (
     "the threadweaver agent loop returns one output per engine request (a list per sample), which only "
@@ -43,10 +46,10 @@ class ThreadWeaverAgentLoop(AgentLoopBase):
     def __init__(
         self,
         *args,
-        branching: bool = True,
-        max_threads: int = 16,
-        max_depth: int = 3,
-        timeout_s: float | None = None,
+        branching: bool = Limits.branching,
+        max_threads: int = Limits.max_threads,
+        max_depth: int = Limits.max_depth,
+        timeout_s: float | None = Limits.timeout_s,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
@@ -83,3 +86,10 @@ class ThreadWeaverAgentLoop(AgentLoopBase):
             )
             for row in trajectory_rows(trajectory, self.fmt)
         ]
+
+
+class SequentialAgentLoop(ThreadWeaverAgentLoop):
+    """The paper's sequential baseline: the same loop, rows and reward with branching off."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{**kwargs, "branching": False})

@@ -12,10 +12,10 @@ synthetic task (held-out test problems never occur in train), or from a JSONL fi
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 from threadweaver.dataset import synth_splits
+from threadweaver.jsonl import RowError, read_jsonl
 from threadweaver.synth import SynthConfig
 
 DATA_SOURCE = "threadweaver/synth"
@@ -38,15 +38,11 @@ def verl_row(
 
 def read_problems(path: str) -> list[dict]:
     problems = []
-    with open(path, encoding="utf-8") as f:
-        for line_number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            missing = [k for k in ("prompt", "answer") if not isinstance(row.get(k), str)]
-            if missing:
-                raise ValueError(f"{path}, line {line_number}: needs string field(s) {missing}; it has {sorted(row)}")
-            problems.append(row)
+    for line, row in read_jsonl(path):
+        missing = [k for k in ("prompt", "answer") if not isinstance(row.get(k), str)]
+        if missing:
+            raise RowError(line, f"needs string field(s) {missing}; it has {sorted(row)}")
+        problems.append(row)
     return problems
 
 
@@ -64,9 +60,14 @@ def main(argv: list[str] | None = None) -> None:
     import pandas as pd
 
     if args.problems:
-        problems = read_problems(args.problems)
+        try:
+            problems = read_problems(args.problems)
+        except (OSError, UnicodeDecodeError, RowError) as err:
+            parser.exit(2, f"{parser.prog}: {args.problems}: {err}\n")
         if len(problems) <= args.test:
-            raise ValueError(f"{args.problems} has {len(problems)} problems; --test {args.test} leaves none to train")
+            parser.exit(
+                2, f"{parser.prog}: {args.problems} has {len(problems)} problems; --test {args.test} leaves none"
+            )
         splits = {"train": problems[args.test :], "test": problems[: args.test]}
         source = args.data_source or os.path.splitext(os.path.basename(args.problems))[0]
     else:

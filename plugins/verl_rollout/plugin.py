@@ -2,23 +2,33 @@
 
 ``threadweaver``: fork-join rollouts. ``threadweaver_sequential``: the paper's baseline,
 the same loop with branching off (one plain request per trajectory, same rows and reward).
-Safe to import more than once and in every process.
+Safe to import more than once and in every process. A verl outside the supported range
+leaves ``import verl`` working and says why the loops are missing.
 """
 
 from __future__ import annotations
 
-AGENT_LOOP = "threadweaver.verl_rollout.agent_loop.ThreadWeaverAgentLoop"
-AGENT_LOOPS = {
-    "threadweaver": {"_target_": AGENT_LOOP},
-    "threadweaver_sequential": {"_target_": AGENT_LOOP, "branching": False},
-}
+import warnings
+
+from threadweaver.hosts import UnsupportedHostError, check_host
 
 
 def register() -> None:
-    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    try:
+        check_host("verl")
+    except UnsupportedHostError as err:
+        warnings.warn(f"{err}; the threadweaver agent loops are not registered", RuntimeWarning, stacklevel=2)
+        return
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import register as register_agent_loop
 
-    for name, config in AGENT_LOOPS.items():
-        _agent_loop_registry.setdefault(name, dict(config))
+    from threadweaver.pgrpo import PAPER
+    from threadweaver.verl_rollout.agent_loop import SequentialAgentLoop, ThreadWeaverAgentLoop
+
+    register_agent_loop("threadweaver")(ThreadWeaverAgentLoop)
+    register_agent_loop("threadweaver_sequential")(SequentialAgentLoop)
+    # ${threadweaver:learning_rate} and the like in our configs: the paper's settings, declared once.
+    OmegaConf.register_new_resolver("threadweaver", lambda name: getattr(PAPER, name), replace=True)
 
 
 register()

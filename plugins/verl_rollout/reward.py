@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from threadweaver.reward import RewardConfig, reward
+from threadweaver.stats import speedup
 from threadweaver.verl_rollout.rows import PREFIX
 
 _FROM_VERL = {"reward_router_address", "reward_model_tokenizer"}
@@ -42,7 +43,7 @@ def compute_score(
         "score": parts.reward,
         "correct": parts.correctness,
         "acceleration": parts.acceleration,
-        "acceleration_ratio": total / critical if critical else 1.0,
+        "acceleration_ratio": speedup(total, critical),
         "critical_path_tokens": float(critical),
         "total_tokens": float(total),
         "parallel": float(info.get(PREFIX + "blocks", 0) > 0),

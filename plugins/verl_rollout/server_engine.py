@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from threadweaver.orchestrator import Completion, Sampling
+from threadweaver.engine import Completion, Sampling, to_completion
 
 
 class ServerManagerEngine:
@@ -29,7 +29,14 @@ class ServerManagerEngine:
         output = await self.server_manager.generate(
             request_id=self.request_id, prompt_ids=list(prompt_ids), sampling_params=params
         )
-        tokens = tuple(output.token_ids[:max_tokens])
-        logprobs = tuple(output.log_probs[: len(tokens)]) if output.log_probs else None
-        reason = "stop" if tokens and tokens[-1] in stop_ids else "length"
-        return Completion(tokens, reason, logprobs)
+        # verl says only "completed" or "aborted"; a stop token at the end tells stop from length.
+        reason = None if output.stop_reason in (None, "completed") else output.stop_reason
+        return to_completion(
+            output.token_ids,
+            reason,
+            None,
+            stop_ids,
+            output.log_probs or None,
+            output.extra_fields.get("num_cached_tokens"),
+            where="verl's rollout server",
+        )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from dataclasses import dataclass, field
 
@@ -23,9 +22,6 @@ class GenerateArgs:
         },
     )
     concurrency: int = field(default=32, metadata={"help": "Trajectories decoded at once."})
-    sequential: bool = field(
-        default=False, metadata={"help": "Plain single-request decoding: the tags are ordinary tokens (branching off)."}
-    )
     n: int = field(default=1, metadata={"help": "Samples per problem."})
 
 
@@ -34,8 +30,9 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from threadweaver.batch import finished_keys, read_jobs, run_batch
+    from threadweaver.batch import read_jobs, run_batch
     from threadweaver.format import Format
+    from threadweaver.jsonl import finished_keys
     from threadweaver.orchestrator import Orchestrator
 
     engine = make_engine(engine_args, args.model)
@@ -53,10 +50,7 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
 
         def report(progress) -> None:
             bar.update(1)
-            bar.set_postfix_str(
-                f"{progress.tokens_per_s:.0f} tok/s, mean speedup {progress.mean_speedup:.2f}x, "
-                f"degraded {progress.degraded}"
-            )
+            bar.set_postfix_str(progress.postfix())
 
         try:
             return await run_batch(
@@ -70,4 +64,6 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
 
 
 def run(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, sampling: Sampling):
-    return asyncio.run(generate(args, engine_args, limits, sampling))
+    from threadweaver.batch import run_sync
+
+    return run_sync(generate(args, engine_args, limits, sampling))

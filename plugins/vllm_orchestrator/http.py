@@ -13,11 +13,9 @@ import json
 import logging
 from dataclasses import dataclass, field
 
+from threadweaver.engine import EngineError
+
 logger = logging.getLogger(__name__)
-
-
-class EngineError(RuntimeError):
-    """The engine could not serve a request; the message says why and what to check."""
 
 
 @dataclass(frozen=True)

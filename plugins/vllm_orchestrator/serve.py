@@ -19,6 +19,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from threadweaver.hosts import check_host
+
 
 @dataclass(frozen=True)
 class ServeArgs:
@@ -118,6 +120,7 @@ class VLLMServer:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> VLLMServer:
+        check_host("vllm")
         env = dict(os.environ)
         if not on_gpu(self.args.device):
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.args.cpu_kv_cache_gib))

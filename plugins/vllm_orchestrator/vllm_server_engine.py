@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from threadweaver.orchestrator import Completion, Sampling
+from threadweaver.engine import Completion, EngineError, Sampling, to_completion
 
-from .http import EngineError, HTTPOptions, JSONClient
-from .wire import to_completion
+from .http import HTTPOptions, JSONClient
 
 
 class VLLMServerEngine:

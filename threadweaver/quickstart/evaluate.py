@@ -17,7 +17,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from threadweaver.report import read_jsonl
+from threadweaver.jsonl import read_jsonl
 
 
 @dataclass(frozen=True)
@@ -26,20 +26,14 @@ class Mode:
     label: str
     model: str
     """Which model decodes: ``"parallel"`` or ``"baseline"``."""
-    parallel: bool
+    branching: bool
     concurrent_threads: bool = True
 
 
 MODES = (
-    Mode("fork_join", "ThreadWeaver, fork-join", "parallel", parallel=True),
-    Mode(
-        "one_after_another",
-        "same tokens, threads one after another",
-        "parallel",
-        parallel=True,
-        concurrent_threads=False,
-    ),
-    Mode("baseline", "sequential baseline model", "baseline", parallel=False),
+    Mode("fork_join", "ThreadWeaver, fork-join", "parallel", branching=True),
+    Mode("one_after_another", "same tokens, threads one after another", "parallel", True, concurrent_threads=False),
+    Mode("baseline", "sequential baseline model", "baseline", branching=False),
 )
 
 
@@ -132,7 +126,7 @@ def evaluate(
     trajectories.unlink(missing_ok=True)
     model_args = {
         **endpoint.model_args(),
-        "parallel": mode.parallel,
+        "branching": mode.branching,
         "concurrent_threads": mode.concurrent_threads,
         "concurrency": concurrency,
         "trajectories": trajectories,

@@ -13,7 +13,6 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from threadweaver.sft_args import SFTArgs
 from threadweaver.synth import SynthConfig
 
 EMBEDDED = Path(__file__).parent / "models"
@@ -35,20 +34,22 @@ class Recipe:
         """The same recipe with fewer steps: a quick check of the training path, not the recipe."""
         return replace(self, max_steps=steps, warmup=min(self.warmup, steps // 10))
 
-    def sft_args(self, model: str, kit: str, data: str, out: str) -> SFTArgs:
+    def sft_argv(self, model: str, kit: str, data: str, out: str) -> list[str]:
+        """The ``threadweaver sft`` command line that trains ``model`` (as ``RECIPE.md`` writes it)."""
         form = "sequential" if model == "sequential" else "parallel"
-        return SFTArgs(
-            model=kit,
-            data=os.path.join(data, form, "train.jsonl"),
-            output_dir=out,
-            sequential=form == "sequential",
-            max_steps=self.max_steps,
-            batch_size=self.batch_size,
-            learning_rate=self.learning_rate[model],
-            warmup=self.warmup,
-            logging_steps=50,
-            seed=self.seed,
-        )
+        flags = {
+            "output_dir": out,
+            "max_steps": self.max_steps,
+            "per_device_train_batch_size": self.batch_size,
+            "learning_rate": self.learning_rate[model],
+            "warmup_steps": self.warmup,
+            "logging_steps": 50,
+            "seed": self.seed,
+        }
+        argv = [kit, os.path.join(data, form, "train.jsonl")]
+        for name, value in flags.items():
+            argv += ["--" + name.replace("_", "-"), str(value)]
+        return argv + (["--no-branching"] if form == "sequential" else [])
 
 
 RECIPE = Recipe()
@@ -69,7 +70,7 @@ def embedded_models() -> dict[str, Path]:
 def retrain(out: str, recipe: Recipe = RECIPE) -> dict[str, Path]:
     """Write the data and the kit, then train both models under ``out``: ``{name: model dir}``."""
     from threadweaver.dataset import write_synth
-    from threadweaver.hf_collator.sft import train
+    from threadweaver.hf_collator import sft
     from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
     from threadweaver.kit.tokenizers import synth_tokenizer
 
@@ -81,5 +82,5 @@ def retrain(out: str, recipe: Recipe = RECIPE) -> dict[str, Path]:
     models = {}
     for name in MODELS:
         print(f"      training the {name} model ({recipe.max_steps} steps)", flush=True)
-        models[name] = Path(train(recipe.sft_args(name, kit, data, os.path.join(out, "models", name))))
+        models[name] = Path(sft.main(recipe.sft_argv(name, kit, data, os.path.join(out, "models", name))))
     return models

@@ -1,0 +1,38 @@
+"""Supported host ranges come from the package metadata and are enforced when a plugin loads its host."""
+
+import pytest
+
+from threadweaver import hosts
+
+
+@pytest.fixture
+def installed(monkeypatch):
+    """Pretend another version of a host is installed."""
+
+    def pretend(version: str) -> None:
+        monkeypatch.setattr(hosts.metadata, "version", lambda name: version)
+        hosts.check_host.cache_clear()
+
+    yield pretend
+    hosts.check_host.cache_clear()
+
+
+def test_the_ranges_are_the_ones_pyproject_declares():
+    assert hosts.supported_range("trl") == "trl>=1.16,<1.17"
+    assert hosts.supported_range("lm_eval") == "lm-eval>=0.4.13,<0.5"
+    hosts.check_host("trl")  # the installed one is supported
+
+
+def test_a_host_outside_its_range_is_refused_with_the_range(installed, monkeypatch):
+    installed("2.0.0")
+    with pytest.raises(hosts.UnsupportedHostError, match=r"supports trl>=1.16,<1.17, but trl 2.0.0 is installed"):
+        hosts.check_host("trl")
+    monkeypatch.setenv(hosts.ALLOW_ENV, "1")
+    hosts.check_host.cache_clear()
+    with pytest.warns(RuntimeWarning, match="trl 2.0.0"):
+        hosts.check_host("trl")
+
+
+def test_an_unbounded_or_absent_module_passes():
+    hosts.check_host("json")
+    assert hosts.supported_range("json") == "any json"

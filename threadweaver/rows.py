@@ -1,0 +1,153 @@
+"""Dataset rows into token ids: the one reader of prompts and trajectories.
+
+Rows come in TRL's dataset shapes, or as token ids:
+
+* ``prompt_ids`` with ``completion_ids`` or ``token_ids`` (what ``threadweaver generate``
+  writes): used as they are;
+* ``messages``: a conversation; the prompt is the chat template over the turns before the
+  trailing assistant turns, with the generation prompt; the trajectory is the last turn,
+  which must be the assistant's;
+* ``prompt`` (+ ``completion``): messages (as ``messages``), or a string. A string beside a
+  completion is the prompt text itself (TRL's prompt-completion format); a string alone
+  is a question: one user turn through the chat template (the text itself when the
+  tokenizer has no template). A completion is a string or messages with an assistant turn;
+* ``text``: a conversation rendered with the chat template, split after its last
+  generation prompt; text without one is all trajectory (``generate``'s ``text``).
+
+No special tokens are added to any text: a chat template writes its own. Trajectory text
+goes through :meth:`threadweaver.format.Format.encode`, the orchestrator's tokenisation.
+A malformed row raises ``ValueError`` naming the field at fault.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from threadweaver.format import Format
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict], **template_kwargs) -> list[int]:
+    """``messages`` through the chat template, with the generation prompt, as token ids."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
+    return plain_ids(tokenizer, text)
+
+
+def plain_ids(tokenizer: Any, text: str) -> list[int]:
+    """Text as it is, with no special tokens added."""
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+class RowReader:
+    """Reads rows for one tokenizer; ``template_kwargs`` go to its chat template."""
+
+    def __init__(self, tokenizer: Any, fmt: Format | None = None, **template_kwargs):
+        self.tokenizer = tokenizer
+        self._fmt = fmt
+        self.template_kwargs = template_kwargs
+        self._generation_prompt: str | None = None
+
+    @property
+    def fmt(self) -> Format:
+        """The format of the tokenizer (needed for trajectories only)."""
+        if self._fmt is None:
+            self._fmt = Format.from_tokenizer(self.tokenizer)
+        return self._fmt
+
+    def prompt(self, row: dict) -> list[int]:
+        if "prompt_ids" in row:
+            return _ids(row, "prompt_ids", allow_empty=False)
+        if "messages" in row or isinstance(row.get("prompt"), list):
+            field = "messages" if "messages" in row else "prompt"
+            return self.chat(prompt_messages(row[field], field))
+        if "prompt" in row:
+            prompt = row["prompt"]
+            if not isinstance(prompt, str):
+                raise ValueError("field 'prompt' must be a string or a list of messages")
+            if "completion" in row or not getattr(self.tokenizer, "chat_template", None):
+                return plain_ids(self.tokenizer, prompt)
+            return self.chat([{"role": "user", "content": prompt}])
+        if "text" in row:
+            return self._split_text(row)[0]
+        raise ValueError("no prompt: expected 'messages', 'prompt', 'text' or 'prompt_ids'")
+
+    def trajectory(self, row: dict, end_of_turn: int | None = None) -> list[int]:
+        """The trajectory's ids; ``end_of_turn`` is appended to a trajectory given as text."""
+        for field in ("completion_ids", "token_ids"):
+            if field in row:
+                return _ids(row, field)
+        if "messages" in row:
+            messages = _messages(row["messages"], "messages")
+            if not messages or messages[-1]["role"] != "assistant":
+                raise ValueError("field 'messages' must end with an assistant turn (the trajectory)")
+            text = messages[-1].get("content")
+        elif "completion" in row:
+            text = _completion_text(row["completion"])
+        elif "text" in row:
+            text = self._split_text(row)[1]
+        else:
+            raise ValueError(
+                "no trajectory: expected 'messages', 'completion', 'text', 'completion_ids' or 'token_ids'"
+            )
+        if not isinstance(text, str):
+            raise ValueError("the assistant content must be a string")
+        return self.fmt.encode(text) + ([] if end_of_turn is None else [end_of_turn])
+
+    def chat(self, messages: list[dict]) -> list[int]:
+        return chat_prompt_ids(self.tokenizer, messages, **self.template_kwargs)
+
+    def _split_text(self, row: dict) -> tuple[list[int], str]:
+        """A ``text`` row: (prompt ids, trajectory text)."""
+        text = row["text"]
+        if not isinstance(text, str):
+            raise ValueError("field 'text' must be a string")
+        marker = self.generation_prompt()
+        head, found, trajectory = text.rpartition(marker) if marker else ("", "", text)
+        if not found:
+            return [], text
+        trajectory = trajectory.rstrip()
+        for end in self.fmt.eos_ids:  # the rendered turn's end-of-turn token
+            trajectory = trajectory.removesuffix(self.fmt.decode([end]))
+        return plain_ids(self.tokenizer, head + marker), trajectory
+
+    def generation_prompt(self) -> str | None:
+        """What the chat template appends for ``add_generation_prompt=True`` (None: no template)."""
+        if self._generation_prompt is None and getattr(self.tokenizer, "chat_template", None):
+            turn = [{"role": "user", "content": "x"}]
+            bare = self.tokenizer.apply_chat_template(turn, tokenize=False)
+            full = self.tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+            if not full.startswith(bare) or full == bare:
+                raise ValueError("the chat template has no separable generation prompt; use 'messages' rows")
+            self._generation_prompt = full[len(bare) :]
+        return self._generation_prompt
+
+
+def prompt_messages(messages, field: str = "messages") -> list[dict]:
+    """The turns of a conversation before its trailing assistant turns (the prompt it asks for)."""
+    messages = _messages(messages, field)
+    while messages and messages[-1]["role"] == "assistant":
+        messages = messages[:-1]
+    if not messages:
+        raise ValueError(f"field {field!r} has no turn before the assistant's")
+    return messages
+
+
+def _ids(row: dict, field: str, allow_empty: bool = True) -> list[int]:
+    ids = row[field]
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids) or not (ids or allow_empty):
+        raise ValueError(f"field {field!r} must be a {'' if allow_empty else 'non-empty '}list of token ids")
+    return ids
+
+
+def _messages(messages, field: str) -> list[dict]:
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise ValueError(f"field {field!r} must be a list of {{role, content}} turns")
+    return messages
+
+
+def _completion_text(completion) -> str:
+    if isinstance(completion, list):
+        for message in completion:
+            if isinstance(message, dict) and message.get("role") == "assistant":
+                return message.get("content")
+        raise ValueError("field 'completion' has no assistant message")
+    return completion

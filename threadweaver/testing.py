@@ -1,0 +1,45 @@
+"""A scripted engine: test a host, an engine or the orchestrator without a model.
+
+``ScriptedEngine(fmt, script)`` answers a request with the reply of the longest script key
+its decoded context ends with, and honours the engine contract as vLLM does: a stop id
+ends the completion (and is kept), ``max_tokens`` cuts it with ``"length"``. ``<EOS>`` in a
+reply is the format's end-of-sequence token. For example, one well-formed block::
+
+    head = "<Parallel><Outlines><Outline>1:a</Outline><Outline>2:b</Outline></Outlines>"
+    engine = ScriptedEngine(fmt, {"Q?": "think " + head, "<Thread>1:": "aa</Thread>",
+                                  "<Thread>2:": "bbbb</Thread>", "</Parallel>": " done<EOS>"})
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from threadweaver.engine import Completion, Sampling
+from threadweaver.format import Format
+
+
+class ScriptedEngine:
+    def __init__(self, fmt: Format, script: dict[str, str], delay: float = 0.0):
+        """``delay``: seconds each request takes, so that concurrent requests overlap."""
+        self.fmt, self.script, self.delay = fmt, script, delay
+        self.calls: list[list[int]] = []
+        """The context of every request, in the order they came."""
+
+    async def generate(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> Completion:
+        self.calls.append(list(prompt_ids))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        context = self.fmt.decode(prompt_ids)
+        keys = [key for key in self.script if context.endswith(key)]
+        if not keys:
+            raise KeyError(f"no script key ends the context {context[-80:]!r}")
+        ids: list[int] = []
+        for i, piece in enumerate(self.script[max(keys, key=len)].split("<EOS>")):
+            ids += ([min(self.fmt.eos_ids)] if i else []) + self.fmt.encode(piece)
+        for i, token in enumerate(ids[:max_tokens]):
+            if token in stop_ids:
+                return Completion(tuple(ids[: i + 1]), "stop")
+        return Completion(tuple(ids[:max_tokens]), "length")
