@@ -12,7 +12,7 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from test_pgrpo_trl import GROUP, Recorder, trainer_for  # noqa: E402
+from pgrpo_helpers import GROUP, Recorder, trainer_for  # noqa: E402
 
 from threadweaver.quickstart.recipe import embedded_models  # noqa: E402
 

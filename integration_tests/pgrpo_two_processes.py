@@ -8,7 +8,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_pgrpo_trl import Recorder, trainer_for  # noqa: E402
+from pgrpo_helpers import Recorder, trainer_for  # noqa: E402
 
 
 def main(out: str) -> None:

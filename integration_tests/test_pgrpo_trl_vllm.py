@@ -16,7 +16,9 @@ import sys
 from statistics import fmean
 
 import pytest
-from test_pgrpo_trl import METRICS
+from pgrpo_helpers import METRICS
+
+pytestmark = pytest.mark.slow
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

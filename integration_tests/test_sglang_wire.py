@@ -13,10 +13,12 @@ import asyncio
 import threading
 
 import pytest
-from test_orchestrator_vllm import decode, generate_once, prompts
+from decoding import decode, generate_once, prompts
 
 from threadweaver.format import Format
 from threadweaver.orchestrator import Limits
+
+pytestmark = pytest.mark.slow
 
 REQUEST_FIELDS = {
     "text",

@@ -17,6 +17,8 @@ from threadweaver.requests import plan_requests
 from threadweaver.tree import parse
 from threadweaver.trie import trajectory_trie
 
+pytestmark = pytest.mark.slow
+
 NESTED = (
     "<think>\nSplit the work.<Parallel><Outlines><Outline>1: left half</Outline><Outline>2: right half</Outline>"
     "</Outlines><Thread>1: the left half needs two checks <Parallel><Outlines><Outline>1: check a</Outline>"

@@ -70,7 +70,7 @@ def test_rows_are_written_as_they_finish_and_resume_skips_them(fmt, tmp_path):
     assert progress.done == 4 and progress.mean_speedup > 1
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0]["text"] == fmt.decode(fmt.encode(WELL_FORMED) + [999])
-    assert rows[0]["answer"] == "42" and rows[0]["problems"] == []
+    assert rows[0]["answer"] == "42" and rows[0]["faults"] == []
     assert rows[0]["tree"][1]["outlines"] == ["1:a", "2:b"]
     assert [r["thread_path"] for r in rows[0]["requests"]] == [[], [[0, 1]], [[0, 2]], []]
     assert rows[0]["stats"]["critical_path_tokens"] < rows[0]["stats"]["total_tokens"]

@@ -68,8 +68,8 @@ def test_strict_names_position_and_tag(fmt, text, tag, message, keeps_block):
 def test_lenient_never_raises_and_loses_nothing(fmt, text, tag, message, keeps_block):
     ids = fmt.encode(text)
     parsed = parse(ids, fmt, strict=False, max_depth=1)
-    assert parsed.problems and not parsed.well_formed
-    assert any(message in str(p) for p in parsed.problems)
+    assert parsed.faults and not parsed.well_formed
+    assert any(message in str(p) for p in parsed.faults)
     from threadweaver.tree import render
 
     assert render(parsed.nodes, fmt) == ids
@@ -80,7 +80,7 @@ def test_eos_inside_a_thread(fmt):
     ids = fmt.encode(f"{HEAD1}<Thread>1:a") + [EOS] + fmt.encode("b</Thread></Parallel>")
     with pytest.raises(TrajectoryFormatError, match="end-of-sequence token inside thread 1"):
         parse(ids, fmt)
-    assert parse(ids, fmt, strict=False).problems[0].position == ids.index(EOS)
+    assert parse(ids, fmt, strict=False).faults[0].position == ids.index(EOS)
 
 
 def test_a_broken_nested_block_keeps_the_outer_block(fmt):
@@ -88,12 +88,12 @@ def test_a_broken_nested_block_keeps_the_outer_block(fmt):
     ids = fmt.encode(f"{HEAD1}<Thread>1:{inner_broken}z</Thread></Parallel>")
     parsed = parse(ids, fmt, strict=False)
     assert isinstance(parsed.nodes[0], Block)
-    assert len(parsed.problems) == 1 and "expected <Thread> 1" in str(parsed.problems[0])
+    assert len(parsed.faults) == 1 and "expected <Thread> 1" in str(parsed.faults[0])
 
 
-def test_lenient_problems_of_a_failed_block_are_not_counted_twice(fmt):
+def test_lenient_faults_of_a_failed_block_are_not_counted_twice(fmt):
     ids = fmt.encode(f"{HEAD1}<Thread>1:</Thread>")  # empty thread, then no </Parallel>
-    messages = [p.message for p in parse(ids, fmt, strict=False).problems]
+    messages = [p.message for p in parse(ids, fmt, strict=False).faults]
     assert messages.count("thread 1 is empty") == 0
     assert any("expected </Parallel>" in m for m in messages)
 
@@ -105,4 +105,4 @@ def test_lenient_keeps_an_over_deep_block_as_text_inside_its_thread(fmt):
     (block,) = parsed.nodes
     assert [type(n).__name__ for n in block.threads[0].body] == ["Text"]
     assert block.threads[0].body[0].ids == tuple(fmt.encode(inner + "z"))
-    assert [p.message.endswith("kept as sequential text") for p in parsed.problems] == [True]
+    assert [p.message.endswith("kept as sequential text") for p in parsed.faults] == [True]

@@ -23,7 +23,7 @@ def decode(fmt, script, limits=Limits(), delay=0.0):
 def test_a_block_forks_joins_and_matches_the_post_hoc_plan(fmt):
     t, _ = decode(fmt, GOOD)
     assert t.token_ids == tuple(fmt.encode(WELL_FORMED) + [EOS])
-    assert t.problems == () and t.finish_reason == "stop"
+    assert t.faults == () and t.finish_reason == "stop"
     nodes = parse(t.token_ids, fmt).nodes
     assert latency_stats(nodes) == t.stats
     plan = plan_requests(fmt.encode(PROMPT), nodes, fmt)
@@ -45,7 +45,7 @@ def test_nested_blocks_recurse(fmt):
     script["<Thread>1:x<Parallel><Outlines><Outline>1:c</Outline></Outlines><Thread>1:"] = "cc</Thread>"
     script["<Thread>1:cc</Thread></Parallel>"] = "y</Thread>"
     t, _ = decode(fmt, script)
-    assert t.problems == ()
+    assert t.faults == ()
     parsed = parse(t.token_ids, fmt)
     assert latency_stats(parsed.nodes) == t.stats
     assert t.stats.max_depth == 2 and t.stats.threads_per_block == (2, 1)
@@ -54,14 +54,14 @@ def test_nested_blocks_recurse(fmt):
 def test_branching_off_is_one_plain_request(fmt):
     script = {PROMPT: WELL_FORMED + "<EOS>"}
     t, engine = decode(fmt, script, Limits(branching=False))
-    assert len(engine.calls) == 1 and t.problems == ()
+    assert len(engine.calls) == 1 and t.faults == ()
     assert t.stats.critical_path_tokens == t.stats.total_tokens == len(fmt.encode(WELL_FORMED)) + 1
 
 
 def test_serial_threads_send_the_same_requests_one_after_another(fmt):
     forked, forked_engine = decode(fmt, GOOD, delay=0.01)
     serial, serial_engine = decode(fmt, GOOD, Limits(concurrent_threads=False), delay=0.01)
-    assert serial.token_ids == forked.token_ids and serial.problems == ()
+    assert serial.token_ids == forked.token_ids and serial.faults == ()
     assert serial_engine.calls == sorted(forked_engine.calls, key=forked_engine.calls.index)
     threads = [r for r in serial.requests if r.thread_path]
     assert [r.thread_path for r in threads] == [((0, 1),), ((0, 2),)]
@@ -85,7 +85,7 @@ def test_serial_threads_send_the_same_requests_one_after_another(fmt):
 def test_malformed_outlines_degrade_to_sequential(fmt, head, problem):
     script = {PROMPT: "t " + head, head: " then plain<EOS>"}
     t, engine = decode(fmt, script)
-    assert len(t.problems) == 1 and problem in t.problems[0] and "decoded sequentially" in t.problems[0]
+    assert len(t.faults) == 1 and problem in t.faults[0] and "decoded sequentially" in t.faults[0]
     assert t.token_ids == tuple(fmt.encode("t " + head + " then plain") + [EOS])
     assert t.stats.blocks == 0 and t.stats.critical_path_tokens == t.stats.total_tokens
     assert len(engine.calls) == 2
@@ -94,7 +94,7 @@ def test_malformed_outlines_degrade_to_sequential(fmt, head, problem):
 def test_eos_inside_a_thread_closes_it(fmt):
     script = dict(GOOD, **{"<Thread>2:": "bb<EOS>"})
     t, _ = decode(fmt, script)
-    assert len(t.problems) == 1 and "thread 2: end-of-sequence" in t.problems[0]
+    assert len(t.faults) == 1 and "thread 2: end-of-sequence" in t.faults[0]
     parsed = parse(t.token_ids, fmt)  # strict: the structure was closed
     assert isinstance(parsed.nodes[1], Block)
     close = t.token_ids.index(fmt.tags.thread_end, t.token_ids.index(fmt.tags.thread_end) + 1)
@@ -105,7 +105,7 @@ def test_eos_inside_a_thread_closes_it(fmt):
 def test_a_thread_that_never_closes_hits_the_request_limit(fmt):
     script = dict(GOOD, **{"<Thread>1:": "a" * 50})
     t, _ = decode(fmt, script, Limits(max_request_tokens=20))
-    assert any("thread 1: stopped by the length limit" in p for p in t.problems)
+    assert any("thread 1: stopped by the length limit" in p for p in t.faults)
     parse(t.token_ids, fmt)
     assert t.stats.total_tokens == sum(t.generated)
 
@@ -113,14 +113,14 @@ def test_a_thread_that_never_closes_hits_the_request_limit(fmt):
 def test_model_written_parallel_end_is_recorded(fmt):
     script = {PROMPT: "x</Parallel>y<EOS>"}
     t, _ = decode(fmt, script)
-    assert any("stray </Parallel>" in p for p in t.problems)
+    assert any("stray </Parallel>" in p for p in t.faults)
     assert t.token_ids == tuple(fmt.encode("x</Parallel>y") + [EOS])
 
 
 def test_too_many_threads_decode_sequentially(fmt):
     script = {PROMPT: HEAD, HEAD: "<Thread>1:aa</Thread><Thread>2:b</Thread></Parallel> ok<EOS>"}
     t, _ = decode(fmt, script, Limits(max_threads=1))
-    assert len(t.problems) == 1 and "exceed max_threads=1" in t.problems[0]
+    assert len(t.faults) == 1 and "exceed max_threads=1" in t.faults[0]
     assert t.token_ids == tuple(
         fmt.encode(WELL_FORMED.replace("think ", "").replace("bbbb", "b").replace(" done", " ok")) + [EOS]
     )
@@ -134,7 +134,7 @@ def test_too_deep_nesting_stays_inside_its_thread(fmt):
     script[inner] = "<Thread>1:cc</Thread>"
     script["<Thread>1:cc</Thread>"] = "</Parallel>y</Thread>"
     t, _ = decode(fmt, script, Limits(max_depth=1))
-    assert any("over max_depth=1" in p for p in t.problems)
+    assert any("over max_depth=1" in p for p in t.faults)
     thread_one = parse(t.token_ids, fmt, strict=False, max_depth=1).nodes[1].threads[0]
     assert fmt.decode([i for n in thread_one.body for i in n.ids]).endswith("y")
     assert t.stats.max_depth == 1
@@ -150,9 +150,9 @@ def test_token_budget_ends_the_trajectory(fmt):
 def test_deadline_closes_everything(fmt):
     t, _ = decode(fmt, GOOD, Limits(timeout_s=0.05), delay=0.03)
     assert t.finish_reason == "timeout"
-    assert t.problems and all("timeout" in p for p in t.problems)
+    assert t.faults and all("timeout" in p for p in t.faults)
     # closed structure: at worst some threads are empty
-    assert all("is empty" in p.message for p in parse(t.token_ids, fmt, strict=False).problems)
+    assert all("is empty" in p.message for p in parse(t.token_ids, fmt, strict=False).faults)
 
 
 class FailingEngine(ScriptedEngine):
@@ -177,7 +177,7 @@ def test_an_engine_error_raises_by_default(fmt):
 def test_an_engine_error_in_a_thread_degrades_when_asked(fmt):
     engine = FailingEngine(fmt, GOOD, "<Thread>2:")
     t = asyncio.run(Orchestrator(engine, fmt, degrade_on_engine_error=True).run(fmt.encode(PROMPT)))
-    assert t.problems == (
+    assert t.faults == (
         "thread 2: the engine failed (ConnectionError: server went away); the sequence stopped there",
         "thread 2: closed after the engine error",
     )
@@ -193,7 +193,7 @@ def test_an_engine_error_in_the_main_sequence_ends_the_trajectory(fmt):
     engine = FailingEngine(fmt, GOOD, "</Parallel>")
     t = asyncio.run(Orchestrator(engine, fmt, degrade_on_engine_error=True).run(fmt.encode(PROMPT)))
     assert t.finish_reason == "error"
-    assert t.problems == (
+    assert t.faults == (
         "main sequence: the engine failed (ConnectionError: server went away); the sequence stopped there",
     )
     assert t.token_ids == tuple(fmt.encode(WELL_FORMED.removesuffix(" done")))

@@ -20,7 +20,7 @@ from threadweaver.tree import Block, Text, render
 def test_bad_output_ends_closed_with_a_recorded_problem(fmt, script, limits, problem):
     engine = ScriptedEngine(fmt, script)
     t = asyncio.run(Orchestrator(engine, fmt, limits).run(fmt.encode(PROMPT)))
-    assert any(problem in p for p in t.problems), t.problems
+    assert any(problem in p for p in t.faults), t.faults
     assert render(t.nodes, fmt) == list(t.token_ids)
     for block in all_blocks(t.nodes):
         assert [th.number for th in block.threads] == [o.number for o in block.outlines]

@@ -20,7 +20,7 @@ def test_parse_render_round_trip(tree):
     ids = render(tree, FMT)
     parsed = parse(ids, FMT, strict=True)
     assert parsed.nodes == tree
-    assert parsed.problems == ()
+    assert parsed.faults == ()
     assert render(parsed.nodes, FMT) == ids
 
 

@@ -62,7 +62,7 @@ def trajectory_row(trajectory: Trajectory, fmt: Format, wall_s: float, **head) -
             "tree": tree_json(trajectory.nodes, fmt),
             "requests": [dataclasses.asdict(r) for r in trajectory.requests],
             "stats": trajectory.stats.as_dict(),
-            "problems": list(trajectory.problems),
+            "faults": list(trajectory.faults),
             "finish_reason": trajectory.finish_reason,
             "wall_s": wall_s,
         },

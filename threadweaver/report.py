@@ -21,10 +21,10 @@ class RowStats:
     line: int
     id: str
     stats: LatencyStats
-    problems: tuple[str, ...]
+    faults: tuple[str, ...]
 
     def as_dict(self) -> dict:
-        return {"line": self.line, "id": self.id, **self.stats.as_dict(), "problems": list(self.problems)}
+        return {"line": self.line, "id": self.id, **self.stats.as_dict(), "faults": list(self.faults)}
 
 
 def file_stats(path: str, reader: RowReader, *, strict: bool = False) -> Iterator[RowStats]:
@@ -34,7 +34,7 @@ def file_stats(path: str, reader: RowReader, *, strict: bool = False) -> Iterato
             parsed = parse(reader.trajectory(row), reader.fmt, strict=strict)
         except ValueError as err:  # TrajectoryFormatError included
             raise RowError(line, str(err)) from None
-        yield RowStats(line, str(row.get("id", line)), latency_stats(parsed.nodes), tuple(map(str, parsed.problems)))
+        yield RowStats(line, str(row.get("id", line)), latency_stats(parsed.nodes), tuple(map(str, parsed.faults)))
 
 
 def summary(rows: Iterable[RowStats]) -> dict:
@@ -50,13 +50,13 @@ def summary(rows: Iterable[RowStats]) -> dict:
         "mean_speedup": mean(r.stats.speedup for r in rows),
         "speedup_of_means": speedup(total, critical),
         "parallel_activation_ratio": mean(r.stats.blocks > 0 for r in rows),
-        "well_formed_ratio": mean(not r.problems for r in rows),
+        "well_formed_ratio": mean(not r.faults for r in rows),
         "mean_parallel_ratio": mean(r.stats.parallel_ratio for r in rows),
     }
 
 
 def format_table(rows: list[RowStats]) -> str:
-    header = f"{'id':<16}{'total':>8}{'critical':>10}{'speedup':>9}{'ref.longest':>13}{'blocks':>8}  threads  problems"
+    header = f"{'id':<16}{'total':>8}{'critical':>10}{'speedup':>9}{'ref.longest':>13}{'blocks':>8}  threads  faults"
     lines = [header, "-" * len(header)]
     for r in rows:
         s = r.stats
@@ -64,7 +64,7 @@ def format_table(rows: list[RowStats]) -> str:
         reference = "-" if s.reference_longest_thread is None else str(s.reference_longest_thread)
         lines.append(
             f"{r.id[:15]:<16}{s.total_tokens:>8}{s.critical_path_tokens:>10}{s.speedup:>9.2f}"
-            f"{reference:>13}{s.blocks:>8}  {threads:<7}  {len(r.problems)}"
+            f"{reference:>13}{s.blocks:>8}  {threads:<7}  {len(r.faults)}"
         )
     return "\n".join(lines)
 

@@ -11,7 +11,7 @@ Blocks nest inside threads up to ``max_depth``. ``<think>``/``</think>`` are ord
 text here. Strict parsing (training data) raises :class:`TrajectoryFormatError` at the
 first fault. Lenient parsing (model outputs) never raises: a malformed block, a block
 nested deeper than ``max_depth`` and stray tags are kept as sequential text, and every
-fault is listed in ``problems`` (a failed block once, as text up to its fault). Both
+fault is listed in ``faults`` (a failed block once, as text up to its fault). Both
 are lossless: ``render(parse(ids).nodes) == ids``.
 """
 
@@ -58,7 +58,7 @@ Node = Text | Block
 
 
 @dataclass(frozen=True)
-class Problem:
+class Fault:
     position: int
     tag: str | None
     message: str
@@ -71,33 +71,33 @@ class Problem:
 @dataclass(frozen=True)
 class Parsed:
     nodes: tuple[Node, ...]
-    problems: tuple[Problem, ...] = ()
+    faults: tuple[Fault, ...] = ()
 
     @property
     def well_formed(self) -> bool:
-        return not self.problems
+        return not self.faults
 
 
 class TrajectoryFormatError(ValueError):
     """A malformed trajectory; names the token position and the tag."""
 
-    def __init__(self, problem: Problem):
-        super().__init__(str(problem))
-        self.problem = problem
-        self.position = problem.position
-        self.tag = problem.tag
+    def __init__(self, fault: Fault):
+        super().__init__(str(fault))
+        self.fault = fault
+        self.position = fault.position
+        self.tag = fault.tag
 
 
 class _Malformed(Exception):
-    def __init__(self, problem: Problem):
-        self.problem = problem
+    def __init__(self, fault: Fault):
+        self.fault = fault
 
 
 def parse(ids: Sequence[int], fmt: Format, *, strict: bool = True, max_depth: int = DEFAULT_MAX_DEPTH) -> Parsed:
     """Parse a trajectory (the assistant's tokens, no prompt) into a fork-join tree."""
     parser = _Parser(list(ids), fmt, strict, max_depth)
     nodes = parser.sequence(depth=0, thread=None)
-    return Parsed(tuple(nodes), tuple(parser.problems))
+    return Parsed(tuple(nodes), tuple(parser.faults))
 
 
 def parse_text(text: str, fmt: Format, **kwargs) -> Parsed:
@@ -114,9 +114,9 @@ def parse_head(ids: Sequence[int], fmt: Format) -> tuple[Outline, ...]:
     try:
         outlines = parser.head()
     except _Malformed as err:
-        raise TrajectoryFormatError(err.problem) from None
+        raise TrajectoryFormatError(err.fault) from None
     if parser.pos != len(ids):
-        raise TrajectoryFormatError(parser.problem(parser.pos, "tokens after </Outlines> in a block head"))
+        raise TrajectoryFormatError(parser.fault_at(parser.pos, "tokens after </Outlines> in a block head"))
     return tuple(outlines)
 
 
@@ -151,20 +151,20 @@ class _Parser:
         self.strict = strict
         self.max_depth = max_depth
         self.pos = 0
-        self.problems: list[Problem] = []
+        self.faults: list[Fault] = []
         self.structural = fmt.tags.structural
 
-    def problem(self, position: int, message: str) -> Problem:
+    def fault_at(self, position: int, message: str) -> Fault:
         token = self.ids[position] if position < len(self.ids) else None
         tag = self.fmt.tag_name(token) if token is not None else "end of output"
-        return Problem(position, tag, message)
+        return Fault(position, tag, message)
 
     def fault(self, position: int, message: str) -> None:
         """A fault that leaves the structure intact: raise (strict) or record."""
-        problem = self.problem(position, message)
+        fault = self.fault_at(position, message)
         if self.strict:
-            raise TrajectoryFormatError(problem)
-        self.problems.append(problem)
+            raise TrajectoryFormatError(fault)
+        self.faults.append(fault)
 
     def sequence(self, depth: int, thread: int | None) -> list[Node]:
         """Parse until the end, or until ``</Thread>`` when inside ``thread``."""
@@ -174,21 +174,21 @@ class _Parser:
         while self.pos < len(ids):
             token = ids[self.pos]
             if token == tags.parallel:
-                start, recorded = self.pos, len(self.problems)
+                start, recorded = self.pos, len(self.faults)
                 try:
                     block = self.block(depth + 1)
                 except _Malformed as err:
                     if self.strict:
-                        raise TrajectoryFormatError(err.problem) from None
-                    del self.problems[recorded:]
-                    self.problems.append(err.problem)
-                    self.pos = max(err.problem.position, start + 1)
+                        raise TrajectoryFormatError(err.fault) from None
+                    del self.faults[recorded:]
+                    self.faults.append(err.fault)
+                    self.pos = max(err.fault.position, start + 1)
                     text.extend(ids[start : self.pos])
                     continue
                 if depth + 1 > self.max_depth:
-                    del self.problems[recorded:]
-                    self.problems.append(
-                        self.problem(
+                    del self.faults[recorded:]
+                    self.faults.append(
+                        self.fault_at(
                             start,
                             (
                                 f"parallel block nested {depth + 1} deep; max_depth is {self.max_depth}: "
@@ -216,7 +216,7 @@ class _Parser:
         return nodes
 
     def malformed(self, position: int, message: str) -> _Malformed:
-        return _Malformed(self.problem(position, message))
+        return _Malformed(self.fault_at(position, message))
 
     def expect(self, token: int, what: str) -> None:
         if self.pos >= len(self.ids) or self.ids[self.pos] != token:

@@ -14,6 +14,8 @@ from wheel_venv import wheel_venv
 
 from threadweaver.verl_rollout.config import CONFIG_DIR
 
+pytestmark = pytest.mark.slow
+
 
 def composed(name: str, *overrides: str):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):

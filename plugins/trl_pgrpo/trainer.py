@@ -252,7 +252,7 @@ class PGRPOTrainer(GRPOTrainer):
 
 
 def _without_tokens(trajectory: Trajectory) -> Trajectory:
-    """What the logs need of a rollout (stats, problems, finish reason), small enough to gather."""
+    """What the logs need of a rollout (stats, faults, finish reason), small enough to gather."""
     return dataclasses.replace(trajectory, prompt_ids=(), token_ids=(), generated=(), nodes=(), requests=(), calls=())
 
 

@@ -38,7 +38,7 @@ def trajectory_fields(trajectory: Trajectory, fmt: Format) -> dict[str, Any]:
         PREFIX + "critical_path_tokens": stats.critical_path_tokens,
         PREFIX + "blocks": stats.blocks,
         PREFIX + "well_formed": not trajectory.degraded,
-        PREFIX + "problems": "; ".join(trajectory.problems),
+        PREFIX + "faults": "; ".join(trajectory.faults),
         PREFIX + "finish_reason": trajectory.finish_reason,
         PREFIX + "requests": len(trajectory.requests),
     }

@@ -9,6 +9,7 @@ message, wrapped in :class:`EngineError`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ class JSONClient:
 
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._session is None or self._session.closed:
+            self._drop_session()
             headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else None
             connector = aiohttp.TCPConnector(limit=self.options.concurrency, limit_per_host=self.options.concurrency)
             timeout = aiohttp.ClientTimeout(total=self.options.timeout_s)
@@ -97,6 +99,15 @@ class JSONClient:
                 )
                 await asyncio.sleep(delay)
                 delay *= 2
+
+    def _drop_session(self) -> None:
+        """Close the session another event loop made (a session cannot move between loops)."""
+        session, self._session = self._session, None
+        if session is not None and not session.closed:
+            connector = session.connector
+            session.detach()
+            with contextlib.suppress(RuntimeError):  # that loop may be closed already
+                connector.close()
 
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:

@@ -34,10 +34,6 @@ class VLLMServerEngine:
         self.extra_body = dict(extra_body or {})
         self._served: dict | None = None
 
-    async def served_model(self) -> str:
-        """The model name to send, checked once against ``/v1/models``."""
-        return (await self._model_card())["id"]
-
     async def model_root(self) -> str:
         """Where the server loaded the model from (a directory or hub id): its tokenizer lives there."""
         card = await self._model_card()

@@ -46,8 +46,6 @@ QWEN3_SPECIAL_TOKENS: tuple[tuple[str, bool], ...] = (
 )
 """Qwen3's added tokens in id order from 151643, with whether each is special."""
 QWEN3_FIRST_SPECIAL_ID = 151643
-QWEN3_VOCAB_SIZE = 151936
-"""Rows in Qwen3's embedding matrix (padded beyond the tokenizer)."""
 
 SYNTH_CHARS = "0123456789+=;:?} \n" + LABELS
 SYNTH_WORDS = ("\\boxed{", "user", "assistant", "system")
