@@ -54,18 +54,16 @@ def trajectory_row(trajectory: Trajectory, fmt: Format, wall_s: float, **head) -
     """A finished trajectory as a JSONL row: ``head`` (its id, sample, ...), then what the orchestrator recorded."""
     return {
         **head,
-        **{
-            "text": fmt.decode(trajectory.token_ids),
-            "prompt_ids": list(trajectory.prompt_ids),
-            "token_ids": list(trajectory.token_ids),
-            "injected": [i for i, g in enumerate(trajectory.generated) if not g],
-            "tree": tree_json(trajectory.nodes, fmt),
-            "requests": [dataclasses.asdict(r) for r in trajectory.requests],
-            "stats": trajectory.stats.as_dict(),
-            "faults": list(trajectory.faults),
-            "finish_reason": trajectory.finish_reason,
-            "wall_s": wall_s,
-        },
+        "text": fmt.decode(trajectory.token_ids),
+        "prompt_ids": list(trajectory.prompt_ids),
+        "token_ids": list(trajectory.token_ids),
+        "injected": [i for i, g in enumerate(trajectory.generated) if not g],
+        "tree": tree_json(trajectory.nodes, fmt),
+        "requests": [dataclasses.asdict(r) for r in trajectory.requests],
+        "stats": trajectory.stats.as_dict(),
+        "faults": list(trajectory.faults),
+        "finish_reason": trajectory.finish_reason,
+        "wall_s": wall_s,
     }
 
 

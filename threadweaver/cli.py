@@ -26,16 +26,9 @@ def _stats(args: argparse.Namespace) -> None:
     from threadweaver.report import file_stats, format_summary, format_table, summary
     from threadweaver.rows import RowReader
 
-    reader = RowReader(load_tokenizer(args.tokenizer))
+    rows = file_stats(args.file, RowReader(load_tokenizer(args.tokenizer)), strict=args.strict)
     try:
-        rows = list(
-            tqdm(
-                file_stats(args.file, reader, strict=args.strict),
-                desc="stats",
-                unit=" rows",
-                disable=args.json or not sys.stderr.isatty(),
-            )
-        )
+        rows = list(tqdm(rows, desc="stats", unit=" rows", disable=args.json or not sys.stderr.isatty()))
     except RowError as err:
         sys.exit(f"threadweaver stats: {args.file}: {err}")
     if args.json:
@@ -107,12 +100,7 @@ def _generate(args: argparse.Namespace) -> None:
     from threadweaver.vllm_orchestrator.generate import GenerateArgs, run
 
     try:
-        progress = run(
-            from_args(GenerateArgs, args),
-            from_args(EngineArgs, args),
-            from_args(Limits, args),
-            from_args(Sampling, args),
-        )
+        progress = run(*(from_args(config, args) for config in (GenerateArgs, EngineArgs, Limits, Sampling)))
     except RowError as err:
         sys.exit(f"threadweaver generate: {args.problems}: {err}")
     except (EngineError, ValueError, OSError) as err:

@@ -18,6 +18,11 @@ def _value_type(hint):
     return hint
 
 
+def option(default, help: str, *, choices: tuple | None = None):
+    """A config field with its default and help (and the values it may take): a flag's whole declaration."""
+    return dataclasses.field(default=default, metadata={"help": help, **({"choices": choices} if choices else {})})
+
+
 def add_arguments(
     parser: argparse.ArgumentParser, config_cls: type, exclude: tuple[str, ...] = (), include: tuple[str, ...] = ()
 ) -> None:

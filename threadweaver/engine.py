@@ -8,16 +8,18 @@ token, a finish reason and a failed request mean the same thing whichever engine
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
+
+from threadweaver.cli_args import option
 
 
 @dataclass(frozen=True)
 class Sampling:
-    temperature: float = field(default=0.0, metadata={"help": "0 is greedy."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
-    top_k: int = field(default=-1, metadata={"help": "Keep the k most likely tokens (-1: all)."})
-    seed: int | None = field(default=None, metadata={"help": "Sampling seed, where the engine takes one."})
+    temperature: float = option(0.0, "0 is greedy.")
+    top_p: float = option(1.0, "Nucleus sampling mass.")
+    top_k: int = option(-1, "Keep the k most likely tokens (-1: all).")
+    seed: int | None = option(None, "Sampling seed, where the engine takes one.")
 
 
 @dataclass(frozen=True)

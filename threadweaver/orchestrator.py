@@ -25,8 +25,9 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from threadweaver.cli_args import option
 from threadweaver.engine import Completion, Engine, Sampling
 from threadweaver.format import Format
 from threadweaver.layout import ThreadPath, flat, thread_name, thread_opening
@@ -36,23 +37,17 @@ from threadweaver.tree import DEFAULT_MAX_DEPTH, Block, Node, Text, Thread, Traj
 
 @dataclass(frozen=True)
 class Limits:
-    branching: bool = field(
-        default=True, metadata={"help": "Fork-join decoding; off: one plain request, the sequential baseline."}
+    branching: bool = option(True, "Fork-join decoding; off: one plain request, the sequential baseline.")
+    concurrent_threads: bool = option(
+        True,
+        "Run a block's threads at the same time; off runs the same requests one after another "
+        "(same tokens under greedy decoding, sequential wall-clock and token latency).",
     )
-    concurrent_threads: bool = field(
-        default=True,
-        metadata={
-            "help": "Run a block's threads at the same time; off runs the same requests one after another "
-            "(same tokens under greedy decoding, sequential wall-clock and token latency)."
-        },
-    )
-    max_threads: int = field(default=16, metadata={"help": "Most threads in one block; more decode sequentially."})
-    max_depth: int = field(
-        default=DEFAULT_MAX_DEPTH, metadata={"help": "Deepest nesting of blocks; deeper ones decode sequentially."}
-    )
-    max_tokens: int = field(default=8192, metadata={"help": "Most generated tokens in one trajectory."})
-    max_request_tokens: int = field(default=4096, metadata={"help": "Most generated tokens in one request."})
-    timeout_s: float | None = field(default=None, metadata={"help": "Wall-clock limit per trajectory."})
+    max_threads: int = option(16, "Most threads in one block; more decode sequentially.")
+    max_depth: int = option(DEFAULT_MAX_DEPTH, "Deepest nesting of blocks; deeper ones decode sequentially.")
+    max_tokens: int = option(8192, "Most generated tokens in one trajectory.")
+    max_request_tokens: int = option(4096, "Most generated tokens in one request.")
+    timeout_s: float | None = option(None, "Wall-clock limit per trajectory.")
 
 
 @dataclass(frozen=True)

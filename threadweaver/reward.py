@@ -24,6 +24,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Literal
 
+from threadweaver.stats import speedup
+
 _BOXED = "\\boxed{"
 
 
@@ -65,18 +67,14 @@ def acceleration(total_tokens: int, critical_path_tokens: int, config: RewardCon
     if config.form == "reduction":
         gain = 1.0 - critical_path_tokens / total_tokens
     elif config.form == "ratio":
-        gain = total_tokens / critical_path_tokens - 1.0
+        gain = speedup(total_tokens, critical_path_tokens) - 1.0
     else:
         raise ValueError(f"RewardConfig.form must be 'reduction' or 'ratio', not {config.form!r}")
     return config.factor * min(max(gain, 0.0), config.clip)
 
 
 def reward(
-    response: str,
-    gold: str,
-    total_tokens: int,
-    critical_path_tokens: int,
-    config: RewardConfig = RewardConfig(),
+    response: str, gold: str, total_tokens: int, critical_path_tokens: int, config: RewardConfig = RewardConfig()
 ) -> RewardParts:
     """Correctness (1 or 0) plus the acceleration term, which is paid only when correct."""
     result = grade(response, gold, timeout_s=config.timeout_s)

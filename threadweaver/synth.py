@@ -15,16 +15,18 @@ solution has the same content without tags, outlines and seeds, as one chain.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from threadweaver.cli_args import option
 
 LABELS = "ABCDEFGH"
 
 
 @dataclass(frozen=True)
 class SynthConfig:
-    min_terms: int = field(default=3, metadata={"help": "Fewest labelled sums (threads) per problem."})
-    max_terms: int = field(default=4, metadata={"help": "Most labelled sums (threads) per problem."})
-    digits: int = field(default=4, metadata={"help": "Digits of each operand."})
+    min_terms: int = option(3, "Fewest labelled sums (threads) per problem.")
+    max_terms: int = option(4, "Most labelled sums (threads) per problem.")
+    digits: int = option(4, "Digits of each operand.")
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_terms <= self.max_terms <= len(LABELS):
@@ -103,9 +105,6 @@ def chat_row(row: dict, form: str) -> dict:
     """A dataset row in chat form: ``messages`` with the ``form`` solution as assistant turn."""
     return {
         "id": row["id"],
-        "messages": [
-            {"role": "user", "content": row["prompt"]},
-            {"role": "assistant", "content": row[form]},
-        ],
+        "messages": [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row[form]}],
         "answer": row["answer"],
     }

@@ -190,10 +190,8 @@ class _Parser:
                     self.faults.append(
                         self.fault_at(
                             start,
-                            (
-                                f"parallel block nested {depth + 1} deep; max_depth is {self.max_depth}: "
-                                "kept as sequential text"
-                            ),
+                            f"parallel block nested {depth + 1} deep; max_depth is {self.max_depth}: "
+                            "kept as sequential text",
                         )
                     )
                     text.extend(ids[start : self.pos])

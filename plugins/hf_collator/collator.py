@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from threadweaver.cli_args import option
 from threadweaver.rows import RowReader
 from threadweaver.tree import DEFAULT_MAX_DEPTH, TrajectoryFormatError, parse
 from threadweaver.trie import trajectory_trie
@@ -54,29 +55,21 @@ class FlatRow:
 @dataclass
 class TrieCollator:
     tokenizer: Any = field(metadata={"help": "The model's tokenizer, with the ThreadWeaver tags as single tokens."})
-    max_length: int | None = field(
-        default=None, metadata={"help": "Cut longer rows at a pre-order prefix (always ancestor-closed)."}
+    max_length: int | None = option(None, "Cut longer rows at a pre-order prefix (always ancestor-closed).")
+    branching: bool = option(
+        True,
+        "Trie rows with tree attention; off: plain causal rows (prompt + trajectory, tags as "
+        "ordinary tokens), the sequential baseline.",
     )
-    branching: bool = field(
-        default=True,
-        metadata={
-            "help": "Trie rows with tree attention; off: plain causal rows (prompt + trajectory, tags as "
-            "ordinary tokens), the sequential baseline."
-        },
+    skip_malformed: bool = option(False, "Skip (and log) rows that fail to parse instead of raising.")
+    train_injected: bool = option(
+        True,
+        "Also train the orchestrator's injected tokens on the sequential path, so the model "
+        "runs with branching off too.",
     )
-    skip_malformed: bool = field(
-        default=False, metadata={"help": "Skip (and log) rows that fail to parse instead of raising."}
-    )
-    train_injected: bool = field(
-        default=True,
-        metadata={
-            "help": "Also train the orchestrator's injected tokens on the sequential path, so the model "
-            "runs with branching off too."
-        },
-    )
-    max_depth: int = field(default=DEFAULT_MAX_DEPTH, metadata={"help": "Deepest nesting of parallel blocks accepted."})
-    pad_to_multiple_of: int | None = field(default=None, metadata={"help": "Pad the batch length to a multiple."})
-    row_key: str = field(default="id", metadata={"help": "Row field that names a row in errors and logs."})
+    max_depth: int = option(DEFAULT_MAX_DEPTH, "Deepest nesting of parallel blocks accepted.")
+    pad_to_multiple_of: int | None = option(None, "Pad the batch length to a multiple.")
+    row_key: str = option("id", "Row field that names a row in errors and logs.")
     skipped: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:

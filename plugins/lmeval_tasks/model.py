@@ -15,9 +15,10 @@ import dataclasses
 import json
 import logging
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from threadweaver.batch import BatchProgress, decode_many, run_sync, trajectory_row
+from threadweaver.cli_args import option
 from threadweaver.format import Format
 from threadweaver.hosts import check_host
 from threadweaver.jsonl import appending
@@ -39,22 +40,18 @@ _LM_EVAL_RUN_ARGS = ("batch_size", "max_batch_size", "device")
 
 @dataclass(frozen=True)
 class ModelArgs:
-    model: str | None = field(
-        default=None,
-        metadata={
-            "help": "Model directory or hub id: the tokenizer, and the weights of in-process engines "
-            "(default: the model the vLLM server reports). 'pretrained' is accepted too."
-        },
+    model: str | None = option(
+        None,
+        "Model directory or hub id: the tokenizer, and the weights of in-process engines "
+        "(default: the model the vLLM server reports). 'pretrained' is accepted too.",
     )
-    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer, if not the model's."})
-    concurrency: int = field(default=32, metadata={"help": "Trajectories decoded at once."})
-    seed: int | None = field(default=0, metadata={"help": "Seed of the first sample of each prompt."})
-    trajectories: str | None = field(
-        default=None,
-        metadata={
-            "help": "Append each trajectory to this JSONL file as `threadweaver generate` writes it (tokens, tree, "
-            "request timings, stats, wall_s), with the lm-eval context and request index."
-        },
+    tokenizer: str | None = option(None, "Tokenizer, if not the model's.")
+    concurrency: int = option(32, "Trajectories decoded at once.")
+    seed: int | None = option(0, "Seed of the first sample of each prompt.")
+    trajectories: str | None = option(
+        None,
+        "Append each trajectory to this JSONL file as `threadweaver generate` writes it (tokens, tree, "
+        "request timings, stats, wall_s), with the lm-eval context and request index.",
     )
 
 
@@ -63,12 +60,8 @@ def split_model_args(kwargs: dict) -> tuple[ModelArgs, EngineArgs, Limits]:
     kwargs = {k: v for k, v in kwargs.items() if k not in _LM_EVAL_RUN_ARGS}
     if "pretrained" in kwargs:
         kwargs.setdefault("model", kwargs.pop("pretrained"))
-    limit_fields = {f.name for f in fields(Limits)} - {"max_tokens"}
-    groups = {
-        ModelArgs: {f.name for f in fields(ModelArgs)},
-        EngineArgs: {f.name for f in fields(EngineArgs)},
-        Limits: limit_fields,
-    }
+    groups = {cls: {f.name for f in fields(cls)} for cls in (ModelArgs, EngineArgs, Limits)}
+    groups[Limits].remove("max_tokens")  # the task's max_gen_toks
     unknown = set(kwargs) - set().union(*groups.values())
     if unknown:
         raise TypeError(
@@ -86,16 +79,12 @@ def sampling_from(gen_kwargs: dict, seed: int | None) -> tuple[Sampling, int | N
     until = gen_kwargs.pop("until", None) or []
     if isinstance(until, str):
         until = [until]
-    temperature = float(gen_kwargs.pop("temperature", 0.0))
+    temperature = float(gen_kwargs.pop("temperature", Sampling.temperature))
     if gen_kwargs.pop("do_sample", None) is False:
         temperature = 0.0
     max_tokens = gen_kwargs.pop("max_gen_toks", None)
-    sampling = Sampling(
-        temperature=temperature,
-        top_p=float(gen_kwargs.pop("top_p", 1.0)),
-        top_k=int(gen_kwargs.pop("top_k", -1)),
-        seed=gen_kwargs.pop("seed", seed),
-    )
+    top_p, top_k = float(gen_kwargs.pop("top_p", Sampling.top_p)), int(gen_kwargs.pop("top_k", Sampling.top_k))
+    sampling = Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=gen_kwargs.pop("seed", seed))
     if gen_kwargs:
         log.warning("threadweaver ignores generation_kwargs %s", ", ".join(sorted(gen_kwargs)))
     return sampling, None if max_tokens is None else int(max_tokens), list(until)

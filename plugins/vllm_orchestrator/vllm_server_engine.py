@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from threadweaver.engine import Completion, EngineError, Sampling, to_completion
 
 from .http import HTTPOptions, JSONClient
+from .wire import vllm_params
 
 
 class VLLMServerEngine:
@@ -61,22 +62,8 @@ class VLLMServerEngine:
         room = card.get("max_model_len", len(prompt_ids) + max_tokens) - len(prompt_ids)
         if room <= 0:  # the context fills the model's window: nothing more can be generated
             return Completion((), "length")
-        body = {
-            "model": card["id"],
-            "prompt": list(prompt_ids),
-            "max_tokens": min(max_tokens, room),
-            "stop_token_ids": list(stop_ids),
-            "return_token_ids": True,
-            "skip_special_tokens": False,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "top_k": sampling.top_k,
-        }
-        if sampling.seed is not None:
-            body["seed"] = sampling.seed
-        if self.logprobs:
-            body["logprobs"] = 0
-        body.update(self.extra_body)
+        params = vllm_params(stop_ids, min(max_tokens, room), sampling, self.logprobs)
+        body = {"model": card["id"], "prompt": list(prompt_ids), "return_token_ids": True, **params, **self.extra_body}
         reply = await self.client.post("/v1/completions", body)
         choice = reply["choices"][0]
         if choice.get("token_ids") is None:

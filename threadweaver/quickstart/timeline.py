@@ -11,6 +11,8 @@ import html
 from collections import defaultdict
 from dataclasses import dataclass
 
+from threadweaver.layout import thread_name
+
 _WIDTH, _LANE, _LABEL = 760, 22, 90
 _COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#9c755f")
 
@@ -42,10 +44,6 @@ def critical_requests(requests: list[dict]) -> tuple[int, set[int]]:
     return walk(())
 
 
-def _lane_name(path: tuple) -> str:
-    return "main" if not path else "thread " + ".".join(str(number) for _, number in path)
-
-
 @dataclass(frozen=True)
 class Timeline:
     title: str
@@ -72,14 +70,16 @@ def svg(timeline: Timeline, scale_s: float) -> str:
     ]
     for lane, path in enumerate(lanes):
         y = lane * _LANE + 4
-        parts.append(f'<text class="lane" x="{_LABEL - 6}" y="{y + 14}" text-anchor="end">{_lane_name(path)}</text>')
+        parts.append(
+            f'<text class="lane" x="{_LABEL - 6}" y="{y + 14}" text-anchor="end">{thread_name(path, "main")}</text>'
+        )
     for i, (request, path) in enumerate(zip(requests, paths)):
         lane = lanes.index(path)
         x0, x1 = x(request["started"]), x(request["ended"])
         colour = _COLOURS[(path[-1][1] if path else 0) % len(_COLOURS)] if path else "#777"
         critical = i in marked
         tip = (
-            f"{_lane_name(path)}: {request['completion_tokens']} tokens, "
+            f"{thread_name(path, 'main')}: {request['completion_tokens']} tokens, "
             f"{request['started'] * 1000:.0f}-{request['ended'] * 1000:.0f} ms"
             + (", on the critical path" if critical else "")
         )
