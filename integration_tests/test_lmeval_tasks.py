@@ -221,7 +221,7 @@ def test_tw_synth_token_stats_are_the_orchestrators_own(synth_runs, synth_proble
         assert sample["total_tokens"] == row["stats"]["total_tokens"]
         assert sample["speedup"] == pytest.approx(row["stats"]["speedup"])
         assert sample["parallel_activation"] == float(row["stats"]["blocks"] > 0)
-        assert sample["format_valid"] == float(not row["faults"])
+        assert sample["format_valid"] == float(not row["degradations"])
         assert sample["stats_measured"] == 1.0
     assert sum(s["parallel_activation"] for s in samples) >= 5
     mean = results["results"]["tw_synth"]["token_latency,avg"]

@@ -39,11 +39,11 @@ def test_trajectories_tree_requests_and_stats_agree(trained, trained_server, tok
     well_formed = 0
     cache_hits = []
     for prompt, t in zip(prompt_list, trajectories):
-        if t.faults:
+        if t.degradations:
             continue
         parsed = parse(t.token_ids, fmt)
         assert parsed.nodes == t.nodes
-        assert latency_stats(parsed.nodes) == t.stats
+        assert latency_stats(parsed.nodes, fmt.tags) == t.stats
         plan = plan_requests(prompt, parsed.nodes, fmt)
         assert sorted(r.context_tokens for r in t.requests) == sorted(len(r.context) for r in plan.requests)
         assert sum(r.completion_tokens for r in t.requests) == t.stats.total_tokens == sum(t.generated)
@@ -52,7 +52,7 @@ def test_trajectories_tree_requests_and_stats_agree(trained, trained_server, tok
             well_formed += 1
             assert t.stats.critical_path_tokens < t.stats.total_tokens
             cache_hits.append(_join_hit(t))
-    assert well_formed >= 7, [t.faults for t in trajectories]
+    assert well_formed >= 7, [t.degradations for t in trajectories]
     assert all(cached >= expected for cached, expected in cache_hits), cache_hits
     assert sum(expected for _, expected in cache_hits) > 0
 
@@ -110,7 +110,7 @@ def test_sequential_equals_plain_generation(trained, trained_server, tokenizer, 
         capture_output=True,
     )
     for row in map(json.loads, out.read_text().splitlines()):
-        assert len(row["requests"]) == 1 and row["faults"] == []
+        assert len(row["requests"]) == 1 and row["degradations"] == []
         assert row["token_ids"] == plain(row["prompt_ids"])["choices"][0]["token_ids"]
         assert row["stats"]["critical_path_tokens"] == row["stats"]["total_tokens"] == len(row["token_ids"])
 

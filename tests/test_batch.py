@@ -70,14 +70,14 @@ def test_rows_are_written_as_they_finish_and_resume_skips_them(fmt, tmp_path):
     assert progress.done == 4 and progress.mean_speedup > 1
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0]["text"] == fmt.decode(fmt.encode(WELL_FORMED) + [999])
-    assert rows[0]["answer"] == "42" and rows[0]["faults"] == []
+    assert rows[0]["answer"] == "42" and rows[0]["degradations"] == []
     assert rows[0]["tree"][1]["outlines"] == ["1:a", "2:b"]
     assert [r["thread_path"] for r in rows[0]["requests"]] == [[], [[0, 1]], [[0, 2]], []]
     assert rows[0]["stats"]["critical_path_tokens"] < rows[0]["stats"]["total_tokens"]
     # a crash mid-write leaves a torn last line: it is cut off and that row is redone
     with open(out, "a") as f:
         f.write('{"id": "p2", "sample"')
-    done = finished_keys(str(out))
+    done, _ = finished_keys(str(out))
     assert done == {("p0", 0), ("p0", 1), ("p1", 0), ("p1", 1)}
     assert out.read_text().endswith("}\n")
     todo = [j for j in jobs if (j.row_id, j.sample) not in done]

@@ -4,11 +4,13 @@ lm-eval itself runs in integration_tests/test_lmeval_tasks.py.
 """
 
 import math
+import re
 
 import pytest
 
 from threadweaver.format import Format
 from threadweaver.lmeval_tasks import data, discovery, measured, scoring
+from threadweaver.orchestrator import DEGRADATION_KINDS
 from threadweaver.stats import LatencyStats, latency_stats
 from threadweaver.tree import parse_text
 
@@ -77,7 +79,7 @@ def test_measured_counts_are_used_as_recorded(qwen):
         reference_longest_thread=None,
         reference_total_tokens=57,
     )
-    measured.record(PARALLEL, stats, False)
+    measured.record(PARALLEL, stats, frozenset({"eos_in_thread"}))
     metrics = scoring.process_results({"gold": "7"}, [[PARALLEL]])
     assert metrics == {
         "acc": 1.0,
@@ -87,7 +89,14 @@ def test_measured_counts_are_used_as_recorded(qwen):
         "parallel_activation": 1.0,
         "format_valid": 0.0,
         "stats_measured": 1.0,
+        **{f"degraded_{kind}": float(kind == "eos_in_thread") for kind in DEGRADATION_KINDS},
     }
+
+
+def test_the_task_template_declares_every_metric_the_tasks_return():
+    template = (discovery.TASKS_DIR / "_tw_template").read_text()
+    declared = re.findall(r"- metric: (\w+)\n\s+aggregation: mean\n\s+higher_is_better: (true|false)", template)
+    assert dict(declared) == {name: str(higher).lower() for name, higher in scoring.HIGHER_IS_BETTER.items()}
 
 
 def test_unmeasured_responses_are_tokenised_and_say_so(qwen):

@@ -23,9 +23,9 @@ def decode(fmt, script, limits=Limits(), delay=0.0):
 def test_a_block_forks_joins_and_matches_the_post_hoc_plan(fmt):
     t, _ = decode(fmt, GOOD)
     assert t.token_ids == tuple(fmt.encode(WELL_FORMED) + [EOS])
-    assert t.faults == () and t.finish_reason == "stop"
+    assert t.degradations == () and t.finish_reason == "stop"
     nodes = parse(t.token_ids, fmt).nodes
-    assert latency_stats(nodes) == t.stats
+    assert latency_stats(nodes, fmt.tags) == t.stats
     plan = plan_requests(fmt.encode(PROMPT), nodes, fmt)
     assert t.generated == plan.generated
     assert [r.completion_tokens for r in t.requests] == [len(r.completion) for r in plan.requests]
@@ -45,23 +45,23 @@ def test_nested_blocks_recurse(fmt):
     script["<Thread>1:x<Parallel><Outlines><Outline>1:c</Outline></Outlines><Thread>1:"] = "cc</Thread>"
     script["<Thread>1:cc</Thread></Parallel>"] = "y</Thread>"
     t, _ = decode(fmt, script)
-    assert t.faults == ()
+    assert t.degradations == ()
     parsed = parse(t.token_ids, fmt)
-    assert latency_stats(parsed.nodes) == t.stats
+    assert latency_stats(parsed.nodes, fmt.tags) == t.stats
     assert t.stats.max_depth == 2 and t.stats.threads_per_block == (2, 1)
 
 
 def test_branching_off_is_one_plain_request(fmt):
     script = {PROMPT: WELL_FORMED + "<EOS>"}
     t, engine = decode(fmt, script, Limits(branching=False))
-    assert len(engine.calls) == 1 and t.faults == ()
+    assert len(engine.calls) == 1 and t.degradations == ()
     assert t.stats.critical_path_tokens == t.stats.total_tokens == len(fmt.encode(WELL_FORMED)) + 1
 
 
 def test_serial_threads_send_the_same_requests_one_after_another(fmt):
     forked, forked_engine = decode(fmt, GOOD, delay=0.01)
     serial, serial_engine = decode(fmt, GOOD, Limits(concurrent_threads=False), delay=0.01)
-    assert serial.token_ids == forked.token_ids and serial.faults == ()
+    assert serial.token_ids == forked.token_ids and serial.degradations == ()
     assert serial_engine.calls == sorted(forked_engine.calls, key=forked_engine.calls.index)
     threads = [r for r in serial.requests if r.thread_path]
     assert [r.thread_path for r in threads] == [((0, 1),), ((0, 2),)]
@@ -85,7 +85,11 @@ def test_serial_threads_send_the_same_requests_one_after_another(fmt):
 def test_malformed_outlines_degrade_to_sequential(fmt, head, problem):
     script = {PROMPT: "t " + head, head: " then plain<EOS>"}
     t, engine = decode(fmt, script)
-    assert len(t.faults) == 1 and problem in t.faults[0] and "decoded sequentially" in t.faults[0]
+    assert (
+        len(t.degradations) == 1
+        and problem in str(t.degradations[0])
+        and "decoded sequentially" in str(t.degradations[0])
+    )
     assert t.token_ids == tuple(fmt.encode("t " + head + " then plain") + [EOS])
     assert t.stats.blocks == 0 and t.stats.critical_path_tokens == t.stats.total_tokens
     assert len(engine.calls) == 2
@@ -94,7 +98,7 @@ def test_malformed_outlines_degrade_to_sequential(fmt, head, problem):
 def test_eos_inside_a_thread_closes_it(fmt):
     script = dict(GOOD, **{"<Thread>2:": "bb<EOS>"})
     t, _ = decode(fmt, script)
-    assert len(t.faults) == 1 and "thread 2: end-of-sequence" in t.faults[0]
+    assert len(t.degradations) == 1 and "thread 2: end-of-sequence" in str(t.degradations[0])
     parsed = parse(t.token_ids, fmt)  # strict: the structure was closed
     assert isinstance(parsed.nodes[1], Block)
     close = t.token_ids.index(fmt.tags.thread_end, t.token_ids.index(fmt.tags.thread_end) + 1)
@@ -105,7 +109,7 @@ def test_eos_inside_a_thread_closes_it(fmt):
 def test_a_thread_that_never_closes_hits_the_request_limit(fmt):
     script = dict(GOOD, **{"<Thread>1:": "a" * 50})
     t, _ = decode(fmt, script, Limits(max_request_tokens=20))
-    assert any("thread 1: stopped by the length limit" in p for p in t.faults)
+    assert any("thread 1: stopped by the length limit" in p for p in map(str, t.degradations))
     parse(t.token_ids, fmt)
     assert t.stats.total_tokens == sum(t.generated)
 
@@ -113,14 +117,14 @@ def test_a_thread_that_never_closes_hits_the_request_limit(fmt):
 def test_model_written_parallel_end_is_recorded(fmt):
     script = {PROMPT: "x</Parallel>y<EOS>"}
     t, _ = decode(fmt, script)
-    assert any("stray </Parallel>" in p for p in t.faults)
+    assert any("stray </Parallel>" in p for p in map(str, t.degradations))
     assert t.token_ids == tuple(fmt.encode("x</Parallel>y") + [EOS])
 
 
 def test_too_many_threads_decode_sequentially(fmt):
     script = {PROMPT: HEAD, HEAD: "<Thread>1:aa</Thread><Thread>2:b</Thread></Parallel> ok<EOS>"}
     t, _ = decode(fmt, script, Limits(max_threads=1))
-    assert len(t.faults) == 1 and "exceed max_threads=1" in t.faults[0]
+    assert len(t.degradations) == 1 and "exceed max_threads=1" in str(t.degradations[0])
     assert t.token_ids == tuple(
         fmt.encode(WELL_FORMED.replace("think ", "").replace("bbbb", "b").replace(" done", " ok")) + [EOS]
     )
@@ -134,7 +138,7 @@ def test_too_deep_nesting_stays_inside_its_thread(fmt):
     script[inner] = "<Thread>1:cc</Thread>"
     script["<Thread>1:cc</Thread>"] = "</Parallel>y</Thread>"
     t, _ = decode(fmt, script, Limits(max_depth=1))
-    assert any("over max_depth=1" in p for p in t.faults)
+    assert any("over max_depth=1" in p for p in map(str, t.degradations))
     thread_one = parse(t.token_ids, fmt, strict=False, max_depth=1).nodes[1].threads[0]
     assert fmt.decode([i for n in thread_one.body for i in n.ids]).endswith("y")
     assert t.stats.max_depth == 1
@@ -150,7 +154,7 @@ def test_token_budget_ends_the_trajectory(fmt):
 def test_deadline_closes_everything(fmt):
     t, _ = decode(fmt, GOOD, Limits(timeout_s=0.05), delay=0.03)
     assert t.finish_reason == "timeout"
-    assert t.faults and all("timeout" in p for p in t.faults)
+    assert t.degradations and all("timeout" in p for p in map(str, t.degradations))
     # closed structure: at worst some threads are empty
     assert all("is empty" in p.message for p in parse(t.token_ids, fmt, strict=False).faults)
 
@@ -177,7 +181,7 @@ def test_an_engine_error_raises_by_default(fmt):
 def test_an_engine_error_in_a_thread_degrades_when_asked(fmt):
     engine = FailingEngine(fmt, GOOD, "<Thread>2:")
     t = asyncio.run(Orchestrator(engine, fmt, degrade_on_engine_error=True).run(fmt.encode(PROMPT)))
-    assert t.faults == (
+    assert tuple(map(str, t.degradations)) == (
         "thread 2: the engine failed (ConnectionError: server went away); the sequence stopped there",
         "thread 2: closed after the engine error",
     )
@@ -193,7 +197,7 @@ def test_an_engine_error_in_the_main_sequence_ends_the_trajectory(fmt):
     engine = FailingEngine(fmt, GOOD, "</Parallel>")
     t = asyncio.run(Orchestrator(engine, fmt, degrade_on_engine_error=True).run(fmt.encode(PROMPT)))
     assert t.finish_reason == "error"
-    assert t.faults == (
+    assert tuple(map(str, t.degradations)) == (
         "main sequence: the engine failed (ConnectionError: server went away); the sequence stopped there",
     )
     assert t.token_ids == tuple(fmt.encode(WELL_FORMED.removesuffix(" done")))

@@ -10,7 +10,7 @@ def test_worked_example(fmt):
         "xyz<Parallel><Outlines><Outline>1:a</Outline><Outline>2:b</Outline></Outlines>"
         "<Thread>1:aaaa</Thread><Thread>2:bb</Thread></Parallel>qq"
     )
-    s = latency_stats(parse(fmt.encode(text), fmt).nodes)
+    s = latency_stats(parse(fmt.encode(text), fmt).nodes, fmt.tags)
     assert s.total_tokens == 3 + 13 + (4 + 1) + (2 + 1) + 2
     assert s.critical_path_tokens == 3 + 13 + (4 + 1) + 2
     assert s.injected_tokens == 2 * (1 + 2) + 1  # <Thread> "i" ":" twice, </Parallel>
@@ -26,12 +26,16 @@ def test_nested_blocks_count_their_longest_thread(fmt):
     opening = "<Parallel><Outlines><Outline>1:</Outline><Outline>2:</Outline></Outlines>"
     inner = f"{opening}<Thread>1:aaaaaa</Thread><Thread>2:b</Thread></Parallel>"
     text = f"{opening}<Thread>1:{inner}c</Thread><Thread>2:dddd</Thread></Parallel>"
-    s = latency_stats(parse(fmt.encode(text), fmt).nodes)
+    s = latency_stats(parse(fmt.encode(text), fmt).nodes, fmt.tags)
     head = 1 + 1 + 2 * (1 + 2 + 1) + 1  # 11 tokens, both levels
     inner_critical = head + max(6, 1) + 1
     assert s.critical_path_tokens == head + max(inner_critical + 1 + 1, 4 + 1)
     assert s.max_depth == 2 and s.threads_per_block == (2, 2)
-    assert s.reference_longest_thread is None
+    # The reference's flat scan: the inner </Thread> ends the outer thread 1 (22 tokens: "1:", the
+    # inner head, its <Thread> as text and "1:aaaaaa"); "<Thread>2:b</Thread>" is the outer block's
+    # thread 2, and the inner </Parallel> closes the outer block (10 + 4 tags + 22). The rest is
+    # outside any block: 13 tokens with the two <Parallel>/</Parallel> already counted.
+    assert s.reference_longest_thread == 13 + (10 + 4 + 22)
 
 
 def test_sequential_output_has_speedup_one(fmt):

@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from typing import Any
 
 from threadweaver.format import Format
 from threadweaver.jsonl import RowError, appending, read_jsonl
-from threadweaver.orchestrator import Orchestrator, Trajectory
+from threadweaver.orchestrator import Limits, Orchestrator, Trajectory
 from threadweaver.rows import RowReader
 from threadweaver.tree import tree_json
 
@@ -50,10 +51,11 @@ def read_jobs(path: str, tokenizer: Any, samples: int) -> Iterator[Job]:
             yield Job(row_id, sample, ids, row)
 
 
-def trajectory_row(trajectory: Trajectory, fmt: Format, wall_s: float, **head) -> dict:
+def trajectory_row(trajectory: Trajectory, fmt: Format, wall_s: float, limits: Limits, **head) -> dict:
     """A finished trajectory as a JSONL row: ``head`` (its id, sample, ...), then what the orchestrator recorded."""
     return {
         **head,
+        "concurrent_threads": limits.concurrent_threads,
         "text": fmt.decode(trajectory.token_ids),
         "prompt_ids": list(trajectory.prompt_ids),
         "token_ids": list(trajectory.token_ids),
@@ -61,7 +63,7 @@ def trajectory_row(trajectory: Trajectory, fmt: Format, wall_s: float, **head) -
         "tree": tree_json(trajectory.nodes, fmt),
         "requests": [dataclasses.asdict(r) for r in trajectory.requests],
         "stats": trajectory.stats.as_dict(),
-        "faults": list(trajectory.faults),
+        "degradations": [d.as_dict() for d in trajectory.degradations],
         "finish_reason": trajectory.finish_reason,
         "wall_s": wall_s,
     }
@@ -75,6 +77,8 @@ class BatchProgress:
     generated_tokens: int = 0
     speedup_sum: float = 0.0
     degraded: int = 0
+    kinds: Counter = dataclasses.field(default_factory=Counter)
+    """Trajectories with at least one degradation, per kind."""
     started: float = dataclasses.field(default_factory=time.monotonic)
 
     def add(self, trajectory: Trajectory) -> None:
@@ -82,6 +86,7 @@ class BatchProgress:
         self.generated_tokens += trajectory.stats.total_tokens
         self.speedup_sum += trajectory.stats.speedup
         self.degraded += trajectory.degraded
+        self.kinds.update(trajectory.degradation_kinds)
 
     @property
     def tokens_per_s(self) -> float:
@@ -90,6 +95,11 @@ class BatchProgress:
     @property
     def mean_speedup(self) -> float:
         return self.speedup_sum / self.done if self.done else 0.0
+
+    def degraded_by_kind(self) -> str:
+        """``"3 degraded (bad_outlines 2, eos_in_thread 1)"``."""
+        kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(self.kinds.items()))
+        return f"{self.degraded} degraded" + (f" ({kinds})" if kinds else "")
 
     def postfix(self) -> str:
         """The progress bar's description of the run so far."""
@@ -157,7 +167,8 @@ async def run_batch(
         ):
             job = jobs[i]
             answer = {"answer": job.row["answer"]} if "answer" in job.row else {}
-            append(trajectory_row(trajectory, orchestrator.fmt, wall_s, id=job.row_id, sample=job.sample, **answer))
+            head = {"id": job.row_id, "sample": job.sample, **answer}
+            append(trajectory_row(trajectory, orchestrator.fmt, wall_s, orchestrator.limits, **head))
             progress.add(trajectory)
             if on_done:
                 on_done(progress)

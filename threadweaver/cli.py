@@ -29,7 +29,7 @@ def _stats(args: argparse.Namespace) -> None:
     rows = file_stats(args.file, RowReader(load_tokenizer(args.tokenizer)), strict=args.strict)
     try:
         rows = list(tqdm(rows, desc="stats", unit=" rows", disable=args.json or not sys.stderr.isatty()))
-    except RowError as err:
+    except (RowError, OSError) as err:
         sys.exit(f"threadweaver stats: {args.file}: {err}")
     if args.json:
         print(json.dumps({"rows": [r.as_dict() for r in rows], "summary": summary(rows)}))
@@ -112,7 +112,7 @@ def _generate(args: argparse.Namespace) -> None:
         return
     print(
         f"decoded {progress.done} trajectories into {args.out}: mean speedup {progress.mean_speedup:.2f}x, "
-        f"{progress.tokens_per_s:.0f} generated tokens/s, {progress.degraded} degraded"
+        f"{progress.tokens_per_s:.0f} generated tokens/s, {progress.degraded_by_kind()}"
     )
 
 

@@ -17,9 +17,13 @@ class RowError(ValueError):
 
 
 def read_jsonl(path: str) -> Iterator[tuple[int, dict]]:
-    """(line number, row) per non-blank line; a line that is not a JSON object raises :class:`RowError`."""
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
+    """(line number, row) per non-blank line; a line that is not a JSON object in UTF-8 raises :class:`RowError`."""
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise RowError(line_no, f"not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1})") from None
             if not line.strip():
                 continue
             try:
@@ -43,8 +47,22 @@ def write_jsonl(path: str, rows: Iterable[dict]) -> None:
 
 @contextmanager
 def appending(path: str) -> Iterator[Callable[[dict], None]]:
-    """A function that appends one row to ``path`` and flushes it, so a crash loses no finished row."""
+    """A function that appends one row to ``path`` and flushes it, so a crash loses no finished row.
+
+    A torn last line (a crash mid-write) is cut first, and a last row without its newline
+    gets one, so the first new row starts a line of its own.
+    """
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    if os.path.exists(path):
+        with open(path, "r+b") as f:
+            start = _last_line_start(f)
+            f.seek(start)
+            tail = f.read()
+            if tail:
+                f.seek(start)
+                f.truncate()
+                if _is_object(tail):
+                    f.write(tail + b"\n")
     with open(path, "a", encoding="utf-8") as f:
 
         def append(row: dict) -> None:
@@ -54,23 +72,71 @@ def appending(path: str) -> Iterator[Callable[[dict], None]]:
         yield append
 
 
-def finished_keys(path: str) -> set[tuple[str, int]]:
-    """(id, sample) of rows already in ``path``; a torn last line (a crash mid-write) is cut off."""
+SET_ASIDE = ".set-aside"
+"""Suffix of the file where resuming moves the lines of an output file that are not finished rows."""
+
+
+def finished_keys(path: str) -> tuple[set[tuple[str, int]], int]:
+    """(id, sample) of the finished rows in ``path``, which is left ready to append to; and how many
+    lines were set aside.
+
+    Resuming never deletes a finished row. A torn last line (a crash mid-write: not a JSON
+    row) is cut off, and a last row that lacks only its newline gets one. Any other line that
+    is not a finished row (not UTF-8, not a JSON object with an ``id`` and a ``sample``) and
+    every repeat of an (id, sample) is moved, byte for byte, to ``path + SET_ASIDE``, and the
+    file is rewritten without it.
+    """
     if not os.path.exists(path):
-        return set()
-    keys = set()
-    good = 0
+        return set(), 0
     with open(path, "rb") as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-                keys.add((row["id"], row["sample"]))
-            except (ValueError, KeyError, TypeError):
-                break
-            if not line.endswith(b"\n"):
-                break
-            good += len(line)
-    if good < os.path.getsize(path):
-        with open(path, "r+b") as f:
-            f.truncate(good)
-    return keys
+        data = f.read()
+    lines = data.split(b"\n")
+    torn = lines.pop()  # b"" when the file ends with a newline
+    keys: set[tuple[str, int]] = set()
+    kept, aside = [], []
+    for i, line in enumerate([*lines, torn]):
+        key = _row_key(line)
+        if key is not None and key not in keys:
+            keys.add(key)
+            kept.append(line)
+        elif line.strip() and i < len(lines):
+            aside.append(line)
+    if aside:
+        with open(path + SET_ASIDE, "ab") as f:
+            f.write(b"".join(line + b"\n" for line in aside))
+    if torn or len(kept) != len(lines):  # a torn or newline-less last line, lines set aside or blank
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(b"".join(line + b"\n" for line in kept))
+        os.replace(tmp, path)
+    return keys, len(aside)
+
+
+def _last_line_start(f, chunk: int = 1 << 16) -> int:
+    """Where the text after the last newline starts (the file's length when it ends with one)."""
+    end = f.seek(0, os.SEEK_END)
+    at = end
+    while at > 0:
+        at = max(0, at - chunk)
+        f.seek(at)
+        newline = f.read(min(chunk, end - at)).rfind(b"\n")
+        if newline >= 0:
+            return at + newline + 1
+    return 0
+
+
+def _is_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line.decode("utf-8")), dict)
+    except ValueError:
+        return False
+
+
+def _row_key(line: bytes) -> tuple[str, int] | None:
+    """The (id, sample) of a finished row, or None."""
+    try:
+        row = json.loads(line.decode("utf-8"))
+        key = (row["id"], row["sample"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return key if isinstance(key[0], str) and isinstance(key[1], int) else None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from statistics import fmean
 
 from threadweaver.format import Format
-from threadweaver.orchestrator import EngineCall, Trajectory
+from threadweaver.orchestrator import DEGRADATION_KINDS, EngineCall, Trajectory
 from threadweaver.reward import RewardConfig
 from threadweaver.trie import trajectory_trie
 
@@ -117,7 +117,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory], correct: Sequence[bool] 
 
     ``acceleration_ratio`` is total generated tokens over the critical path per trajectory
     (1.0 for a sequential one); ``parallel_usage`` the share with at least one block;
-    ``format_valid`` the share that decoded without degrading.
+    ``format_valid`` the share that decoded without degrading; ``degraded/<kind>`` the share with
+    a degradation of that kind (:data:`threadweaver.orchestrator.DEGRADATION_KINDS`).
     """
     if not trajectories:
         raise ValueError("no rollouts to summarise")
@@ -128,6 +129,7 @@ def rollout_metrics(trajectories: Sequence[Trajectory], correct: Sequence[bool] 
         "critical_path_tokens": fmean(s.critical_path_tokens for s in stats),
         "total_tokens": fmean(s.total_tokens for s in stats),
         "format_valid": fmean(not t.degraded for t in trajectories),
+        **{f"degraded/{kind}": fmean(kind in t.degradation_kinds for t in trajectories) for kind in DEGRADATION_KINDS},
     }
     if correct is not None:
         metrics["correct_rate"] = fmean(map(bool, correct))

@@ -1,7 +1,11 @@
 """Latency statistics over JSONL trajectory files (``threadweaver stats``).
 
+A row the orchestrator wrote (``threadweaver generate``, the lm-eval model's
+``trajectories=``) is read as it decoded it: its ``injected`` positions rebuild its tree,
+its ``concurrent_threads`` its critical path, and its recorded degradations are its
+faults, so the statistics equal the ones it recorded. Other rows are parsed as text.
 ``ref.longest`` in the table is the reference implementation's longest-thread count on
-the response (see :mod:`threadweaver.stats`), shown for one-level trajectories.
+the response (see :mod:`threadweaver.stats`).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from dataclasses import dataclass
 from statistics import mean
 
 from threadweaver.jsonl import RowError, read_jsonl
+from threadweaver.layout import spans
 from threadweaver.rows import RowReader
 from threadweaver.stats import LatencyStats, latency_stats, speedup
 from threadweaver.tree import parse
@@ -22,6 +27,7 @@ class RowStats:
     id: str
     stats: LatencyStats
     faults: tuple[str, ...]
+    """The row's recorded degradations, or the parse's faults."""
 
     def as_dict(self) -> dict:
         return {"line": self.line, "id": self.id, **self.stats.as_dict(), "faults": list(self.faults)}
@@ -29,12 +35,41 @@ class RowStats:
 
 def file_stats(path: str, reader: RowReader, *, strict: bool = False) -> Iterator[RowStats]:
     """Per row, the statistics of its trajectory; a bad row raises :class:`RowError` naming its line."""
+    tags = reader.fmt.tags
     for line, row in read_jsonl(path):
         try:
-            parsed = parse(reader.trajectory(row), reader.fmt, strict=strict)
+            ids, injected = reader.trajectory(row), _injected(row)
+            parsed = parse(ids, reader.fmt, strict=strict, injected=injected)
+            recorded = _recorded_degradations(row)
         except ValueError as err:  # TrajectoryFormatError included
             raise RowError(line, str(err)) from None
-        yield RowStats(line, str(row.get("id", line)), latency_stats(parsed.nodes), tuple(map(str, parsed.faults)))
+        except RecursionError:
+            raise RowError(line, "blocks nested too deep to read") from None
+        closed = {s.path for s in spans(parsed.nodes, tags) if s.kind == "close" and s.start in (injected or ())}
+        concurrent = row.get("concurrent_threads", True) is not False
+        stats = latency_stats(parsed.nodes, tags, closed_threads=closed, concurrent_threads=concurrent)
+        faults = recorded if recorded is not None else tuple(map(str, parsed.faults))
+        yield RowStats(line, str(row.get("id", line)), stats, faults)
+
+
+def _injected(row: dict) -> set[int] | None:
+    if "injected" not in row:
+        return None
+    positions = row["injected"]
+    if not isinstance(positions, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in positions):
+        raise ValueError("field 'injected' must be a list of token positions")
+    return set(positions)
+
+
+def _recorded_degradations(row: dict) -> tuple[str, ...] | None:
+    if "degradations" not in row:
+        return None
+    recorded = row["degradations"]
+    if not isinstance(recorded, list) or not all(
+        isinstance(d, dict) and isinstance(d.get("text"), str) for d in recorded
+    ):
+        raise ValueError("field 'degradations' must be a list of {kind, path, position, detail, text}")
+    return tuple(d["text"] for d in recorded)
 
 
 def summary(rows: Iterable[RowStats]) -> dict:

@@ -55,7 +55,12 @@ class RowReader:
 
     def prompt(self, row: dict) -> list[int]:
         if "prompt_ids" in row:
-            return _ids(row, "prompt_ids", allow_empty=False)
+            ids = _ids(row, "prompt_ids", allow_empty=False)
+            vocabulary = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else None
+            outside = next((t for t in ids if t < 0 or (vocabulary and t >= vocabulary)), None)
+            if outside is not None:
+                raise ValueError(f"field 'prompt_ids' has token id {outside}, not one of the tokenizer's {vocabulary}")
+            return ids
         if "messages" in row or isinstance(row.get("prompt"), list):
             field = "messages" if "messages" in row else "prompt"
             return self.chat(prompt_messages(row[field], field))
@@ -139,8 +144,11 @@ def _ids(row: dict, field: str, allow_empty: bool = True) -> list[int]:
 
 
 def _messages(messages, field: str) -> list[dict]:
-    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-        raise ValueError(f"field {field!r} must be a list of {{role, content}} turns")
+    def turn(m) -> bool:
+        return isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content", ""), str)
+
+    if not isinstance(messages, list) or not all(map(turn, messages)):
+        raise ValueError(f"field {field!r} must be a list of {{role, content}} turns with string values")
     return messages
 
 

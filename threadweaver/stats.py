@@ -15,12 +15,17 @@ A ``</Thread>`` the orchestrator injected to close a thread (``closed_threads``)
 generated; threads run one after another (``concurrent_threads=False``) put every
 thread on the critical path.
 
-The reference implementation's ``num_tokens_in_the_longest_thread`` counts every
-token outside thread interiors as sequential, including all ``<Thread>``/``</Thread>``
-tags and ``</Parallel>``, counts the ``"i:"`` prefix inside each thread, does not
-credit nested blocks, and (because it re-tokenises prompt + response) adds the prompt.
-``reference_longest_thread`` and ``reference_total_tokens`` give its rule on the
-response alone for one-level trajectories (None where blocks nest).
+``reference_longest_thread`` is the reference implementation's
+``num_tokens_in_the_longest_thread``, by its own rule: one flat scan of the tags in the
+token ids, for any output, malformed ones included. Outside a block every token counts.
+A ``<Parallel>`` opens a block (it counts) and a ``</Parallel>`` outside a thread closes
+it (it counts); inside, a ``<Thread>`` opens a thread that only a ``</Thread>`` ends, and
+the block adds its tokens outside threads (the ``<Thread>``/``</Thread>`` tags included)
+plus its longest thread (its ``"i:"`` included). Tags inside a thread are thread text, so
+nested blocks get no credit; a block still open at the end counts as if closed there.
+The reference re-tokenises prompt + response and so adds the prompt; this is the response
+alone. ``reference_total_tokens`` is every token of the response. Both need the tags'
+ids: without them ``reference_longest_thread`` is None.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 
 from threadweaver.format import TagIds
-from threadweaver.layout import ThreadPath, spans
-from threadweaver.tree import Node, Text
+from threadweaver.layout import ThreadPath, flat, spans
+from threadweaver.tree import Node
 
 _UNNAMED_TAGS = TagIds(*[-1] * 10)
 """Counting needs the layout's lengths, not the tags' ids."""
@@ -69,8 +74,13 @@ class LatencyStats:
 
 
 def latency_stats(
-    nodes: Sequence[Node], closed_threads: Collection[ThreadPath] = (), concurrent_threads: bool = True
+    nodes: Sequence[Node],
+    tags: TagIds | None = None,
+    *,
+    closed_threads: Collection[ThreadPath] = (),
+    concurrent_threads: bool = True,
 ) -> LatencyStats:
+    """The statistics of a tree; ``tags`` (the format's tag ids) adds ``reference_longest_thread``."""
     total = injected = thread_tokens = max_depth = 0
     threads_per_block: list[int] = []
     critical = [0]
@@ -105,18 +115,36 @@ def latency_stats(
         blocks=len(threads_per_block),
         threads_per_block=tuple(threads_per_block),
         max_depth=max_depth,
-        reference_longest_thread=None if max_depth > 1 else reference_longest(nodes),
+        reference_longest_thread=None if tags is None else reference_longest(flat(nodes, tags)[0], tags),
         reference_total_tokens=total + injected,
     )
 
 
-def reference_longest(nodes: Sequence[Node]) -> int:
-    """The reference's longest-thread count on a one-level response (see module doc)."""
-    count = 0
-    for node in nodes:
-        if isinstance(node, Text):
-            count += len(node.ids)
-            continue
-        interiors = [len(t.seed) + sum(len(n.ids) for n in t.body) for t in node.threads]
-        count += len(node.head) + 2 * len(node.threads) + 1 + max(interiors)
-    return count
+def reference_longest(ids: Sequence[int], tags: TagIds) -> int:
+    """The reference's longest-thread count of a response's token ids (see the module doc)."""
+    outside = blocks = 0
+    block: int | None = None
+    """Tokens of the open block outside its threads (None: no block is open)."""
+    thread: int | None = None
+    """Tokens of the open thread (None: none is open)."""
+    threads: list[int] = []
+    for token in ids:
+        if block is None:
+            outside += 1
+            if token == tags.parallel:
+                block, threads = 0, []
+        elif thread is not None:
+            if token == tags.thread_end:
+                threads.append(thread)
+                thread, block = None, block + 1
+            else:
+                thread += 1
+        elif token == tags.parallel_end:
+            blocks += block + max(threads, default=0)
+            outside, block = outside + 1, None
+        else:
+            thread = 0 if token == tags.thread else None
+            block += 1
+    if block is not None:
+        blocks += block + max([*threads, *([thread] if thread is not None else [])], default=0)
+    return outside + blocks

@@ -17,7 +17,7 @@ are lossless: ``render(parse(ids).nodes) == ids``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from threadweaver.format import Format
@@ -93,9 +93,25 @@ class _Malformed(Exception):
         self.fault = fault
 
 
-def parse(ids: Sequence[int], fmt: Format, *, strict: bool = True, max_depth: int = DEFAULT_MAX_DEPTH) -> Parsed:
-    """Parse a trajectory (the assistant's tokens, no prompt) into a fork-join tree."""
-    parser = _Parser(list(ids), fmt, strict, max_depth)
+def parse(
+    ids: Sequence[int],
+    fmt: Format,
+    *,
+    strict: bool = True,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    injected: Collection[int] | None = None,
+) -> Parsed:
+    """Parse a trajectory (the assistant's tokens, no prompt) into a fork-join tree.
+
+    ``injected``: the positions the orchestrator injected, for its own output (a
+    ``generate`` row): then the tree is the one it decoded. A block is a block only where
+    it forked it (its ``<Thread>`` and ``</Parallel>`` injected), at any depth, and a
+    thread ends at the ``</Thread>`` that ended it (not one closing a ``<Thread>`` the model
+    wrote in its text). Implies lenient parsing.
+    """
+    if injected is not None:
+        strict, max_depth = False, len(ids)
+    parser = _Parser(list(ids), fmt, strict, max_depth, None if injected is None else frozenset(injected))
     nodes = parser.sequence(depth=0, thread=None)
     return Parsed(tuple(nodes), tuple(parser.faults))
 
@@ -144,7 +160,10 @@ def tree_json(nodes: Sequence[Node], fmt: Format) -> list[dict]:
 
 
 class _Parser:
-    def __init__(self, ids: list[int], fmt: Format, strict: bool, max_depth: int):
+    def __init__(
+        self, ids: list[int], fmt: Format, strict: bool, max_depth: int, injected: frozenset[int] | None = None
+    ):
+        self.injected = injected
         self.ids = ids
         self.fmt = fmt
         self.tags = fmt.tags
@@ -202,7 +221,9 @@ class _Parser:
                 nodes.append(block)
                 continue
             if token == tags.thread_end and thread is not None:
-                break
+                injected = self.injected
+                if injected is None or self.pos in injected or text.count(tags.thread) <= text.count(tags.thread_end):
+                    break
             if token in self.structural:
                 self.fault(self.pos, "tag outside the place the format allows it (a parallel block)")
             elif thread is not None and token in self.fmt.eos_ids:
@@ -230,7 +251,9 @@ class _Parser:
         threads = [self.thread(outline.number, depth) for outline in outlines]
         if self.pos < len(self.ids) and self.ids[self.pos] == self.tags.thread:
             raise self.malformed(self.pos, f"more threads than the {len(outlines)} outlines")
+        end = self.pos
         self.expect(self.tags.parallel_end, f"</Parallel> after thread {len(outlines)}")
+        self.require_injected(end, "</Parallel>")
         return Block(head, tuple(outlines), tuple(threads))
 
     def head(self) -> list[Outline]:
@@ -255,6 +278,11 @@ class _Parser:
             raise self.malformed(self.pos - 1, "a parallel block needs at least one outline")
         return outlines
 
+    def require_injected(self, position: int, what: str) -> None:
+        """In the orchestrator's output, a block's threads and join are injected where it forked it."""
+        if self.injected is not None and position < len(self.ids) and position not in self.injected:
+            raise self.malformed(position, f"the model wrote {what} itself: the block was not forked")
+
     def skip_text(self) -> None:
         while self.pos < len(self.ids) and self.ids[self.pos] not in self.structural:
             self.pos += 1
@@ -277,6 +305,7 @@ class _Parser:
         ids = self.ids
         start = self.pos
         self.expect(self.tags.thread, f"<Thread> {number} (one thread per outline, in order)")
+        self.require_injected(start, f"<Thread> {number}")
         seed = self.fmt.seed(number)
         if tuple(ids[self.pos : self.pos + len(seed)]) != seed:
             raise self.malformed(start, f"thread {number} does not start with its seed {number}:")

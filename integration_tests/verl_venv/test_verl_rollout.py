@@ -268,14 +268,17 @@ def test_malformed_output_and_engine_errors_degrade_and_the_batch_survives(worke
     assert good[-1].extra_fields["threadweaver_well_formed"]
 
     extra = thread_failed[-1].extra_fields
-    assert "thread 2: the engine failed (ConnectionError: the rollout server went away)" in extra["threadweaver_faults"]
+    assert (
+        "thread 2: the engine failed (ConnectionError: the rollout server went away)"
+        in extra["threadweaver_degradations"]
+    )
     assert extra["threadweaver_finish_reason"] == "stop" and len(thread_failed) == len(good) - 1
 
     assert len(first_failed) == 1 and first_failed[0].response_mask == [0]
     assert first_failed[0].extra_fields["threadweaver_finish_reason"] == "error"
 
     extra = bad[-1].extra_fields
-    assert "malformed outlines" in extra["threadweaver_faults"] and not extra["threadweaver_well_formed"]
+    assert "malformed outlines" in extra["threadweaver_degradations"] and not extra["threadweaver_well_formed"]
 
     sessions = [good, thread_failed, first_failed, bad]
     results = [asyncio.run(verl_reward(worker.config, worker.tokenizer, s, problem)) for s in sessions]

@@ -39,8 +39,7 @@ class RowFormatError(ValueError):
 
     def __init__(self, row: str, message: str, position: int | None = None):
         super().__init__(f"row {row}: {message}")
-        self.row = row
-        self.position = position
+        self.row, self.detail, self.position = row, message, position
 
 
 @dataclass

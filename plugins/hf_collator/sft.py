@@ -18,7 +18,7 @@ from tqdm import tqdm
 from threadweaver.cli_args import add_arguments
 from threadweaver.hf_collator.attention import use_tree_attention
 from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
-from threadweaver.jsonl import read_jsonl
+from threadweaver.jsonl import RowError, read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +74,10 @@ def main(argv: list[str]) -> str:
     collator = {name: values.pop(name) for name in COLLATOR_FLAGS}
     try:
         return train(model, data, SFTConfig(**values), attention, **collator)
-    except RowFormatError as err:
-        raise ValueError(f"{data}: {err} (--skip-malformed skips such rows)") from None
+    except RowFormatError as err:  # load_rows names a row by its line
+        raise ValueError(f"{data}: line {err.row}: {err.detail} (--skip-malformed skips such rows)") from None
+    except RowError as err:
+        raise ValueError(f"{data}: {err}") from None
 
 
 def load_rows(path: str, collator: TrieCollator) -> list[dict]:

@@ -20,6 +20,8 @@ import os
 import re
 from pathlib import Path
 
+from threadweaver.jsonl import RowError, read_jsonl
+
 from . import measured
 
 DATA_DIR_ENV = "THREADWEAVER_DATA_DIR"
@@ -59,13 +61,32 @@ def local_file(benchmark: str, metadata: dict) -> Path | None:
     return None
 
 
-def _read_local(path: Path):
+def _read_local(path: Path, fields: list[str]):
+    """A local file's rows; a bad one names the file, and in JSON Lines the line."""
     import datasets
 
     kind = _SUFFIXES.get(path.suffix)
     if kind is None:
         raise ValueError(f"{path}: unknown file type; use one of {', '.join(_SUFFIXES)}")
-    return datasets.load_dataset(kind, data_files=str(path), split="train")
+    if path.suffix != ".jsonl":
+        try:
+            return datasets.load_dataset(kind, data_files=str(path), split="train")
+        except Exception as err:  # the readers' own errors, as one line that names the file
+            raise ValueError(f"{path}: not a readable {path.suffix} file ({type(err).__name__}: {err})"[:500]) from None
+    try:
+        lines, rows = zip(*read_jsonl(str(path))) if path.stat().st_size else ((), ())
+    except RowError as err:
+        raise ValueError(f"{path}: {err}") from None
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    _check_fields(columns, str(path), fields)
+    for line, row in zip(lines, rows):
+        empty = next((f for f in fields if row.get(f) in (None, "", [])), None)
+        if empty:
+            raise ValueError(f"{path}: line {line} has an empty {empty!r}")
+    try:
+        return datasets.Dataset.from_list(list(rows))
+    except Exception as err:  # columns whose values do not share a type
+        raise ValueError(f"{path}: the rows do not form one table ({type(err).__name__}: {err})"[:500]) from None
 
 
 def _synth(synth: dict):
@@ -79,13 +100,17 @@ def _synth(synth: dict):
     return datasets.Dataset.from_list([chat_row(row, "parallel") for row in rows["validation"]])
 
 
-def _check(rows, where: str, fields: list[str]) -> None:
-    missing = [f for f in fields if f not in rows.column_names]
+def _check_fields(columns: list[str], where: str, fields: list[str]) -> None:
+    missing = [f for f in fields if f not in columns]
     if missing:
         raise ValueError(
             f"{where}: no field {', '.join(repr(f) for f in missing)} (the rows have "
-            f"{', '.join(rows.column_names)}); write the rows in the benchmark's own schema"
+            f"{', '.join(columns)}); write the rows in the benchmark's own schema"
         )
+
+
+def _check(rows, where: str, fields: list[str]) -> None:
+    _check_fields(rows.column_names, where, fields)
     for i, row in enumerate(rows):
         for f in fields:
             if row[f] is None or row[f] == "" or row[f] == []:
@@ -108,7 +133,7 @@ def load(
     measured.hint_tokenizer(metadata.get("tokenizer") or metadata.get("pretrained") or metadata.get("model"))
     path = local_file(benchmark, metadata)
     if path is not None:
-        rows, where = _read_local(path), str(path)
+        rows, where = _read_local(path, [problem_field, answer_field]), str(path)
     elif synth is not None:
         rows, where = _synth(synth), f"{benchmark} (generated)"
     elif hub is not None:

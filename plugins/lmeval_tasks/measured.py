@@ -19,8 +19,9 @@ from threadweaver.stats import LatencyStats, latency_stats
 TOKENIZER_ENV = "THREADWEAVER_TOKENIZER"
 
 
-Measured = tuple[LatencyStats, bool]
-"""A response's latency statistics, and whether it was well-formed."""
+Measured = tuple[LatencyStats, bool, frozenset[str] | None]
+"""A response's latency statistics, whether it was well-formed, and the kinds of degradation the
+orchestrator met (None when the response was tokenised here, not measured)."""
 
 
 _lock = threading.Lock()
@@ -34,9 +35,9 @@ def _key(text: str) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
-def record(text: str, stats: LatencyStats, well_formed: bool) -> None:
+def record(text: str, stats: LatencyStats, kinds: frozenset[str]) -> None:
     with _lock:
-        _by_text[_key(text)] = (stats, well_formed)
+        _by_text[_key(text)] = (stats, not kinds, kinds)
 
 
 def lookup(text: str) -> Measured | None:
@@ -88,6 +89,6 @@ def count_tokens(text: str, tokenizer: Any) -> Measured:
     try:
         fmt = Format.from_tokenizer(tokenizer)
     except ValueError:
-        return latency_stats([Text(tuple(tokenizer.encode(text, add_special_tokens=False)))]), True
+        return latency_stats([Text(tuple(tokenizer.encode(text, add_special_tokens=False)))]), True, None
     parsed = parse_text(text, fmt, strict=False)
-    return latency_stats(parsed.nodes), parsed.well_formed
+    return latency_stats(parsed.nodes, fmt.tags), parsed.well_formed, None

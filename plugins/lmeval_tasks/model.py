@@ -174,9 +174,10 @@ class ThreadWeaverLM(LM):
             orchestrator, prompts, concurrency=self.args.concurrency, seed=sampling.seed, samples=samples
         ):
             text = response_text(trajectory, self.fmt, until)
-            measured.record(text, trajectory.stats, not trajectory.degraded)
+            measured.record(text, trajectory.stats, trajectory.degradation_kinds)
             if append is not None:
-                row = trajectory_row(trajectory, self.fmt, wall_s, id=str(indices[position]), sample=samples[position])
+                row_id, sample = str(indices[position]), samples[position]
+                row = trajectory_row(trajectory, self.fmt, wall_s, limits, id=row_id, sample=sample)
                 append({**row, "context": contexts[position]})
             out[indices[position]] = text
             self.cache_hook.add_partial("generate_until", requests[position].args, text)

@@ -7,6 +7,8 @@
 * ``format_valid``: responses the orchestrator decoded without degrading.
 * ``stats_measured``: 1 where the token counts are the orchestrator's own, 0 where the
   response was tokenised here (another backend, or lm-eval's response cache).
+* ``degraded_<kind>``: responses in which the orchestrator met a degradation of that kind
+  (:data:`threadweaver.orchestrator.DEGRADATION_KINDS`); NaN for responses it did not decode.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import math
 import warnings
 
+from threadweaver.orchestrator import DEGRADATION_KINDS
 from threadweaver.reward import grade
 
 from . import measured
@@ -26,6 +29,7 @@ HIGHER_IS_BETTER = {
     "parallel_activation": True,
     "format_valid": True,
     "stats_measured": True,
+    **{f"degraded_{kind}": False for kind in DEGRADATION_KINDS},
 }
 
 _warned = False
@@ -42,7 +46,7 @@ def response_metrics(response: str, gold: str) -> dict[str, float]:
     if found is None:
         _warn_no_tokenizer()
         return {**metrics, **{m: math.nan for m in HIGHER_IS_BETTER if m not in metrics}}
-    stats, well_formed = found
+    stats, well_formed, kinds = found
     return {
         **metrics,
         "token_latency": float(stats.critical_path_tokens),
@@ -50,6 +54,7 @@ def response_metrics(response: str, gold: str) -> dict[str, float]:
         "speedup": stats.speedup,
         "parallel_activation": float(stats.blocks > 0),
         "format_valid": float(well_formed),
+        **{f"degraded_{kind}": math.nan if kinds is None else float(kind in kinds) for kind in DEGRADATION_KINDS},
     }
 
 

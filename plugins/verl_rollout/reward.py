@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from threadweaver.orchestrator import DEGRADATION_KINDS
 from threadweaver.reward import RewardConfig, reward
 from threadweaver.stats import speedup
 from threadweaver.verl_rollout.rows import PREFIX
@@ -39,6 +40,7 @@ def compute_score(
     total = int(info.get(PREFIX + "total_tokens", 0))
     critical = int(info.get(PREFIX + "critical_path_tokens", total))
     parts = reward(text, str(ground_truth), total, critical, config)
+    kinds = info.get(PREFIX + "degradation_kinds", "").split(",")
     return {
         "score": parts.reward,
         "correct": parts.correctness,
@@ -48,4 +50,5 @@ def compute_score(
         "total_tokens": float(total),
         "parallel": float(info.get(PREFIX + "blocks", 0) > 0),
         "well_formed": float(info.get(PREFIX + "well_formed", True)),
+        **{f"degraded/{kind}": float(kind in kinds) for kind in DEGRADATION_KINDS},
     }

@@ -38,7 +38,8 @@ def trajectory_fields(trajectory: Trajectory, fmt: Format) -> dict[str, Any]:
         PREFIX + "critical_path_tokens": stats.critical_path_tokens,
         PREFIX + "blocks": stats.blocks,
         PREFIX + "well_formed": not trajectory.degraded,
-        PREFIX + "faults": "; ".join(trajectory.faults),
+        PREFIX + "degradations": "; ".join(map(str, trajectory.degradations)),
+        PREFIX + "degradation_kinds": ",".join(sorted(trajectory.degradation_kinds)),
         PREFIX + "finish_reason": trajectory.finish_reason,
         PREFIX + "requests": len(trajectory.requests),
     }

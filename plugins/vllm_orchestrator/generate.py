@@ -31,7 +31,7 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
 
     from threadweaver.batch import read_jobs, run_batch
     from threadweaver.format import Format
-    from threadweaver.jsonl import finished_keys
+    from threadweaver.jsonl import SET_ASIDE, finished_keys
     from threadweaver.orchestrator import Orchestrator
 
     engine = make_engine(engine_args, args.model)
@@ -40,8 +40,14 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
         if source is None:
             raise ValueError("--model is needed to load the tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(source)
-        done = finished_keys(args.out)
+        done, set_aside = finished_keys(args.out)
         jobs = [j for j in read_jobs(args.problems, tokenizer, args.n) if (j.row_id, j.sample) not in done]
+        if set_aside:
+            print(
+                f"moved {set_aside} lines of {args.out} that are not finished rows (unreadable, or repeats) to "
+                f"{args.out}{SET_ASIDE}",
+                file=sys.stderr,
+            )
         if done:
             print(f"resuming: {len(done)} trajectories already in {args.out}, {len(jobs)} to go", file=sys.stderr)
         orchestrator = Orchestrator(engine, Format.from_tokenizer(tokenizer), limits, sampling)
