@@ -9,8 +9,9 @@ and started again on the same port, ``--kills`` times. Each time ``generate`` st
 its error, and it is run again until it has nothing left to do. At the end the file must
 hold each (id, sample) exactly once, and every row's statistics must equal a recount
 from its tokens (``threadweaver stats``, which rebuilds the orchestrator's tree from the
-row's injected positions). Prints the rows, the kills and restarts, the generate runs,
-the set-aside lines and the wall-clock.
+row's injected positions), and every stopped run must have ended with a clear error, not a
+traceback. Prints the rows, the kills and restarts, the generate runs, the set-aside
+lines and the wall-clock.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ def main() -> None:
     recounted = list(file_stats(str(out), RowReader(AutoTokenizer.from_pretrained(model))))
     disagree = [r.id for r, row in zip(recounted, rows) if json.loads(json.dumps(r.stats.as_dict())) != row["stats"]]
     assert not disagree, f"stats differ from a recount for {disagree[:5]}"
+    crashed = [log.name for log in sorted(out_dir.glob("generate-*.log")) if "Traceback" in log.read_text()]
+    assert not crashed, f"generate ended in a traceback in {crashed}, not with a clear error"
     set_aside = count_lines(Path(f"{out}{SET_ASIDE}"))
     print(
         f"\nrows {len(rows)} (each (id, sample) once; stats equal the recount for all), server kills and "

@@ -81,7 +81,8 @@ class JSONClient:
                                 f"HTTP {response.status}: {_server_message(body)}"
                             )
                         failure = f"HTTP {response.status}: {_server_message(body)}"
-                except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as err:
+                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as err:
+                    # ClientPayloadError: the server went away in the middle of its answer
                     if attempt >= self.options.retries:
                         raise EngineError(
                             f"cannot reach the {self.what} at {self.base_url} ({type(err).__name__}: {err}) "
