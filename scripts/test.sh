@@ -6,11 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/setup.sh verl
-if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  # The quickstart's integration test opens its HTML page in headless Chromium.
-  echo "[test] installing chromium from Debian"
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
-    >/dev/null 2>&1 || echo "[test] could not install chromium: the page check will be skipped"
+if ! { command -v chromium && command -v chromedriver; } >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  # The pages' integration tests drive headless Chromium through Selenium and Debian's chromedriver.
+  echo "[test] installing chromium and chromium-driver from Debian"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver; } \
+    >/dev/null 2>&1 || echo "[test] could not install chromium: the page checks will be skipped"
 fi
 echo "[test] ruff: lint and format"
 .venv/bin/ruff check .

@@ -1,57 +1,8 @@
-"""The quickstart's pure parts: critical paths of request timelines, the comparison table, the page."""
-
-import asyncio
-import dataclasses
-import re
+"""The quickstart's pure parts: the comparison table (its page is the viewer's, tested there)."""
 
 import pytest
-from orchestrator_scripts import GOOD, NESTED, PROMPT
 
-from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.quickstart.compare import Problem, format_table, per_problem_speedups, problems, table
-from threadweaver.quickstart.timeline import Timeline, critical_requests, page
-from threadweaver.testing import ScriptedEngine
-
-
-def decoded_row(fmt, script, limits=Limits()):
-    trajectory = asyncio.run(Orchestrator(ScriptedEngine(fmt, script), fmt, limits).run(fmt.encode(PROMPT)))
-    return {
-        "requests": [dataclasses.asdict(r) for r in trajectory.requests],
-        "stats": trajectory.stats.as_dict(),
-        "wall_s": 0.5,
-        "tree": [],
-    }, trajectory
-
-
-@pytest.mark.parametrize("script", [GOOD, NESTED], ids=["flat", "nested"])
-def test_critical_path_of_the_requests_is_the_orchestrators_token_latency(fmt, script):
-    row, trajectory = decoded_row(fmt, script)
-    tokens, marked = critical_requests(row["requests"])
-    assert tokens == trajectory.stats.critical_path_tokens
-    assert tokens < trajectory.stats.total_tokens
-    paths = {tuple(map(tuple, row["requests"][i]["thread_path"])) for i in marked}
-    if script is GOOD:  # thread 2 ("bbbb") outlasts thread 1 ("aa")
-        assert paths == {(), ((0, 2),)}
-    else:  # thread 1 with its nested block outlasts thread 2; inside it, thread 1.1 outlasts 1.2
-        assert trajectory.stats.max_depth == 2
-        assert paths == {(), ((0, 1),), ((0, 1), (0, 1))}
-
-
-def test_page_marks_the_critical_path_and_every_request_of_a_serial_run(fmt):
-    forked, _ = decoded_row(fmt, NESTED)
-    serial, _ = decoded_row(fmt, NESTED, Limits(concurrent_threads=False))
-    html = page(
-        [("problem 0", [Timeline("fork-join", forked), Timeline("one after another", serial, concurrent=False)])],
-        "timelines",
-        "intro",
-    )
-    svgs = re.findall(r"<svg class=\"timeline\".*?</svg>", html)
-    assert len(svgs) == 2
-    assert svgs[0].count('class="request critical"') == len(critical_requests(forked["requests"])[1])
-    assert svgs[0].count('class="request"') == len(forked["requests"]) - svgs[0].count('class="request critical"')
-    assert svgs[1].count('class="request critical"') == len(serial["requests"])
-    lanes = re.findall(r'<text class="lane"[^>]*>([^<]*)</text>', svgs[0])
-    assert lanes == ["main", "thread 1", "thread 1.1", "thread 1.2", "thread 2"]
 
 
 def problem(doc, acc, tokens, latency, wall):

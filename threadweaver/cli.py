@@ -40,6 +40,55 @@ def _stats(args: argparse.Namespace) -> None:
     print(format_summary(summary(rows)))
 
 
+def _view(args: argparse.Namespace) -> None:
+    from tqdm import tqdm
+
+    from threadweaver.kit.tokenizers import load_tokenizer
+    from threadweaver.rows import RowReader
+    from threadweaver.view import file_page
+
+    def bar(rows, path):
+        return tqdm(rows, desc=f"reading {path}", unit=" rows", disable=not sys.stderr.isatty())
+
+    if len(args.files) > 2:
+        sys.exit("threadweaver view: one file, or two side by side")
+    try:
+        html = file_page(args.files, RowReader(load_tokenizer(args.tokenizer)), args.title, progress=bar)
+    except (ValueError, OSError) as err:
+        sys.exit(f"threadweaver view: {err}")
+    if args.serve:
+        return _serve_page(html, args.port)
+    out = args.out or args.files[0] + ".html"
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(html)
+    print(out)
+
+
+def _serve_page(html: str, port: int) -> None:
+    """Serve one page on loopback until Ctrl-C."""
+    import http.server
+
+    body = html.encode()
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the standard library's name)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", port), Page) as server:
+        print(f"http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C stops)", flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+
+
 def _kit(args: argparse.Namespace) -> None:
     from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
     from threadweaver.kit.tokenizers import qwen_tokenizer, synth_tokenizer
@@ -146,6 +195,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object (rows and summary)")
     p.add_argument("--summary-only", action="store_true", help="print only the summary")
     p.set_defaults(func=_stats)
+
+    p = commands.add_parser("view", help="one self-contained HTML page to read trajectories and inspect the tree mask")
+    p.add_argument(
+        "files", nargs="+", metavar="FILE", help="JSONL trajectories or training rows; two files side by side"
+    )
+    p.add_argument("--out", help="the page to write (default: FILE.html)")
+    p.add_argument("--tokenizer", default="synth", help="'synth' (default), 'qwen', or a tokenizer directory")
+    p.add_argument("--title", help="the page's title (default: the file names)")
+    p.add_argument("--serve", action="store_true", help="serve the page on loopback instead of writing it")
+    p.add_argument("--port", type=int, default=0, help="with --serve: the port (default: a free one)")
+    p.set_defaults(func=_view)
 
     p = commands.add_parser("kit", help="save the embedded tokenizer (and a tiny random Qwen3) to a directory")
     p.add_argument("--out", required=True, help="output directory")

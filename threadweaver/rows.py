@@ -28,13 +28,16 @@ from threadweaver.format import Format
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict], **template_kwargs) -> list[int]:
     """``messages`` through the chat template, with the generation prompt, as token ids."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("a conversation needs a tokenizer with a chat template (this one has none)")
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
     return plain_ids(tokenizer, text)
 
 
 def plain_ids(tokenizer: Any, text: str) -> list[int]:
-    """Text as it is, with no special tokens added."""
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    """Text as it is, with no special tokens added (a transformers or a raw ``tokenizers`` tokenizer)."""
+    encoded = tokenizer.encode(text, add_special_tokens=False)
+    return list(getattr(encoded, "ids", encoded))
 
 
 class RowReader:

@@ -80,7 +80,10 @@ def synth_tokenizer():
 def load_tokenizer(spec: str):
     """``synth``, ``qwen``, or a directory/``tokenizer.json`` saved by transformers or tokenizers."""
     if spec == "synth":
-        return synth_tokenizer_object()
+        try:  # with its chat template where transformers is installed
+            return synth_tokenizer()
+        except ImportError:
+            return synth_tokenizer_object()
     if spec == "qwen":
         return qwen_tokenizer()
     path = os.path.join(spec, "tokenizer.json") if os.path.isdir(spec) else spec

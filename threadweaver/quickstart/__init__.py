@@ -108,7 +108,7 @@ def _warm_up(endpoint: Endpoint, model: str) -> None:
 
 def _examples(results: dict, labels: dict[str, str], reference: str, count: int) -> list:
     """Problems spread over the fork-join speedup range, each as its timelines on one scale."""
-    from threadweaver.quickstart.timeline import Timeline
+    from threadweaver.view import Timeline
 
     fork_join = results["fork_join"]
     candidates = sorted(
@@ -139,7 +139,7 @@ def _examples(results: dict, labels: dict[str, str], reference: str, count: int)
 
 def run(args: QuickstartArgs) -> dict:
     from threadweaver.quickstart.plot import speedup_plot
-    from threadweaver.quickstart.timeline import page
+    from threadweaver.view import timelines_page
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -196,7 +196,7 @@ def run(args: QuickstartArgs) -> dict:
         "critical path (each block's longest thread). The rows of one problem share a time axis."
     )
     examples = _examples(results, labels, reference, args.timelines)
-    page_path.write_text(page(examples, "ThreadWeaver fork-join timelines", intro))
+    page_path.write_text(timelines_page(examples, "ThreadWeaver fork-join timelines", intro))
     summary = {
         "task": args.task,
         "problems": len(speedups["fork_join"]["tokens"]),

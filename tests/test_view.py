@@ -1,0 +1,164 @@
+"""The viewer's Python side: critical paths, the token schedule, what a row carries to the page, its errors.
+
+The page itself runs in a real browser in integration_tests/test_view_page.py.
+"""
+
+import asyncio
+import base64
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from orchestrator_scripts import CASES, GOOD, NESTED, PROMPT, WELL_FORMED
+
+from threadweaver.batch import trajectory_row
+from threadweaver.orchestrator import Limits, Orchestrator
+from threadweaver.rows import RowReader
+from threadweaver.testing import ScriptedEngine
+from threadweaver.tree import parse
+from threadweaver.trie import trajectory_trie
+from threadweaver.view import Reader, critical_requests, file_page
+
+CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
+
+
+def decoded(fmt, script, limits=Limits(), **head):
+    trajectory = asyncio.run(Orchestrator(ScriptedEngine(fmt, script), fmt, limits).run(fmt.encode(PROMPT)))
+    row = trajectory_row(trajectory, fmt, 0.5, limits, id="p", sample=0, **head)
+    return json.loads(json.dumps(row)), trajectory  # as a file holds it
+
+
+def details(blob: str) -> dict:
+    return json.loads(gzip.decompress(base64.b64decode(blob)))
+
+
+def payload(html: str) -> dict:
+    data = re.search(r'<script id="data" type="application/json">(.*?)</script>', html, re.S).group(1)
+    return json.loads(data.replace("<\\/", "</"))
+
+
+@pytest.mark.parametrize("script", [GOOD, NESTED], ids=["flat", "nested"])
+def test_critical_path_of_the_requests_is_the_orchestrators_token_latency(fmt, script):
+    row, trajectory = decoded(fmt, script)
+    tokens, marked = critical_requests(row["requests"])
+    assert tokens == trajectory.stats.critical_path_tokens
+    assert tokens < trajectory.stats.total_tokens
+    paths = {tuple(map(tuple, row["requests"][i]["thread_path"])) for i in marked}
+    if script is GOOD:  # thread 2 ("bbbb") outlasts thread 1 ("aa")
+        assert paths == {(), ((0, 2),)}
+    else:  # thread 1 with its nested block outlasts thread 2; inside it, thread 1.1 outlasts 1.2
+        assert trajectory.stats.max_depth == 2
+        assert paths == {(), ((0, 1),), ((0, 1), (0, 1))}
+
+
+@pytest.mark.parametrize("script", [GOOD, NESTED], ids=["flat", "nested"])
+def test_a_row_shows_what_the_orchestrator_recorded(fmt, script):
+    row, trajectory = decoded(fmt, script, answer="42")
+    summary, blob = Reader(RowReader(None, fmt)).row(row, 7, 0)
+    stats = trajectory.stats
+    assert (summary["critical"], summary["total"], summary["blocks"]) == (
+        stats.critical_path_tokens,
+        stats.total_tokens,
+        stats.blocks,
+    )
+    assert summary["speedup"] == pytest.approx(stats.speedup, abs=1e-4)
+    assert (summary["line"], summary["id"], summary["well_formed"], summary["correct"]) == (7, "p", True, False)
+    d = details(blob)
+    assert d["ids"] == list(trajectory.token_ids) and d["prompt"] == list(trajectory.prompt_ids)
+    assert d["injected"] == row["injected"] and d["injected"]
+    assert d["timeline"]["measured"] and d["timeline"]["requests"] == row["requests"]
+    assert d["timeline"]["critical"] == sorted(critical_requests(row["requests"])[1])
+
+
+@pytest.mark.parametrize("script", [GOOD, NESTED], ids=["flat", "nested"])
+def test_without_timings_the_schedule_in_tokens_has_the_token_latency_as_its_critical_path(fmt, script):
+    row, trajectory = decoded(fmt, script)
+    del row["requests"]
+    _, blob = Reader(RowReader(None, fmt)).row(row, 1, 0)
+    timeline = details(blob)["timeline"]
+    requests = timeline["requests"]
+    assert not timeline["measured"]
+    assert sum(r["completion_tokens"] for r in requests) == trajectory.stats.total_tokens
+    assert sum(requests[i]["completion_tokens"] for i in timeline["critical"]) == trajectory.stats.critical_path_tokens
+    assert max(r["ended"] for r in requests) == trajectory.stats.critical_path_tokens
+    lanes = {tuple(map(tuple, r["thread_path"])) for r in requests}
+    assert lanes == {tuple(map(tuple, r["thread_path"])) for r in decoded(fmt, script)[0]["requests"]}
+
+
+def test_a_serial_run_has_every_request_on_its_critical_path(fmt):
+    row, trajectory = decoded(fmt, NESTED, Limits(concurrent_threads=False))
+    summary, blob = Reader(RowReader(None, fmt)).row(row, 1, 0)
+    assert summary["speedup"] == 1.0 and summary["critical"] == trajectory.stats.total_tokens
+    assert details(blob)["timeline"]["critical"] == list(range(len(row["requests"])))
+
+
+@pytest.mark.parametrize("case", ["EOS inside a thread", "too many threads", "a thread never closes"])
+def test_a_degraded_row_carries_each_degradation_at_its_position(fmt, case):
+    script, limits, _ = CASES[case]
+    row, trajectory = decoded(fmt, script, limits)
+    summary, blob = Reader(RowReader(None, fmt)).row(row, 1, 0)
+    assert trajectory.degradations
+    assert summary["kinds"] == sorted(trajectory.degradation_kinds) and not summary["well_formed"]
+    expected = [(d.position, d.kind, str(d)) for d in trajectory.degradations]
+    assert [(f["position"], f["kind"], f["text"]) for f in details(blob)["faults"]] == expected
+
+
+def test_a_training_row_carries_its_trie_as_the_collator_builds_it(qwen):
+    reader = RowReader(qwen)
+    fmt = reader.fmt
+    nested = WELL_FORMED.replace("<Thread>1:aa</Thread>", "<Thread>1:x" + NESTED_BLOCK + "y</Thread>")
+    row = {"id": "n", "messages": [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": nested}]}
+    summary, blob = Reader(reader).row(row, 3, 0)
+    d = details(blob)
+    prompt, ids = reader.prompt(row), reader.trajectory(row)
+    trie = trajectory_trie(prompt, parse(ids, fmt).nodes, fmt, train_injected=True)
+    assert d["trie"]["ids"] == trie.input_ids and d["trie"]["end"] == trie.subtree_end
+    assert d["trie"]["parent"] == trie.parent and d["trie"]["trained"] == [int(t) for t in trie.trained]
+    assert d["trie"]["prompt"] == len(prompt) and d["injected"] == []
+    assert summary["blocks"] == 2 and summary["threads"] == [2, 2] and summary["well_formed"]
+    assert summary["correct"] is None  # no answer to grade against
+
+
+NESTED_BLOCK = "<Parallel><Outlines><Outline>1:c</Outline><Outline>2:d</Outline></Outlines>" + (
+    "<Thread>1:cc</Thread><Thread>2:ddd</Thread></Parallel>"
+)
+
+
+def test_token_ids_that_do_not_decode_to_the_rows_text_ask_for_the_tokenizer(fmt, tmp_path):
+    row, _ = decoded(fmt, GOOD)
+    row["text"] = "something else"
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(decoded(fmt, GOOD)[0]) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=r"rows.jsonl: line 2: .*give the model's tokenizer with --tokenizer"):
+        file_page([str(path)], RowReader(None, fmt))
+
+
+def test_view_writes_one_page_of_every_row_with_the_stats_commands_numbers(tmp_path):
+    subprocess.run([CLI, "synth", "--out", str(tmp_path), "--train", "5", "--validation", "12"], check=True)
+    rows = tmp_path / "parallel" / "validation.jsonl"
+    done = subprocess.run([CLI, "view", str(rows), "--out", str(tmp_path / "page.html")], capture_output=True)
+    assert done.returncode == 0, done.stderr
+    data = payload((tmp_path / "page.html").read_text())
+    stats = json.loads(subprocess.run([CLI, "stats", str(rows), "--json"], capture_output=True, check=True).stdout)
+    assert len(data["rows"]) == len(data["details"]) == 12
+    for shown, counted in zip(data["rows"], stats["rows"], strict=True):
+        assert shown["critical"] == counted["critical_path_tokens"] and shown["total"] == counted["total_tokens"]
+        assert shown["correct"] is True and shown["speedup"] > 1
+    html = (tmp_path / "page.html").read_text().replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert "http://" not in html and "https://" not in html  # nothing to fetch (the browser test runs it offline)
+
+
+def test_view_names_the_file_and_line_of_a_bad_row_and_writes_nothing(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"id": "a", "prompt": "1+1=?", "completion": "2"}\n{"id": "b", "prompt": "2+2=?"}\n')
+    out = tmp_path / "page.html"
+    done = subprocess.run([CLI, "view", str(path), "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 1 and not out.exists()
+    assert f"threadweaver view: {path}: line 2: no trajectory" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = subprocess.run([CLI, "view", str(path), str(path), str(path)], capture_output=True, text=True)
+    assert done.returncode == 1 and "one file, or two side by side" in done.stderr

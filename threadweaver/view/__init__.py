@@ -1,0 +1,264 @@
+"""``threadweaver view``: one self-contained page to read trajectories and inspect the tree mask.
+
+Python reads the rows into one JSON payload and the page renders it with its own inline
+script: no server, no CDN, no network. The files can be ``generate`` output or the lm-eval
+model's ``trajectories=`` (read as the orchestrator decoded them: its injected positions,
+request timings and degradations), or training data in any shape :mod:`threadweaver.rows`
+reads, with an optional drop reason. The page shows:
+
+* a table of every row, sortable, filterable and searchable, rendered lazily as it scrolls;
+* one row at a time: its fork-join timeline (request timings where recorded, otherwise a
+  schedule in generated tokens), its tree, its tokens (tags coloured, injected ones marked,
+  every fault at its position) and the mask inspector over its token trie (the SFT row, or
+  the P-GRPO row of a decoded trajectory): pointing at a token lights exactly the tokens it
+  may attend to, by the rule the attention hook applies;
+* with two files, the rows they share by (id, sample) side by side, with the differences;
+* groups of timelines on one time axis (the quickstart's page).
+
+A row's details travel gzip-compressed and are unpacked only when it is opened.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import html
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from importlib.resources import files
+
+from threadweaver.jsonl import RowError, read_jsonl
+from threadweaver.layout import spans
+from threadweaver.reward import grade
+from threadweaver.rows import RowReader
+from threadweaver.stats import latency_stats
+from threadweaver.tree import Node, parse, tree_json
+from threadweaver.trie import trajectory_trie
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """One trajectory row drawn as a timeline in a group that shares a time axis."""
+
+    label: str
+    row: dict
+    """A trajectory row as ``threadweaver generate`` writes it."""
+    concurrent: bool = True
+    """False: the threads ran one after another, so every request is on the critical path."""
+
+
+def critical_requests(requests: list[dict]) -> tuple[int, set[int]]:
+    """(tokens, request indices) of the critical path: each sequence's own requests plus, per
+    block, the thread with the longest critical path (the first of equals)."""
+    paths = [tuple(map(tuple, r["thread_path"])) for r in requests]
+    children: dict[tuple, dict[int, list[tuple]]] = defaultdict(lambda: defaultdict(list))
+    for path in dict.fromkeys(paths):
+        for depth in range(1, len(path) + 1):
+            parent, child = path[: depth - 1], path[:depth]
+            if child not in children[parent][child[-1][0]]:
+                children[parent][child[-1][0]].append(child)
+
+    def walk(path: tuple) -> tuple[int, set[int]]:
+        own = {i for i, p in enumerate(paths) if p == path}
+        tokens = sum(requests[i]["completion_tokens"] for i in own)
+        for block in sorted(children[path]):
+            best = max((walk(child) for child in sorted(children[path][block])), key=lambda c: c[0])
+            tokens += best[0]
+            own |= best[1]
+        return tokens, own
+
+    return walk(())
+
+
+def token_schedule(nodes: Sequence[Node], generated: Sequence[bool], tags) -> list[dict]:
+    """The requests of a trajectory with no recorded timings, on a clock of generated tokens:
+    a request starts when its context is ready (a thread at its block's head, a continuation
+    when its block's last thread ends) and lasts as many tokens as it generates."""
+    requests: list[dict] = []
+    clocks: list[list] = [[(), 0, 0]]  # per open sequence: its path, its clock, its open request's first token
+    forks: list[list[float]] = []  # per open block: when its head ended, and its threads' ends
+
+    def close(end_position: int) -> None:
+        path, clock, start = clocks[-1]
+        tokens = sum(generated[start:end_position])
+        requests.append(
+            {
+                "thread_path": [list(p) for p in path],
+                "started": clock,
+                "ended": clock + tokens,
+                "completion_tokens": tokens,
+            }
+        )
+        clocks[-1][1] = clock + tokens
+
+    for span in spans(nodes, tags):
+        end = span.start + len(span.ids)
+        if span.kind == "head":
+            close(end)
+            clocks[-1][2] = end
+            forks.append([clocks[-1][1]])
+        elif span.kind == "seed":
+            clocks.append([span.path, forks[-1][0], end])
+        elif span.kind == "close":
+            close(end)
+            forks[-1].append(clocks.pop()[1])
+        elif span.kind == "join":
+            clocks[-1][1], clocks[-1][2] = max(forks.pop()), end
+    close(len(generated))
+    return requests
+
+
+def _compress(data) -> str:
+    return base64.b64encode(gzip.compress(json.dumps(data, separators=(",", ":")).encode(), 6)).decode()
+
+
+class Reader:
+    """Reads the rows of files into the page's summaries and details."""
+
+    def __init__(self, reader: RowReader):
+        self.reader, self.fmt = reader, reader.fmt
+        self.vocab: dict[int, str] = {}
+
+    def piece(self, token: int) -> str:
+        if token not in self.vocab:
+            self.vocab[token] = self.fmt.decode([token])
+        return self.vocab[token]
+
+    def rows(self, path: str, file: int) -> Iterator[tuple[dict, str]]:
+        """(summary, compressed details) per row of ``path``; a bad row names its line."""
+        for line, row in read_jsonl(path):
+            try:
+                yield self.row(row, line, file)
+            except ValueError as err:
+                raise RowError(line, str(err)) from None
+
+    def row(self, row: dict, line: int, file: int) -> tuple[dict, str]:
+        fmt, tags = self.fmt, self.fmt.tags
+        prompt = row["prompt_ids"] if "prompt_ids" in row else self.reader.prompt(row)
+        ids = self.reader.trajectory(row)
+        text = fmt.decode(ids)
+        if "token_ids" in row and isinstance(row.get("text"), str) and text != row["text"]:
+            raise ValueError(
+                "its 'token_ids' decode to other text than its 'text' with this tokenizer: "
+                "give the model's tokenizer with --tokenizer"
+            )
+        injected = row.get("injected")
+        parsed = parse(ids, fmt, strict=False, injected=injected)
+        generated = [True] * len(ids)
+        for position in injected or ():
+            if 0 <= position < len(ids):
+                generated[position] = False
+        layout = list(spans(parsed.nodes, tags))
+        closed = {s.path for s in layout if s.kind == "close" and not generated[s.start]}
+        concurrent = row.get("concurrent_threads", True) is not False
+        stats = latency_stats(parsed.nodes, tags, closed_threads=closed, concurrent_threads=concurrent)
+        if "degradations" in row:
+            faults = [{"position": d["position"], "kind": d["kind"], "text": d["text"]} for d in row["degradations"]]
+        else:
+            faults = [{"position": f.position, "kind": "format", "text": str(f)} for f in parsed.faults]
+        answer = row.get("answer")
+        measured = "requests" in row
+        requests = row["requests"] if measured else token_schedule(parsed.nodes, generated, tags)
+        critical = sorted(range(len(requests))) if not concurrent else sorted(critical_requests(requests)[1])
+        trie = trajectory_trie(prompt, parsed.nodes, fmt, train_injected=injected is None, closed_threads=closed)
+        for token in {*prompt, *ids, *trie.input_ids}:
+            self.piece(token)
+        summary = {
+            "file": file,
+            "line": line,
+            "id": str(row.get("id", f"line {line}")),
+            "sample": row.get("sample", 0),
+            "correct": None if answer is None else grade(text, str(answer)).correct,
+            "well_formed": not faults,
+            "kinds": sorted({f["kind"] for f in faults}),
+            "speedup": round(stats.speedup, 4),
+            "critical": stats.critical_path_tokens,
+            "total": stats.total_tokens,
+            "blocks": stats.blocks,
+            "threads": list(stats.threads_per_block),
+            "drop": row.get("drop_reason"),
+            "text": text,
+        }
+        details = {
+            "prompt": prompt,
+            "ids": ids,
+            "injected": [i for i, g in enumerate(generated) if not g],
+            "faults": faults,
+            "tree": tree_json(parsed.nodes, fmt),
+            "timeline": {"requests": requests, "critical": critical, "measured": measured, "wall_s": row.get("wall_s")},
+            "trie": {
+                "ids": trie.input_ids,
+                "position": trie.position_ids,
+                "parent": trie.parent,
+                "end": trie.subtree_end,
+                "trained": [int(t) for t in trie.trained],
+                "prompt": len(prompt),
+            },
+        }
+        return summary, _compress(details)
+
+
+def page(payload: dict) -> str:
+    """The page for ``payload``, with its script and style inlined."""
+    here = files("threadweaver.view")
+    data = json.dumps(payload, separators=(",", ":")).replace("</", "<\\/")
+    return (
+        (here / "page.html")
+        .read_text()
+        .replace("{{title}}", html.escape(payload.get("title", "")))
+        .replace("{{style}}", (here / "page.css").read_text())
+        .replace("{{script}}", (here / "page.js").read_text())
+        .replace("{{data}}", data)
+    )
+
+
+def tag_names(fmt) -> dict[int, str]:
+    return {token: fmt.tags.name(token) for token in (*fmt.tags.structural, fmt.tags.think, fmt.tags.think_end)}
+
+
+def file_page(paths: Sequence[str], reader: RowReader, title: str | None = None, progress=None) -> str:
+    """The page for trajectory or training-data files (two: side by side)."""
+    view = Reader(reader)
+    summaries, details = [], []
+    for file, path in enumerate(paths):
+        rows = view.rows(path, file)
+        try:
+            for summary, detail in progress(rows, path) if progress else rows:
+                summaries.append(summary)
+                details.append(detail)
+        except RowError as err:
+            raise ValueError(f"{path}: {err}") from None
+    payload = {
+        "title": title or " vs ".join(paths),
+        "files": list(paths),
+        "rows": summaries,
+        "details": details,
+        "vocab": {str(k): v for k, v in view.vocab.items()},
+        "tags": tag_names(reader.fmt),
+    }
+    return page(payload)
+
+
+def timelines_page(groups: Iterable[tuple[str, list[Timeline]]], title: str, intro: str) -> str:
+    """Groups of timelines, each group on one time axis (request timings as recorded)."""
+    out = []
+    for heading, timelines in groups:
+        entries = []
+        for t in timelines:
+            requests = t.row["requests"]
+            critical = range(len(requests)) if not t.concurrent else critical_requests(requests)[1]
+            entries.append(
+                {
+                    "label": t.label,
+                    "requests": requests,
+                    "critical": sorted(critical),
+                    "measured": True,
+                    "wall_s": t.row.get("wall_s"),
+                    "stats": t.row["stats"],
+                    "tree": t.row.get("tree", []),
+                }
+            )
+        out.append({"title": heading, "timelines": entries})
+    return page({"title": title, "intro": intro, "groups": out, "rows": [], "files": []})
