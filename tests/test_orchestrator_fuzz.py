@@ -7,7 +7,8 @@ Over thousands of runs with random limits, the orchestrator never raises; the st
 is always closed (the tree renders to
 the tokens, each block has one thread per outline, and a parse guided by the injected
 positions rebuilds the same tree); the statistics equal a recount from the generated and
-injected flags; and every degradation names a kind and a position in the trajectory.
+injected flags; every degradation names a kind and a position in the trajectory; and the
+streamed ids, concatenated, are the trajectory's.
 """
 
 import asyncio
@@ -81,8 +82,10 @@ def test_random_output_never_breaks_the_orchestrator():
             concurrent_threads=rng.random() < 0.8,
         )
         orchestrator = Orchestrator(RandomEngine(rng), FMT, limits, degrade_on_engine_error=True)
-        t = asyncio.run(orchestrator.run(FMT.encode("Q?")))
+        streamed = []
+        t = asyncio.run(orchestrator.run(FMT.encode("Q?"), on_tokens=streamed.append))
         where = f"seed {seed}: {FMT.decode(t.token_ids)!r}"
+        assert [token for run in streamed for token in run] == list(t.token_ids), where
         assert render(t.nodes, FMT) == list(t.token_ids) and len(t.generated) == len(t.token_ids), where
         assert all([th.number for th in b.threads] == [o.number for o in b.outlines] for b in blocks(t.nodes)), where
         injected = [i for i, g in enumerate(t.generated) if not g]

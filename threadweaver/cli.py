@@ -133,12 +133,24 @@ def _pgrpo(args: argparse.Namespace) -> None:
 
 
 def _serve(args: argparse.Namespace) -> None:
+    from threadweaver.orchestrator import Limits
     from threadweaver.vllm_orchestrator.serve import ServeArgs, serve_until_stopped
 
     try:
-        serve_until_stopped(from_args(ServeArgs, args), args.vllm_args)
+        limits = from_args(Limits, args, branching=True)
+        serve_until_stopped(from_args(ServeArgs, args), args.vllm_args, limits)
     except RuntimeError as err:
         sys.exit(f"threadweaver serve: {err}")
+
+
+def _proxy(args: argparse.Namespace) -> None:
+    from threadweaver.orchestrator import Limits
+    from threadweaver.vllm_orchestrator.proxy import ProxyArgs, serve_proxy
+
+    try:
+        serve_proxy(from_args(ProxyArgs, args), from_args(Limits, args, branching=True))
+    except (ValueError, OSError) as err:
+        sys.exit(f"threadweaver proxy: {err}")
 
 
 def _generate(args: argparse.Namespace) -> None:
@@ -172,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     from threadweaver.quickstart import QuickstartArgs
     from threadweaver.vllm_orchestrator.engines import EngineArgs
     from threadweaver.vllm_orchestrator.generate import GenerateArgs
+    from threadweaver.vllm_orchestrator.proxy import ProxyArgs
     from threadweaver.vllm_orchestrator.serve import ServeArgs
 
     parser = argparse.ArgumentParser(prog="threadweaver", description=__doc__)
@@ -231,7 +244,15 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Flags after a lone -- go to the vLLM server as they are.",
     )
     add_arguments(p, ServeArgs)
+    add_arguments(p, Limits, exclude=("branching",))
     p.set_defaults(func=_serve)
+
+    p = commands.add_parser(
+        "proxy", help="serve fork-join chat and completion routes in front of a vLLM or SGLang server"
+    )
+    add_arguments(p, ProxyArgs)
+    add_arguments(p, Limits, exclude=("branching",))
+    p.set_defaults(func=_proxy)
 
     p = commands.add_parser("generate", help="decode JSONL problems into JSONL trajectories (resumable)")
     add_arguments(p, GenerateArgs)

@@ -11,7 +11,7 @@ import types
 import typing
 
 
-def _value_type(hint):
+def value_type(hint):
     """``X | None`` and ``Optional[X]`` parse as ``X``."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -32,7 +32,7 @@ def add_arguments(
         if f.name in exclude or not f.init or (include and f.name not in include):
             continue
         flag = "--" + f.name.replace("_", "-")
-        kind = _value_type(hints[f.name])
+        kind = value_type(hints[f.name])
         help_text = f.metadata.get("help", "")
         if f.default is dataclasses.MISSING:
             parser.add_argument(f.name, type=kind, help=help_text)

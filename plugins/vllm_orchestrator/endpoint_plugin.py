@@ -1,0 +1,74 @@
+"""The ``threadweaver`` endpoint plugin for vLLM's OpenAI server (entry-point group ``vllm.endpoint_plugins``).
+
+``VLLM_PLUGINS=threadweaver vllm serve MODEL`` (``threadweaver serve`` allowlists it) puts
+fork-join decoding behind ``/v1/chat/completions`` and ``/v1/completions`` for requests
+that ask for it (see :mod:`.openai_api`); every other request goes to vLLM's own handler,
+untouched. The orchestrator runs in the server process over the engine client, so no
+request of a trajectory leaves the process and its threads share the prefix cache.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the routes' parameter types, imported in attach_router.
+from .openai_api import ROUTES, APIError, ServerSettings, decode, parse_request, reply, stream_reply
+
+
+class ThreadWeaverEndpoint:
+    name = "threadweaver"
+    required_tasks = ("generate",)
+
+    def __init__(self) -> None:
+        self.settings = ServerSettings.from_env()
+        self.engine = self.tokenizer = self.fmt = self.model = None
+
+    def attach_router(self, app) -> None:
+        from fastapi import Request
+        from fastapi.responses import JSONResponse, StreamingResponse
+        from fastapi.routing import APIRoute
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+        plain = {
+            route.path: route.endpoint
+            for route in app.routes
+            if isinstance(route, APIRoute) and route.path in ROUTES and "POST" in route.methods
+        }
+
+        async def answer(path: str, request, raw_request: Request):
+            body = await raw_request.json()
+            try:
+                if not self.settings.wants_fork_join(body):
+                    return await plain[path](request, raw_request)
+                if self.engine is None:
+                    raise APIError("the threadweaver plugin has no engine on this server", status=501)
+                route = ROUTES[path]
+                fork_join = parse_request(body, route, self.tokenizer, self.settings)
+                model = body.get("model") or self.model
+                if body.get("stream"):
+                    events = stream_reply(route, fork_join, self.engine, self.fmt, model)
+                    return StreamingResponse(events, media_type="text/event-stream")
+                trajectory = await decode(fork_join, self.engine, self.fmt)
+                return JSONResponse(reply(route, trajectory, self.fmt, model))
+            except APIError as err:
+                return JSONResponse(err.body(), status_code=err.status)
+
+        async def chat(request: ChatCompletionRequest, raw_request: Request):
+            return await answer("/v1/chat/completions", request, raw_request)
+
+        async def completion(request: CompletionRequest, raw_request: Request):
+            return await answer("/v1/completions", request, raw_request)
+
+        app.post("/v1/chat/completions")(chat)
+        app.post("/v1/completions")(completion)
+
+    async def init_state(self, engine_client, state, args) -> None:
+        if engine_client is None:  # vLLM's render-only server: no engine to decode with
+            return
+        from transformers import AutoTokenizer
+
+        from threadweaver.format import Format
+
+        from .async_llm_engine import AsyncLLMEngine
+
+        self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+        self.fmt = Format.from_tokenizer(self.tokenizer)
+        self.model = (args.served_model_name or [args.model])[0]
+        self.engine = AsyncLLMEngine(engine_client)

@@ -1,0 +1,251 @@
+"""Fork-join behind the OpenAI API: what the vLLM endpoint plugin and ``threadweaver proxy`` share.
+
+A request asks for fork-join decoding with the field ``"threadweaver"``: ``true``, or an
+object of :class:`~threadweaver.orchestrator.Limits` fields for this request (with the
+``openai`` SDK: ``extra_body={"threadweaver": {"max_threads": 4}}``); ``false`` asks for a
+plain reply. Without the field a request is plain, unless the server makes fork-join its
+default (``THREADWEAVER_FORK_JOIN=default``). The reply is an ordinary OpenAI reply whose
+text is the whole trajectory, tags included; ``usage.completion_tokens`` counts every token
+generated in every request, and the field ``threadweaver`` holds the latency stats, the
+requests (as ``threadweaver generate`` records them) and the problems the orchestrator
+decoded around.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import time
+import typing
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, fields, replace
+
+from threadweaver.cli_args import value_type
+from threadweaver.engine import EngineError
+from threadweaver.format import Format
+from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, trajectory_text
+from threadweaver.rows import chat_prompt_ids, plain_ids
+
+FIELD = "threadweaver"
+DEFAULT_ENV = "THREADWEAVER_FORK_JOIN"
+"""``default``: requests without the field are decoded fork-join too."""
+LIMITS_ENV = "THREADWEAVER_LIMITS"
+"""A JSON object of :class:`Limits` fields: the server's limits (a request's own override them)."""
+ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+
+
+class APIError(Exception):
+    """A request that ends in an error reply, in vLLM's shape (``{"error": {...}}``)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+    def body(self) -> dict:
+        kind = "BadRequestError" if self.status < 500 else "InternalServerError"
+        return {"error": {"message": str(self), "type": kind, "param": None, "code": self.status}}
+
+
+def _typed(name: str, value, hint):
+    """``value`` as the type ``hint`` (``bool``, ``int``, ``float``, or one of them or None), or an error naming it."""
+    if value is None and value_type(hint) is not hint:
+        return None
+    hint = value_type(hint)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (isinstance(value, bool) if hint is bool else number and (hint is float or float(value).is_integer())):
+        raise APIError(f"{name} must be {'true or false' if hint is bool else 'a number'}, not {value!r}")
+    return hint(value)
+
+
+def limits_from(values: dict, base: Limits, where: str) -> Limits:
+    """``base`` with the :class:`Limits` fields in ``values``; an unknown or mistyped field is named."""
+    hints = typing.get_type_hints(Limits)
+    known = {f.name for f in fields(Limits)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise APIError(f"unknown {where} field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return replace(base, **{name: _typed(f"{where}.{name}", value, hints[name]) for name, value in values.items()})
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the server decides for every request."""
+
+    fork_join_default: bool = False
+    limits: Limits = Limits()
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> ServerSettings:
+        default = environ.get(DEFAULT_ENV, "")
+        if default not in ("", "default", "on-request"):
+            raise ValueError(f"{DEFAULT_ENV} must be 'default' or 'on-request', not {default!r}")
+        try:
+            values = json.loads(environ.get(LIMITS_ENV) or "{}")
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{LIMITS_ENV} is not a JSON object: {err}") from None
+        try:
+            return cls(default == "default", limits_from(values, Limits(), LIMITS_ENV))
+        except APIError as err:
+            raise ValueError(str(err)) from None
+
+    def env(self) -> dict[str, str]:
+        """The environment that gives a server process these settings."""
+        changed = {f.name: getattr(self.limits, f.name) for f in fields(Limits)}
+        changed = {k: v for k, v in changed.items() if v != getattr(Limits(), k)}
+        return {DEFAULT_ENV: "default" if self.fork_join_default else "on-request", LIMITS_ENV: json.dumps(changed)}
+
+    def wants_fork_join(self, body: dict) -> bool:
+        value = body.get(FIELD)
+        if value is None:
+            return self.fork_join_default
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, dict):
+            return True
+        raise APIError(f"{FIELD} must be true, false or an object of limits, not {value!r}")
+
+
+@dataclass(frozen=True)
+class ForkJoinRequest:
+    prompt_ids: list[int]
+    limits: Limits
+    sampling: Sampling
+
+
+def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -> ForkJoinRequest:
+    """A fork-join request's prompt ids, limits and sampling; anything we cannot honour is a 400."""
+    if body.get("n", 1) != 1:
+        raise APIError("fork-join decodes one trajectory a request: n must be 1")
+    if route == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise APIError("'messages' must be a non-empty list")
+        try:
+            prompt_ids = chat_prompt_ids(tokenizer, messages)
+        except (ValueError, TypeError, KeyError) as err:
+            raise APIError(f"cannot apply the chat template to 'messages': {err}") from None
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            prompt_ids = plain_ids(tokenizer, prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            prompt_ids = list(prompt)
+        else:
+            raise APIError("'prompt' must be one string or one list of token ids with fork-join")
+    value = body.get(FIELD)
+    limits = limits_from(value if isinstance(value, dict) else {}, settings.limits, FIELD)
+    budget = body.get("max_completion_tokens") or body.get("max_tokens")
+    if budget is not None:
+        limits = replace(limits, max_tokens=_typed("'max_tokens'", budget, int))
+    sampling = Sampling(
+        temperature=_number(body, "temperature", Sampling.temperature),
+        top_p=_number(body, "top_p", Sampling.top_p),
+        top_k=int(_number(body, "top_k", Sampling.top_k)),
+        seed=None if body.get("seed") is None else int(_number(body, "seed", 0)),
+    )
+    return ForkJoinRequest(prompt_ids, limits, sampling)
+
+
+def _number(body: dict, name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise APIError(f"'{name}' must be a number, not {value!r}")
+    return float(value)
+
+
+async def decode(request: ForkJoinRequest, engine, fmt: Format, on_tokens=None) -> Trajectory:
+    """The trajectory, or a 500 where the engine failed (in the main sequence it raises; in a thread it degrades)."""
+    try:
+        orchestrator = Orchestrator(engine, fmt, request.limits, request.sampling)
+        trajectory = await orchestrator.run(request.prompt_ids, on_tokens=on_tokens)
+    except EngineError as err:
+        raise APIError(f"the engine failed during fork-join decoding: {err}", status=500) from None
+    failures = [d for d in trajectory.degradations if d.kind == "engine_error"]
+    if failures:
+        raise APIError(f"the engine failed during fork-join decoding: {failures[0]}", status=500)
+    return trajectory
+
+
+def _head(route: str, model: str, chunk: bool = False) -> dict:
+    kind = ("chat.completion.chunk" if chunk else "chat.completion") if route == "chat" else "text_completion"
+    ident = f"{'chatcmpl' if route == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+    return {"id": ident, "object": kind, "created": int(time.time()), "model": model}
+
+
+def _totals(trajectory: Trajectory) -> dict:
+    """``usage`` (every generated token of every request) and the latency stats."""
+    generated = sum(r.completion_tokens for r in trajectory.requests)
+    prompt = len(trajectory.prompt_ids)
+    return {
+        "usage": {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated},
+        FIELD: {
+            **trajectory.stats.as_dict(),
+            "requests": [dataclasses.asdict(r) for r in trajectory.requests],
+            "degradations": [d.as_dict() for d in trajectory.degradations],
+        },
+    }
+
+
+def reply(route: str, trajectory: Trajectory, fmt: Format, model: str) -> dict:
+    """The OpenAI reply for a decoded trajectory."""
+    text = trajectory_text(trajectory, fmt)
+    choice = {"index": 0, "logprobs": None, "finish_reason": trajectory.finish_reason}
+    if route == "chat":
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    return {**_head(route, model), "choices": [choice], **_totals(trajectory)}
+
+
+def _event(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+async def stream_reply(route: str, request: ForkJoinRequest, engine, fmt: Format, model: str) -> AsyncIterator[str]:
+    """Server-sent events of a fork-join reply: the text in trajectory order as it becomes final
+    (thread 2 after thread 1), then a last chunk with the finish reason, ``usage`` and the stats.
+    An engine failure ends the stream with an error event; it never hangs."""
+    head = _head(route, model, chunk=True)
+
+    def chunk(text: str | None, finish: str | None = None, **extra) -> str:
+        choice = {"index": 0, "logprobs": None, "finish_reason": finish}
+        if route == "chat":
+            choice["delta"] = {} if text is None else {"content": text}
+        else:
+            choice["text"] = text or ""
+        return _event({**head, "choices": [choice], **extra})
+
+    runs: asyncio.Queue = asyncio.Queue()
+    task = asyncio.create_task(decode(request, engine, fmt, on_tokens=runs.put_nowait))
+    task.add_done_callback(lambda _: runs.put_nowait(None))
+    ids: list[int] = []
+    shown = ""
+    try:
+        if route == "chat":
+            yield _event({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        while (run := await runs.get()) is not None:
+            ids.extend(run)
+            text = fmt.decode([t for t in ids if t not in fmt.eos_ids])
+            if text.startswith(shown) and not text.endswith("\ufffd"):  # else: wait for the rest of a character
+                if text != shown:
+                    yield chunk(text[len(shown) :])
+                shown = text
+        try:
+            trajectory = task.result()
+        except APIError as err:
+            yield _event(err.body())
+        else:
+            text = trajectory_text(trajectory, fmt)
+            if text != shown:
+                yield chunk(text[len(shown) :] if text.startswith(shown) else text)
+            yield chunk(None, trajectory.finish_reason, **_totals(trajectory))
+        yield _event("[DONE]")
+    finally:
+        task.cancel()  # the client went away: stop decoding

@@ -1,0 +1,131 @@
+"""``threadweaver proxy``: the endpoint plugin's routes in front of a server we cannot extend.
+
+For SGLang, or a vLLM server you do not control: fork-join requests (see :mod:`.openai_api`)
+are decoded here by the orchestrator over the backend's HTTP engine; every other request,
+and every other path, is passed to the backend as it is, streamed back as it comes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from threadweaver.cli_args import option
+from threadweaver.orchestrator import Limits
+
+from .openai_api import ROUTES, APIError, ServerSettings, decode, parse_request, reply, stream_reply
+
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"}
+
+
+@dataclass(frozen=True)
+class ProxyArgs:
+    backend: str = option("http://127.0.0.1:8000", "URL of the server that decodes (vLLM or SGLang).")
+    engine: str = option("vllm", "What the backend is: 'vllm' or 'sglang'.", choices=("vllm", "sglang"))
+    model: str | None = option(
+        None, "Tokenizer directory or hub id (default: the model the vLLM backend reports it loaded)."
+    )
+    host: str = option("127.0.0.1", "Address to listen on.")
+    port: int = option(8001, "Port to listen on.")
+    fork_join_default: bool = option(
+        False,
+        "Decode every chat and completion request fork-join unless it sends threadweaver=false "
+        "(default: only requests that send the threadweaver field).",
+    )
+    api_key: str | None = option(None, "Bearer token for the backend.")
+
+
+def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
+    """The aiohttp application (its engine and tokenizer are made when it starts)."""
+    import aiohttp
+    from aiohttp import web
+
+    from .engines import EngineArgs, make_engine, tokenizer_source
+
+    settings = ServerSettings(args.fork_join_default, limits)
+    state: dict = {}
+    backend = args.backend.rstrip("/")
+
+    async def start(app) -> None:
+        from transformers import AutoTokenizer
+
+        from threadweaver.format import Format
+
+        engine = make_engine(EngineArgs(engine=args.engine, base_url=backend, api_key=args.api_key))
+        source = await tokenizer_source(engine, args.model)
+        if source is None:
+            raise ValueError("--model is needed to load the tokenizer (an SGLang backend does not say)")
+        state["tokenizer"] = AutoTokenizer.from_pretrained(source)
+        state["fmt"] = Format.from_tokenizer(state["tokenizer"])
+        state["engine"] = engine
+        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
+        state["session"] = aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=None))
+
+    async def stop(app) -> None:
+        await state["session"].close()
+        await state["engine"].aclose()
+
+    async def forward(request: web.Request, body: bytes) -> web.StreamResponse:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | {"authorization"}}
+        try:
+            async with state["session"].request(
+                request.method, backend + request.path_qs, data=body, headers=headers
+            ) as upstream:
+                response = web.StreamResponse(
+                    status=upstream.status,
+                    headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP},
+                )
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except aiohttp.ClientError as err:
+            error = APIError(f"cannot reach the backend at {backend}: {err}", status=502)
+            return web.json_response(error.body(), status=error.status)
+
+    async def openai_route(request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                raise APIError(f"the request body is not JSON: {err}") from None
+            if not isinstance(body, dict) or not settings.wants_fork_join(body):
+                return await forward(request, raw)
+            route = ROUTES[request.path]
+            fork_join = parse_request(body, route, state["tokenizer"], settings)
+            model = body.get("model", "")
+            if body.get("stream"):
+                response = web.StreamResponse(
+                    headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                )
+                await response.prepare(request)
+                async for event in stream_reply(route, fork_join, state["engine"], state["fmt"], model):
+                    await response.write(event.encode())
+                await response.write_eof()
+                return response
+            trajectory = await decode(fork_join, state["engine"], state["fmt"])
+            return web.json_response(reply(route, trajectory, state["fmt"], model))
+        except APIError as err:
+            return web.json_response(err.body(), status=err.status)
+
+    async def other(request: web.Request) -> web.StreamResponse:
+        return await forward(request, await request.read())
+
+    app = web.Application(client_max_size=64 * 2**20)
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    for path in ROUTES:
+        app.router.add_post(path, openai_route)
+    app.router.add_route("*", "/{tail:.*}", other)
+    return app
+
+
+def serve_proxy(args: ProxyArgs, limits: Limits = Limits()) -> None:
+    from aiohttp import web
+
+    def announce(_) -> None:
+        print(f"http://{args.host}:{args.port} (fork-join in front of {args.backend}; Ctrl-C stops)", flush=True)
+
+    web.run_app(proxy_app(args, limits), host=args.host, port=args.port, print=announce)

@@ -1,0 +1,152 @@
+"""The OpenAI-facing request handling the vLLM endpoint plugin and the proxy share (over a scripted engine).
+
+The routes themselves run on a real vLLM server in integration_tests/test_openai_endpoint.py.
+"""
+
+import asyncio
+import json
+
+import pytest
+from orchestrator_scripts import GOOD, NESTED, PROMPT
+
+from threadweaver.engine import EngineError
+from threadweaver.orchestrator import Limits, Orchestrator
+from threadweaver.testing import ScriptedEngine
+from threadweaver.vllm_orchestrator.openai_api import (
+    APIError,
+    ServerSettings,
+    decode,
+    parse_request,
+    reply,
+    stream_reply,
+)
+
+
+class CharTokenizer:
+    """The test format's tokenizer seen through ``plain_ids`` (no chat template)."""
+
+    def __init__(self, fmt):
+        self.fmt = fmt
+
+    def encode(self, text, add_special_tokens=False):
+        return self.fmt.encode(text)
+
+
+class Down:
+    """An engine whose server is gone."""
+
+    async def generate(self, *args):
+        raise EngineError("connection refused")
+
+
+def test_a_fork_join_completion_is_the_orchestrators_trajectory_in_an_openai_reply(fmt):
+    settings = ServerSettings()
+    body = {"model": "m", "prompt": PROMPT, "max_tokens": 100, "threadweaver": {"max_threads": 4}}
+    assert settings.wants_fork_join(body)
+    request = parse_request(body, "completion", CharTokenizer(fmt), settings)
+    assert request.prompt_ids == fmt.encode(PROMPT)
+    assert request.limits == Limits(max_threads=4, max_tokens=100) and request.sampling.temperature == 0
+    trajectory = asyncio.run(decode(request, ScriptedEngine(fmt, GOOD), fmt))
+    expected = asyncio.run(Orchestrator(ScriptedEngine(fmt, GOOD), fmt, request.limits).run(fmt.encode(PROMPT)))
+    answer = reply("completion", trajectory, fmt, "m")
+    assert answer["object"] == "text_completion" and answer["model"] == "m"
+    assert answer["choices"][0]["text"] == fmt.decode(expected.token_ids[:-1])  # without the final EOS
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    assert answer["usage"]["completion_tokens"] == expected.stats.total_tokens
+    assert answer["usage"]["prompt_tokens"] == len(fmt.encode(PROMPT))
+    stats = answer["threadweaver"]
+    assert stats["critical_path_tokens"] == expected.stats.critical_path_tokens < stats["total_tokens"]
+    assert len(stats["requests"]) == len(expected.requests) == 4 and stats["degradations"] == []
+    assert [r["completion_tokens"] for r in stats["requests"]] == [r.completion_tokens for r in expected.requests]
+
+
+def test_which_requests_are_fork_join():
+    on_request, default = ServerSettings(), ServerSettings(fork_join_default=True)
+    assert not on_request.wants_fork_join({}) and default.wants_fork_join({})
+    assert on_request.wants_fork_join({"threadweaver": True}) and on_request.wants_fork_join({"threadweaver": {}})
+    assert not default.wants_fork_join({"threadweaver": False})
+    with pytest.raises(APIError, match="threadweaver must be true, false or an object of limits, not 'yes'"):
+        on_request.wants_fork_join({"threadweaver": "yes"})
+
+
+def test_the_server_settings_travel_to_the_server_process_through_its_environment():
+    settings = ServerSettings(True, Limits(max_threads=4, timeout_s=30.0, concurrent_threads=False))
+    assert ServerSettings.from_env(settings.env()) == settings
+    assert ServerSettings.from_env({}) == ServerSettings()
+    with pytest.raises(ValueError, match="THREADWEAVER_LIMITS field.* max_thread; known"):
+        ServerSettings.from_env({"THREADWEAVER_LIMITS": '{"max_thread": 4}'})
+    with pytest.raises(ValueError, match="THREADWEAVER_LIMITS is not a JSON object"):
+        ServerSettings.from_env({"THREADWEAVER_LIMITS": "max_threads=4"})
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"threadweaver": {"max_depth": True}}, "threadweaver.max_depth must be a number, not True"),
+        ({"threadweaver": {"concurrent_threads": 1}}, "threadweaver.concurrent_threads must be true or false"),
+        ({"threadweaver": {"timeout_s": "soon"}}, "threadweaver.timeout_s must be a number"),
+        ({"temperature": "hot"}, "'temperature' must be a number"),
+        ({"max_tokens": 1.5}, "'max_tokens' must be a number, not 1.5"),
+        ({"prompt": ["a", "b"]}, "'prompt' must be one string or one list of token ids"),
+        ({"n": 3}, "n must be 1"),
+    ],
+)
+def test_a_request_we_cannot_honour_is_a_400_naming_its_field(fmt, body, message):
+    full = {"prompt": PROMPT, "threadweaver": True, **body}
+    with pytest.raises(APIError, match=message) as caught:
+        parse_request(full, "completion", CharTokenizer(fmt), ServerSettings())
+    assert caught.value.status == 400 and caught.value.body()["error"]["code"] == 400
+
+
+def test_an_engine_that_fails_is_a_500(fmt):
+    request = parse_request(
+        {"prompt": PROMPT, "threadweaver": True}, "completion", CharTokenizer(fmt), ServerSettings()
+    )
+    with pytest.raises(APIError, match="the engine failed during fork-join decoding: connection refused") as caught:
+        asyncio.run(decode(request, Down(), fmt))
+    assert caught.value.status == 500 and caught.value.body()["error"]["type"] == "InternalServerError"
+
+
+def events(route, request, engine, fmt) -> list:
+    async def collect():
+        return [event async for event in stream_reply(route, request, engine, fmt, "m")]
+
+    out = []
+    for event in asyncio.run(collect()):
+        assert event.startswith("data: ") and event.endswith("\n\n")
+        data = event[len("data: ") : -2]
+        out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+@pytest.mark.parametrize("route", ["chat", "completion"])
+def test_a_streamed_reply_is_the_trajectory_in_order_then_its_totals(fmt, route):
+    body = {"prompt": PROMPT, "threadweaver": True, "stream": True}  # the route shapes the events only
+    request = parse_request(body, "completion", CharTokenizer(fmt), ServerSettings())
+    expected = asyncio.run(decode(request, ScriptedEngine(fmt, NESTED), fmt))
+    got = events(route, request, ScriptedEngine(fmt, NESTED), fmt)
+    assert got[-1] == "[DONE]"
+    chunks = got[:-1]
+    if route == "chat":
+        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        chunks = chunks[1:]
+        pieces = [c["choices"][0]["delta"].get("content", "") for c in chunks]
+    else:
+        pieces = [c["choices"][0]["text"] for c in chunks]
+    assert "".join(pieces) == fmt.decode(expected.token_ids[:-1])
+    assert len([p for p in pieces if p]) > 3  # in parts, not one piece at the end
+    last = chunks[-1]
+    assert last["choices"][0]["finish_reason"] == "stop"
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert last["usage"]["completion_tokens"] == expected.stats.total_tokens
+    assert last["threadweaver"]["critical_path_tokens"] == expected.stats.critical_path_tokens
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk" if route == "chat" else "text_completion"}
+
+
+def test_a_stream_whose_engine_fails_ends_with_an_error_event(fmt):
+    request = parse_request(
+        {"prompt": PROMPT, "threadweaver": True}, "completion", CharTokenizer(fmt), ServerSettings()
+    )
+    got = events("completion", request, Down(), fmt)
+    assert got[-1] == "[DONE]"
+    assert got[-2]["error"]["code"] == 500 and "connection refused" in got[-2]["error"]["message"]

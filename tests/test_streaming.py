@@ -1,0 +1,62 @@
+"""Streaming a trajectory in order (threadweaver.streaming through Orchestrator.run(on_tokens=...))."""
+
+import asyncio
+import time
+
+import pytest
+from orchestrator_scripts import CASES, GOOD, NESTED, PROMPT
+
+from threadweaver.orchestrator import Limits, Orchestrator
+from threadweaver.testing import ScriptedEngine
+
+
+class SlowThread(ScriptedEngine):
+    """Requests whose context ends with ``slow`` take ``delay`` seconds; the rest answer at once."""
+
+    def __init__(self, fmt, script, slow: str, delay: float = 0.3):
+        super().__init__(fmt, script)
+        self.slow, self.slow_delay = slow, delay
+
+    async def generate(self, prompt_ids, stop_ids, max_tokens, sampling):
+        if self.fmt.decode(prompt_ids).endswith(self.slow):
+            await asyncio.sleep(self.slow_delay)
+        return await super().generate(prompt_ids, stop_ids, max_tokens, sampling)
+
+
+def streamed(fmt, engine, limits=Limits()):
+    runs = []
+    started = time.monotonic()
+    trajectory = asyncio.run(
+        Orchestrator(engine, fmt, limits).run(
+            fmt.encode(PROMPT), on_tokens=lambda ids: runs.append((time.monotonic() - started, fmt.decode(ids)))
+        )
+    )
+    return runs, trajectory
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_streamed_runs_are_the_trajectory(fmt, case):
+    script, limits, _ = CASES[case]
+    runs = []
+    trajectory = asyncio.run(
+        Orchestrator(ScriptedEngine(fmt, script), fmt, limits).run(fmt.encode(PROMPT), on_tokens=runs.append)
+    )
+    assert [t for run in runs for t in run] == list(trajectory.token_ids)
+
+
+def test_thread_one_shows_while_thread_two_still_decodes(fmt):
+    runs, trajectory = streamed(fmt, SlowThread(fmt, GOOD, slow="<Thread>2:"))
+    text = "".join(piece for _, piece in runs)
+    assert text == fmt.decode(trajectory.token_ids)
+    shown = {piece: at for at, piece in runs}
+    assert shown["aa"] < 0.2 <= shown["bbbb"]  # thread 1 at once; thread 2 after its slow request
+
+
+def test_thread_two_waits_for_thread_one_and_its_nested_block(fmt):
+    runs, trajectory = streamed(fmt, SlowThread(fmt, NESTED, slow="<Thread>1:"))  # thread 1.1 is slow
+    text = "".join(piece for _, piece in runs)
+    assert text == fmt.decode(trajectory.token_ids)
+    at = {piece: t for t, piece in runs}
+    assert at["cccccccccc"] >= 0.2  # the slow thread 1.1
+    assert at["bbbb"] >= at["cccccccccc"]  # thread 2 decoded at once, but shows only after thread 1 is done
+    assert text.index("cccccccccc") < text.index("bbbb")
