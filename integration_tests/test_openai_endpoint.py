@@ -271,3 +271,42 @@ def test_a_dead_backend_is_a_clear_5xx_not_a_hang(trained):
     finally:
         proxy.terminate()
         proxy.wait(timeout=30)
+
+
+def test_lm_evals_own_chat_model_runs_tw_synth_fork_join(trained, trained_server, generated, fmt, tmp_path):
+    """lm-eval's ``local-chat-completions`` asks for fork-join through ``--gen_kwargs``: no threadweaver client.
+
+    Its responses are the trajectories ``threadweaver generate`` decodes; the tasks grade them
+    and count their tokens (``stats_measured`` 0: the stats travel in the reply, which lm-eval drops).
+    """
+    from lm_eval_cli import lm_eval_run
+
+    from threadweaver.lmeval_tasks.measured import count_tokens
+    from threadweaver.reward import grade
+
+    rows = (trained[0] / "data" / "parallel" / "validation.jsonl").read_text().splitlines()[:3]
+    (tmp_path / "problems.jsonl").write_text("\n".join(rows) + "\n")
+    model = str(trained[1])
+    results = lm_eval_run(
+        tmp_path / "out",
+        "--model",
+        "local-chat-completions",
+        "--model_args",
+        f"model={model},base_url={trained_server}/v1/chat/completions,tokenizer={model},max_retries=1",
+        "--apply_chat_template",
+        "--gen_kwargs",
+        "threadweaver=True",
+        "--tasks",
+        "tw_synth",
+        env={"THREADWEAVER_TW_SYNTH_FILE": str(tmp_path / "problems.jsonl")},
+    )
+    samples = results["samples"]["tw_synth"]
+    assert len(samples) == 3
+    tokenizer = trained_tokenizer(trained)
+    for sample in samples:
+        response, row = sample["resps"][0][0], generated[sample["doc"]["id"]]
+        assert response == text_of(row, fmt)
+        assert sample["acc"] == float(grade(response, sample["doc"]["answer"]).correct)
+        counted = count_tokens(response, tokenizer)[0]
+        assert sample["token_latency"] == counted.critical_path_tokens and sample["stats_measured"] == 0.0
+    assert sum(s["parallel_activation"] for s in samples) >= 2

@@ -48,7 +48,7 @@ def test_a_fork_join_completion_is_the_orchestrators_trajectory_in_an_openai_rep
     assert request.limits == Limits(max_threads=4, max_tokens=100) and request.sampling.temperature == 0
     trajectory = asyncio.run(decode(request, ScriptedEngine(fmt, GOOD), fmt))
     expected = asyncio.run(Orchestrator(ScriptedEngine(fmt, GOOD), fmt, request.limits).run(fmt.encode(PROMPT)))
-    answer = reply("completion", trajectory, fmt, "m")
+    answer = reply("completion", request, trajectory, fmt, "m")
     assert answer["object"] == "text_completion" and answer["model"] == "m"
     assert answer["choices"][0]["text"] == fmt.decode(expected.token_ids[:-1])  # without the final EOS
     assert answer["choices"][0]["finish_reason"] == "stop"
@@ -150,3 +150,22 @@ def test_a_stream_whose_engine_fails_ends_with_an_error_event(fmt):
     got = events("completion", request, Down(), fmt)
     assert got[-1] == "[DONE]"
     assert got[-2]["error"]["code"] == 500 and "connection refused" in got[-2]["error"]["message"]
+
+
+@pytest.mark.parametrize("stop", ["ccc", ["zzz", "d</Thread>"], "d</Thread></Parallel>y"])
+def test_a_stop_string_ends_the_text_before_it_streamed_or_not(fmt, stop):
+    body = {"prompt": PROMPT, "threadweaver": True, "stop": stop}
+    request = parse_request(body, "completion", CharTokenizer(fmt), ServerSettings())
+    trajectory = asyncio.run(decode(request, ScriptedEngine(fmt, NESTED), fmt))
+    full = fmt.decode(trajectory.token_ids[:-1])
+    first = min(full.index(s) for s in ([stop] if isinstance(stop, str) else stop) if s in full)
+    answer = reply("completion", request, trajectory, fmt, "m")["choices"][0]
+    assert answer["text"] == full[:first] and answer["finish_reason"] == "stop"
+    chunks = events("completion", request, ScriptedEngine(fmt, NESTED), fmt)[:-1]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == full[:first]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_stop_that_is_not_strings_is_a_400(fmt):
+    with pytest.raises(APIError, match="'stop' must be a string or a list of strings, not 3"):
+        parse_request({"prompt": PROMPT, "stop": 3}, "completion", CharTokenizer(fmt), ServerSettings())

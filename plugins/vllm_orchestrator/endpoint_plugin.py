@@ -46,7 +46,7 @@ class ThreadWeaverEndpoint:
                     events = stream_reply(route, fork_join, self.engine, self.fmt, model)
                     return StreamingResponse(events, media_type="text/event-stream")
                 trajectory = await decode(fork_join, self.engine, self.fmt)
-                return JSONResponse(reply(route, trajectory, self.fmt, model))
+                return JSONResponse(reply(route, fork_join, trajectory, self.fmt, model))
             except APIError as err:
                 return JSONResponse(err.body(), status_code=err.status)
 

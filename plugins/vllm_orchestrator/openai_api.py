@@ -113,6 +113,13 @@ class ForkJoinRequest:
     prompt_ids: list[int]
     limits: Limits
     sampling: Sampling
+    stop: tuple[str, ...] = ()
+    """Stop strings: the reply's text ends before the first, as vLLM's would."""
+
+    def cut(self, text: str) -> tuple[str, bool]:
+        """``text`` up to the first stop string, and whether one was found."""
+        ends = [text.index(s) for s in self.stop if s in text]
+        return (text[: min(ends)], True) if ends else (text, False)
 
 
 def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -> ForkJoinRequest:
@@ -148,7 +155,11 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
         top_k=int(_number(body, "top_k", Sampling.top_k)),
         seed=None if body.get("seed") is None else int(_number(body, "seed", 0)),
     )
-    return ForkJoinRequest(prompt_ids, limits, sampling)
+    stop = body.get("stop") or ()
+    stop = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
+        raise APIError(f"'stop' must be a string or a list of strings, not {body.get('stop')!r}")
+    return ForkJoinRequest(prompt_ids, limits, sampling, tuple(s for s in stop if s))
 
 
 def _number(body: dict, name: str, default: float) -> float:
@@ -193,10 +204,10 @@ def _totals(trajectory: Trajectory) -> dict:
     }
 
 
-def reply(route: str, trajectory: Trajectory, fmt: Format, model: str) -> dict:
+def reply(route: str, request: ForkJoinRequest, trajectory: Trajectory, fmt: Format, model: str) -> dict:
     """The OpenAI reply for a decoded trajectory."""
-    text = trajectory_text(trajectory, fmt)
-    choice = {"index": 0, "logprobs": None, "finish_reason": trajectory.finish_reason}
+    text, stopped = request.cut(trajectory_text(trajectory, fmt))
+    choice = {"index": 0, "logprobs": None, "finish_reason": "stop" if stopped else trajectory.finish_reason}
     if route == "chat":
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -227,12 +238,14 @@ async def stream_reply(route: str, request: ForkJoinRequest, engine, fmt: Format
     task.add_done_callback(lambda _: runs.put_nowait(None))
     ids: list[int] = []
     shown = ""
+    hold = max(map(len, request.stop), default=1) - 1  # a stop string may be still arriving
     try:
         if route == "chat":
             yield _event({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
         while (run := await runs.get()) is not None:
             ids.extend(run)
-            text = fmt.decode([t for t in ids if t not in fmt.eos_ids])
+            text, stopped = request.cut(fmt.decode([t for t in ids if t not in fmt.eos_ids]))
+            text = text if stopped or not hold else text[:-hold]
             if text.startswith(shown) and not text.endswith("\ufffd"):  # else: wait for the rest of a character
                 if text != shown:
                     yield chunk(text[len(shown) :])
@@ -242,10 +255,10 @@ async def stream_reply(route: str, request: ForkJoinRequest, engine, fmt: Format
         except APIError as err:
             yield _event(err.body())
         else:
-            text = trajectory_text(trajectory, fmt)
+            text, stopped = request.cut(trajectory_text(trajectory, fmt))
             if text != shown:
                 yield chunk(text[len(shown) :] if text.startswith(shown) else text)
-            yield chunk(None, trajectory.finish_reason, **_totals(trajectory))
+            yield chunk(None, "stop" if stopped else trajectory.finish_reason, **_totals(trajectory))
         yield _event("[DONE]")
     finally:
         task.cancel()  # the client went away: stop decoding

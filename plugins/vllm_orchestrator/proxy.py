@@ -106,7 +106,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                 await response.write_eof()
                 return response
             trajectory = await decode(fork_join, state["engine"], state["fmt"])
-            return web.json_response(reply(route, trajectory, state["fmt"], model))
+            return web.json_response(reply(route, fork_join, trajectory, state["fmt"], model))
         except APIError as err:
             return web.json_response(err.body(), status=err.status)
 
