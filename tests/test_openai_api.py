@@ -169,3 +169,17 @@ def test_a_stop_string_ends_the_text_before_it_streamed_or_not(fmt, stop):
 def test_a_stop_that_is_not_strings_is_a_400(fmt):
     with pytest.raises(APIError, match="'stop' must be a string or a list of strings, not 3"):
         parse_request({"prompt": PROMPT, "stop": 3}, "completion", CharTokenizer(fmt), ServerSettings())
+
+
+def test_any_other_failure_is_a_500_that_names_it(fmt):
+    class Dead:
+        async def generate(self, *args):
+            raise RuntimeError("EngineCore died")
+
+    request = parse_request(
+        {"prompt": PROMPT, "threadweaver": True}, "completion", CharTokenizer(fmt), ServerSettings()
+    )
+    with pytest.raises(APIError, match="fork-join decoding failed: RuntimeError: EngineCore died") as caught:
+        asyncio.run(decode(request, Dead(), fmt))
+    assert caught.value.status == 500
+    assert "EngineCore died" in events("chat", request, Dead(), fmt)[-2]["error"]["message"]

@@ -178,6 +178,10 @@ async def decode(request: ForkJoinRequest, engine, fmt: Format, on_tokens=None) 
         trajectory = await orchestrator.run(request.prompt_ids, on_tokens=on_tokens)
     except EngineError as err:
         raise APIError(f"the engine failed during fork-join decoding: {err}", status=500) from None
+    except (
+        Exception
+    ) as err:  # an in-process engine's own errors (vLLM's EngineDeadError, ...): a reply, not a dropped stream
+        raise APIError(f"fork-join decoding failed: {type(err).__name__}: {err}", status=500) from None
     failures = [d for d in trajectory.degradations if d.kind == "engine_error"]
     if failures:
         raise APIError(f"the engine failed during fork-join decoding: {failures[0]}", status=500)
