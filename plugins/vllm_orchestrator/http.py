@@ -30,6 +30,9 @@ class HTTPOptions:
 
 
 _RETRIED_STATUS = {429, 500, 502, 503, 504}
+KEEPALIVE_S = 4.0
+"""How long an idle connection is kept for reuse: under the 5 s after which vLLM's and SGLang's
+uvicorn close one, so a request is never sent down a connection the server is closing."""
 
 
 class JSONClient:
@@ -48,7 +51,11 @@ class JSONClient:
         if self._loop is not loop or self._session is None or self._session.closed:
             self._drop_session()
             headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else None
-            connector = aiohttp.TCPConnector(limit=self.options.concurrency, limit_per_host=self.options.concurrency)
+            connector = aiohttp.TCPConnector(
+                limit=self.options.concurrency,
+                limit_per_host=self.options.concurrency,
+                keepalive_timeout=KEEPALIVE_S,
+            )
             timeout = aiohttp.ClientTimeout(total=self.options.timeout_s)
             self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers)
             self._slots = asyncio.Semaphore(self.options.concurrency)
