@@ -52,9 +52,7 @@ class JSONClient:
             self._drop_session()
             headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else None
             connector = aiohttp.TCPConnector(
-                limit=self.options.concurrency,
-                limit_per_host=self.options.concurrency,
-                keepalive_timeout=KEEPALIVE_S,
+                limit=self.options.concurrency, limit_per_host=self.options.concurrency, keepalive_timeout=KEEPALIVE_S
             )
             timeout = aiohttp.ClientTimeout(total=self.options.timeout_s)
             self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers)
