@@ -8,7 +8,7 @@ request of a trajectory leaves the process and its threads share the prefix cach
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' parameter types, imported in attach_router.
-from .openai_api import ROUTES, APIError, ServerSettings, decode, parse_request, reply, stream_reply
+from .openai_api import ROUTES, APIError, ServerSettings, answer
 
 
 class ThreadWeaverEndpoint:
@@ -32,29 +32,26 @@ class ThreadWeaverEndpoint:
             if isinstance(route, APIRoute) and route.path in ROUTES and "POST" in route.methods
         }
 
-        async def answer(path: str, request, raw_request: Request):
+        async def respond(path: str, request, raw_request: Request):
             body = await raw_request.json()
             try:
                 if not self.settings.wants_fork_join(body):
                     return await plain[path](request, raw_request)
                 if self.engine is None:
                     raise APIError("the threadweaver plugin has no engine on this server", status=501)
-                route = ROUTES[path]
-                fork_join = parse_request(body, route, self.tokenizer, self.settings)
                 model = body.get("model") or self.model
-                if body.get("stream"):
-                    events = stream_reply(route, fork_join, self.engine, self.fmt, model)
-                    return StreamingResponse(events, media_type="text/event-stream")
-                trajectory = await decode(fork_join, self.engine, self.fmt)
-                return JSONResponse(reply(route, fork_join, trajectory, self.fmt, model))
+                out = await answer(body, ROUTES[path], self.tokenizer, self.settings, self.engine, self.fmt, model)
+                if isinstance(out, dict):
+                    return JSONResponse(out)
+                return StreamingResponse(out, media_type="text/event-stream")
             except APIError as err:
                 return JSONResponse(err.body(), status_code=err.status)
 
         async def chat(request: ChatCompletionRequest, raw_request: Request):
-            return await answer("/v1/chat/completions", request, raw_request)
+            return await respond("/v1/chat/completions", request, raw_request)
 
         async def completion(request: CompletionRequest, raw_request: Request):
-            return await answer("/v1/completions", request, raw_request)
+            return await respond("/v1/completions", request, raw_request)
 
         app.post("/v1/chat/completions")(chat)
         app.post("/v1/completions")(completion)

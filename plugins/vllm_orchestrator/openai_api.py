@@ -164,11 +164,7 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
 
 def _number(body: dict, name: str, default: float) -> float:
     value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise APIError(f"'{name}' must be a number, not {value!r}")
-    return float(value)
+    return default if value is None else _typed(f"'{name}'", value, float)
 
 
 async def decode(request: ForkJoinRequest, engine, fmt: Format, on_tokens=None) -> Trajectory:
@@ -217,6 +213,16 @@ def reply(route: str, request: ForkJoinRequest, trajectory: Trajectory, fmt: For
     else:
         choice["text"] = text
     return {**_head(route, model), "choices": [choice], **_totals(trajectory)}
+
+
+async def answer(
+    body: dict, route: str, tokenizer, settings: ServerSettings, engine, fmt: Format, model: str
+) -> dict | AsyncIterator[str]:
+    """A fork-join request's reply: its JSON body, or (``stream``) its server-sent events."""
+    request = parse_request(body, route, tokenizer, settings)
+    if body.get("stream"):
+        return stream_reply(route, request, engine, fmt, model)
+    return reply(route, request, await decode(request, engine, fmt), fmt, model)
 
 
 def _event(data: dict | str) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from threadweaver.cli_args import option
 from threadweaver.orchestrator import Limits
 
-from .openai_api import ROUTES, APIError, ServerSettings, decode, parse_request, reply, stream_reply
+from .openai_api import ROUTES, APIError, ServerSettings, answer
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"}
 
@@ -93,20 +93,18 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                 raise APIError(f"the request body is not JSON: {err}") from None
             if not isinstance(body, dict) or not settings.wants_fork_join(body):
                 return await forward(request, raw)
-            route = ROUTES[request.path]
-            fork_join = parse_request(body, route, state["tokenizer"], settings)
             model = body.get("model", "")
-            if body.get("stream"):
-                response = web.StreamResponse(
-                    headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-                )
-                await response.prepare(request)
-                async for event in stream_reply(route, fork_join, state["engine"], state["fmt"], model):
-                    await response.write(event.encode())
-                await response.write_eof()
-                return response
-            trajectory = await decode(fork_join, state["engine"], state["fmt"])
-            return web.json_response(reply(route, fork_join, trajectory, state["fmt"], model))
+            out = await answer(
+                body, ROUTES[request.path], state["tokenizer"], settings, state["engine"], state["fmt"], model
+            )
+            if isinstance(out, dict):
+                return web.json_response(out)
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await response.prepare(request)
+            async for event in out:
+                await response.write(event.encode())
+            await response.write_eof()
+            return response
         except APIError as err:
             return web.json_response(err.body(), status=err.status)
 
