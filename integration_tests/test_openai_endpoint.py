@@ -111,8 +111,8 @@ def test_the_openai_client_gets_the_trajectory_generate_decodes(trained, trained
         assert_is_the_trajectory(reply, row, fmt)
 
 
-def streamed_chat(url, model, messages) -> tuple[str, object]:
-    """(the streamed text, the last chunk) of a fork-join chat reply."""
+def streamed_chat(url, model, messages) -> tuple[str, object, int]:
+    """(the streamed text, the last chunk, how many chunks had text) of a fork-join chat reply."""
     stream = client(url).chat.completions.create(
         model=model,
         messages=messages,
@@ -123,15 +123,17 @@ def streamed_chat(url, model, messages) -> tuple[str, object]:
     )
     chunks = list(stream)
     assert [c.choices[0].finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
-    assert len([c for c in chunks if c.choices[0].delta.content]) > 2  # in parts, as the threads finish
-    return "".join(c.choices[0].delta.content or "" for c in chunks), chunks[-1]
+    pieces = len([c for c in chunks if c.choices[0].delta.content])
+    assert pieces > 2  # in parts, as the threads finish
+    return "".join(c.choices[0].delta.content or "" for c in chunks), chunks[-1], pieces
 
 
 def test_a_streamed_reply_reads_in_order_and_ends_with_the_totals(trained, trained_server, problems, generated, fmt):
     for problem in problems:
         row = generated[problem["id"]]
-        text, last = streamed_chat(trained_server, str(trained[1]), problem["messages"])
+        text, last, pieces = streamed_chat(trained_server, str(trained[1]), problem["messages"])
         assert text == text_of(row, fmt)
+        assert pieces > 2 * len(row["requests"])  # vLLM's engine streams inside the server: token by token
         assert last.choices[0].finish_reason == row["finish_reason"]
         assert last.usage.completion_tokens == row["stats"]["total_tokens"]
         assert last.model_extra["threadweaver"]["critical_path_tokens"] == row["stats"]["critical_path_tokens"]
@@ -230,7 +232,7 @@ def test_the_proxy_gives_the_same_replies_over_http(trained, trained_server, pro
             reply = fork_join_chat(url, model, problem["messages"])
             assert reply.choices[0].message.content == text_of(generated[problem["id"]], fmt)
             assert_is_the_trajectory(reply, generated[problem["id"]], fmt)
-        text, _ = streamed_chat(url, model, problem["messages"])
+        text, _, _ = streamed_chat(url, model, problem["messages"])
         assert text == text_of(generated[problem["id"]], fmt)
         # everything else passes through to vLLM as it is
         assert [m.id for m in client(url).models.list()] == [model]

@@ -28,11 +28,11 @@ RUNS = 3000
 
 
 class RandomEngine:
-    def __init__(self, rng: random.Random):
-        self.rng = rng
+    def __init__(self, rng: random.Random, failures: float = 0.02):
+        self.rng, self.failures = rng, failures
 
     async def generate(self, prompt_ids, stop_ids, max_tokens, sampling):
-        if self.rng.random() < 0.02:
+        if self.rng.random() < self.failures:
             raise ConnectionError("the engine went away")
         ids = []
         for _ in range(self.rng.randint(0, 8)):
@@ -97,3 +97,33 @@ def test_random_output_never_breaks_the_orchestrator():
         assert s.critical_path_tokens == (max(lengths) if limits.concurrent_threads else s.total_tokens), where
         assert all(d.kind in DEGRADATION_KINDS and 0 <= d.position <= len(t.token_ids) for d in t.degradations), where
         assert t.degraded == bool(t.degradations)
+
+
+class StreamingRandomEngine(RandomEngine):
+    """Streams each completion in random runs, then gives it."""
+
+    async def stream(self, prompt_ids, stop_ids, max_tokens, sampling):
+        completion = await self.generate(prompt_ids, stop_ids, max_tokens, sampling)
+        ids = list(completion.token_ids)
+        while ids:
+            size = self.rng.randint(1, 4)
+            yield tuple(ids[:size])
+            ids = ids[size:]
+            await asyncio.sleep(0)
+        yield completion
+
+
+def test_tokens_streamed_as_the_engine_makes_them_are_the_trajectory():
+    for seed in range(RUNS // 3):
+        rng = random.Random(seed)
+        limits = Limits(
+            max_threads=rng.randint(1, 3),
+            max_depth=rng.randint(1, 3),
+            max_tokens=rng.randint(1, 60),
+            max_request_tokens=rng.randint(1, 20),
+            concurrent_threads=rng.random() < 0.8,
+        )
+        streamed = []
+        orchestrator = Orchestrator(StreamingRandomEngine(rng, failures=0.0), FMT, limits)
+        t = asyncio.run(orchestrator.run(FMT.encode("Q?"), on_tokens=streamed.append))
+        assert [token for run in streamed for token in run] == list(t.token_ids), f"seed {seed}"

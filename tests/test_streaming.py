@@ -60,3 +60,17 @@ def test_thread_two_waits_for_thread_one_and_its_nested_block(fmt):
     assert at["cccccccccc"] >= 0.2  # the slow thread 1.1
     assert at["bbbb"] >= at["cccccccccc"]  # thread 2 decoded at once, but shows only after thread 1 is done
     assert text.index("cccccccccc") < text.index("bbbb")
+
+
+def test_with_an_engine_that_streams_text_shows_before_its_request_ends(fmt):
+    from threadweaver.testing import StreamingScriptedEngine
+
+    runs, trajectory = streamed(fmt, StreamingScriptedEngine(fmt, GOOD, token_delay=0.01))
+    assert "".join(piece for _, piece in runs) == fmt.decode(trajectory.token_ids)
+    first_request_ended = trajectory.requests[0].ended
+    assert runs[0][0] < first_request_ended / 2  # the first token, long before its request's last
+    pieces = [piece for _, piece in runs]
+    thread_one = [at for at, piece in runs[pieces.index("<Thread>1:") : pieces.index("<Thread>2:")]]
+    assert len(thread_one) == 4 and thread_one[1] < thread_one[2]  # "a", "a", "</Thread>": token by token
+    thread_two = [at for at, _ in runs[pieces.index("<Thread>2:") :]]
+    assert min(thread_two) >= thread_one[-1]  # decoded beside thread 1, shown after it

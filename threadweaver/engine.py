@@ -7,7 +7,7 @@ token, a finish reason and a failed request mean the same thing whichever engine
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,6 +39,17 @@ class Engine(Protocol):
     async def generate(
         self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
     ) -> Completion: ...
+
+
+class StreamingEngine(Engine, Protocol):
+    """An engine that can also hand over tokens as it generates them (for streamed replies)."""
+
+    def stream(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> AsyncIterator[tuple[int, ...] | Completion]:
+        """Yields runs of new token ids as they are generated, then the :class:`Completion`
+        that :meth:`generate` would have returned."""
+        ...
 
 
 class EngineError(RuntimeError):

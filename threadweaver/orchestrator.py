@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from threadweaver.cli_args import option
-from threadweaver.engine import Completion, Engine, Sampling
+from threadweaver.engine import Completion, Engine, EngineError, Sampling
 from threadweaver.format import Format
 from threadweaver.layout import ThreadPath, flat, spans, thread_name, thread_opening
 from threadweaver.stats import LatencyStats, latency_stats
@@ -181,10 +181,13 @@ class Orchestrator:
         """Decode one trajectory; ``sampling`` overrides the orchestrator's for this one.
 
         ``on_tokens`` receives the trajectory's ids as they become final, in trajectory order
-        (see :mod:`threadweaver.streaming`): a sequence's text when its request ends, a
-        thread's when the threads before it are done. Concatenated, they are ``token_ids``.
+        (see :mod:`threadweaver.streaming`), a thread's once the threads before it are done.
+        Concatenated, they are ``token_ids``. With an engine that streams
+        (:class:`~threadweaver.engine.StreamingEngine`) they come as the engine generates them;
+        otherwise as each request ends. Without ``timeout_s`` and with engine failures raised,
+        that is: a request cut short would take back tokens already shown.
         """
-        run = _Run(self, tuple(prompt_ids), sampling or self.sampling)
+        run = _Run(self, tuple(prompt_ids), sampling or self.sampling, streaming=on_tokens is not None)
         stream = OrderedStream(on_tokens)
         main = await run.sequence(run.prompt, (), 0, stream.root)
         stream.root.close()
@@ -217,7 +220,7 @@ class Orchestrator:
 class _Run:
     """The state of one trajectory: shared token budget, deadline, records."""
 
-    def __init__(self, orchestrator: Orchestrator, prompt: tuple[int, ...], sampling: Sampling):
+    def __init__(self, orchestrator: Orchestrator, prompt: tuple[int, ...], sampling: Sampling, streaming: bool):
         self.o = orchestrator
         self.sampling = sampling
         self.tags = orchestrator.fmt.tags
@@ -230,18 +233,28 @@ class _Run:
         self.calls: list[EngineCall] = []
         self.degradations: list[Degradation] = []
         self.closed_by_orchestrator: set[ThreadPath] = set()
+        # Live tokens only where a request's tokens are never dropped once seen: no deadline to cut
+        # a request short, and an engine failure ends the trajectory (it is not decoded around).
+        self.streams_live = streaming and self.deadline is None and not orchestrator.degrade_on_engine_error
 
     def degrade(self, kind: DegradationKind, path, offset: int, detail: str, block: int | None = None) -> None:
         self.degradations.append(Degradation(kind, path, offset, detail, block))
 
-    async def request(self, context: tuple[int, ...], stop: frozenset[int], path, at: int) -> Completion:
-        """One request of sequence ``path``, whose body so far is ``at`` tokens long."""
+    async def request(
+        self, context: tuple[int, ...], stop: frozenset[int], path, at: int, live: Callable | None = None
+    ) -> Completion:
+        """One request of sequence ``path``, whose body so far is ``at`` tokens long.
+
+        ``live``: where a streamed trajectory's engine streams too, it gets the new ids as they come."""
         limits = self.o.limits
         max_tokens = min(limits.max_request_tokens, self.budget)
         if max_tokens <= 0:
             raise _Stop("length")
         started = time.monotonic()
-        call = self.o.engine.generate(context, sorted(stop), max_tokens, self.sampling)
+        if live is not None and hasattr(self.o.engine, "stream"):
+            call = self.streamed(context, stop, max_tokens, live)
+        else:
+            call = self.o.engine.generate(context, sorted(stop), max_tokens, self.sampling)
         if self.deadline is None:
             try:
                 completion = await call
@@ -272,6 +285,18 @@ class _Run:
             self.calls.append(EngineCall(context, tokens, logprobs))
         return dataclasses.replace(completion, token_ids=tokens, logprobs=logprobs)
 
+    async def streamed(self, context, stop: frozenset[int], max_tokens: int, live: Callable) -> Completion:
+        """A request through the engine's ``stream``: its runs of ids go to ``live``, its completion is returned."""
+        completion = None
+        async for item in self.o.engine.stream(context, sorted(stop), max_tokens, self.sampling):
+            if isinstance(item, Completion):
+                completion = item
+            else:
+                live(tuple(item))
+        if completion is None:
+            raise EngineError("the engine's stream ended without a completion")
+        return completion
+
     def engine_failed(self, err: Exception, path, at: int):
         if not self.o.degrade_on_engine_error:
             raise err
@@ -296,25 +321,32 @@ class _Run:
         text: list[int] = []  # the current run of sequential tokens
         out: list[int] = []  # everything after ``context`` so far
         text_start = 0  # where ``text`` starts in ``out``
+        emitted = 0  # how much of ``text`` is in ``part`` (all of it is final, but a trailing stop token)
         blocks = 0
         ended = "stop"
         last = None
         while True:
+            part.add(text[emitted:])  # going on: what the sequence has is final
+            emitted = len(text)
             stop = set(fmt.eos_ids)
             if branching:
                 stop.add(tags.outlines_end)
             if in_thread:
                 stop.add(tags.thread_end)
+            live = _Live(part, stop) if self.streams_live else None
             try:
-                completion = await self.request(context + tuple(out), frozenset(stop), path, len(out))
+                completion = await self.request(context + tuple(out), frozenset(stop), path, len(out), live)
             except _Stop as halt:
                 ended = halt.reason
                 break
             tokens = list(completion.token_ids)
             out.extend(tokens)
             text.extend(tokens)
+            emitted += min(live.count, len(tokens)) if live else 0
             last = tokens[-1] if tokens else None
             if branching and last == tags.outlines_end:
+                part.add(text[emitted:])  # the head, and the text before it: final whether or not it forks
+                emitted = len(text)
                 block = await self.fork(context + tuple(out), text, text_start, path, depth, blocks, part)
                 if block is None:
                     branching = False  # the rest of this sequence decodes as plain text
@@ -323,7 +355,7 @@ class _Run:
                 if head_start:
                     self.check_stray(text[:head_start], path, text_start)
                     nodes.append(Text(tuple(text[:head_start])))
-                text = []
+                text, emitted = [], 0
                 nodes.append(node)
                 rendered = render([node], fmt)[len(node.head) :]
                 out.extend(rendered)
@@ -348,7 +380,7 @@ class _Run:
             if branching:
                 self.check_stray(text, path, text_start)
             nodes.append(Text(tuple(text)))
-            part.add(text)
+            part.add(text[emitted:])
         if in_thread and not nodes and ended == "stop":
             self.degrade("empty_thread", path, 0, "the thread is empty")
         if in_thread and (ended != "stop" or last != tags.thread_end):
@@ -388,7 +420,6 @@ class _Run:
             self.degrade("too_deep", path, at, detail, block_index)
             return None
 
-        part.add(text)  # the text before the head, then the head: final now
         threads = [(o, part.child()) for o in outlines]
 
         async def thread(outline, thread_part: Part) -> _Decoded:
@@ -407,6 +438,26 @@ class _Run:
         part.add((tags.parallel_end,))
         threads = tuple(Thread(o.number, self.o.fmt.seed(o.number), tuple(d.nodes)) for o, d in zip(outlines, decoded))
         return Block(head, outlines, threads), head_start
+
+
+class _Live:
+    """A request's tokens as the engine streams them, into its sequence's part, up to the first
+    stop token: that one (``</Thread>``, ``</Outlines>``, EOS) waits until the sequence knows
+    what it means (EOS inside a thread is dropped)."""
+
+    def __init__(self, part: Part, stop: set[int]):
+        self.part, self.stop = part, stop
+        self.count = 0
+        self.held = False
+
+    def __call__(self, ids: tuple[int, ...]) -> None:
+        if self.held:
+            return
+        cut = next((i for i, t in enumerate(ids) if t in self.stop), None)
+        if cut is not None:
+            ids, self.held = ids[:cut], True
+        self.part.add(ids)
+        self.count += len(ids)
 
 
 def _open_threads(text: list[int], tags) -> int:

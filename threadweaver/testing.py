@@ -13,7 +13,7 @@ reply is the format's end-of-sequence token. For example, one well-formed block:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from threadweaver.engine import Completion, Sampling
 from threadweaver.format import Format
@@ -43,3 +43,21 @@ class ScriptedEngine:
             if token in stop_ids:
                 return Completion(tuple(ids[: i + 1]), "stop")
         return Completion(tuple(ids[:max_tokens]), "length")
+
+
+class StreamingScriptedEngine(ScriptedEngine):
+    """A :class:`ScriptedEngine` that also streams (``StreamingEngine``): one token every
+    ``token_delay`` seconds, then the completion ``generate`` gives."""
+
+    def __init__(self, fmt: Format, script: dict[str, str], token_delay: float = 0.0):
+        super().__init__(fmt, script)
+        self.token_delay = token_delay
+
+    async def stream(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> AsyncIterator[tuple[int, ...] | Completion]:
+        completion = await self.generate(prompt_ids, stop_ids, max_tokens, sampling)
+        for token in completion.token_ids:
+            await asyncio.sleep(self.token_delay)
+            yield (token,)
+        yield completion

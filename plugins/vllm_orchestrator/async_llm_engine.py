@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from threadweaver.orchestrator import Completion, Sampling
 
@@ -41,15 +41,28 @@ class AsyncLLMEngine:
     async def generate(
         self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
     ) -> Completion:
+        completion = None
+        async for item in self.stream(prompt_ids, stop_ids, max_tokens, sampling):
+            completion = item
+        return completion
+
+    async def stream(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> AsyncIterator[tuple[int, ...] | Completion]:
+        """The new token ids of each step as vLLM produces them, then the completion."""
         from vllm.inputs import TokensPrompt
 
         params = vllm_sampling_params(stop_ids, max_tokens, sampling, self.logprobs)
-        final = None
+        final, sent = None, 0
         async for output in self.llm.generate(
             TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id=f"threadweaver-{next(self._ids)}"
         ):
             final = output
-        return vllm_completion(final, stop_ids, self.logprobs, where="vLLM AsyncLLM")
+            ids = output.outputs[0].token_ids if output.outputs else ()
+            if len(ids) > sent:
+                yield tuple(ids[sent:])
+                sent = len(ids)
+        yield vllm_completion(final, stop_ids, self.logprobs, where="vLLM AsyncLLM")
 
     async def aclose(self) -> None:
         llm, self.llm = self.llm, None  # dropped now, so AsyncLLM.__del__ does not run at interpreter exit
