@@ -312,3 +312,42 @@ def test_lm_evals_own_chat_model_runs_tw_synth_fork_join(trained, trained_server
         counted = count_tokens(response, tokenizer)[0]
         assert sample["token_latency"] == counted.critical_path_tokens and sample["stats_measured"] == 0.0
     assert sum(s["parallel_activation"] for s in samples) >= 2
+
+
+def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error(trained, tmp_path):
+    """vLLM's engine core (a child process of the server) is killed while a fork-join reply
+    streams: the stream ends with an error event and ``[DONE]``, not a hang or a cut connection."""
+    import psutil
+
+    from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
+
+    args = ServeArgs(
+        model=str(trained[1]), port=0, max_model_len=2048, device="cpu", cpu_kv_cache_gib=1, dtype="float32"
+    )
+    with VLLMServer(args, log_path=str(tmp_path / "server.log")) as server:
+        (core,) = [p for p in psutil.Process(server.process.pid).children(recursive=True) if "EngineCore" in p.name()]
+        payload = {
+            "model": str(trained[1]),
+            "messages": [{"role": "user", "content": "12+30=?"}],
+            "max_tokens": 1500,
+            "temperature": 0,
+            "threadweaver": True,
+            "stream": True,
+        }
+        request = urllib.request.Request(
+            server.url + "/v1/chat/completions", json.dumps(payload).encode(), {"Content-Type": "application/json"}
+        )
+        events = []
+        with urllib.request.urlopen(request, timeout=120) as response:
+            for line in response:
+                if not line.startswith(b"data: "):
+                    continue
+                data = line.removeprefix(b"data: ").strip().decode()
+                events.append(data if data == "[DONE]" else json.loads(data))
+                if len(events) == 2:  # the role, then the first tokens: decoding is under way
+                    assert events[1]["choices"][0]["delta"]["content"]
+                    core.kill()
+    assert events[-1] == "[DONE]"
+    message = events[-2]["error"]["message"]
+    assert message.startswith("the engine failed during fork-join decoding: vLLM's engine core died"), message
+    assert all(e["choices"][0]["finish_reason"] is None for e in events[:-2])  # never a finished reply

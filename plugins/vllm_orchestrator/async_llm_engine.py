@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator, Sequence
 
+from threadweaver.engine import EngineError
 from threadweaver.orchestrator import Completion, Sampling
 
 from .wire import vllm_completion, vllm_sampling_params
@@ -51,17 +52,24 @@ class AsyncLLMEngine:
     ) -> AsyncIterator[tuple[int, ...] | Completion]:
         """The new token ids of each step as vLLM produces them, then the completion."""
         from vllm.inputs import TokensPrompt
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         params = vllm_sampling_params(stop_ids, max_tokens, sampling, self.logprobs)
         final, sent = None, 0
-        async for output in self.llm.generate(
+        outputs = self.llm.generate(
             TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id=f"threadweaver-{next(self._ids)}"
-        ):
-            final = output
-            ids = output.outputs[0].token_ids if output.outputs else ()
-            if len(ids) > sent:
-                yield tuple(ids[sent:])
-                sent = len(ids)
+        )
+        try:
+            async for output in outputs:
+                final = output
+                ids = output.outputs[0].token_ids if output.outputs else ()
+                if len(ids) > sent:
+                    yield tuple(ids[sent:])
+                    sent = len(ids)
+        except EngineDeadError:
+            raise EngineError(
+                "vLLM's engine core died (EngineDeadError): the log above it says why; the engine must be restarted"
+            ) from None
         yield vllm_completion(final, stop_ids, self.logprobs, where="vLLM AsyncLLM")
 
     async def aclose(self) -> None:

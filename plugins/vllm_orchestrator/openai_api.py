@@ -29,6 +29,8 @@ from threadweaver.format import Format
 from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, trajectory_text
 from threadweaver.rows import chat_prompt_ids, plain_ids
 
+from .streamed_text import StreamedText
+
 FIELD = "threadweaver"
 DEFAULT_ENV = "THREADWEAVER_FORK_JOIN"
 """``default``: requests without the field are decoded fork-join too."""
@@ -238,7 +240,9 @@ async def stream_reply(route: str, request: ForkJoinRequest, engine, fmt: Format
     def chunk(text: str | None, finish: str | None = None, **extra) -> str:
         choice = {"index": 0, "logprobs": None, "finish_reason": finish}
         if route == "chat":
-            choice["delta"] = {} if text is None else {"content": text}
+            choice["delta"] = (
+                {} if text is None else {"content": text} if text else {"role": "assistant", "content": ""}
+            )
         else:
             choice["text"] = text or ""
         return _event({**head, "choices": [choice], **extra})
@@ -246,29 +250,21 @@ async def stream_reply(route: str, request: ForkJoinRequest, engine, fmt: Format
     runs: asyncio.Queue = asyncio.Queue()
     task = asyncio.create_task(decode(request, engine, fmt, on_tokens=runs.put_nowait))
     task.add_done_callback(lambda _: runs.put_nowait(None))
-    ids: list[int] = []
-    shown = ""
-    hold = max(map(len, request.stop), default=1) - 1  # a stop string may be still arriving
+    streamed = StreamedText(fmt.decode, fmt.eos_ids, request.stop)
     try:
         if route == "chat":
-            yield _event({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+            yield chunk("")  # first the role, as vLLM's own streams
         while (run := await runs.get()) is not None:
-            ids.extend(run)
-            text, stopped = request.cut(fmt.decode([t for t in ids if t not in fmt.eos_ids]))
-            text = text if stopped or not hold else text[:-hold]
-            if text.startswith(shown) and not text.endswith("\ufffd"):  # else: wait for the rest of a character
-                if text != shown:
-                    yield chunk(text[len(shown) :])
-                shown = text
+            if text := streamed.add(run):
+                yield chunk(text)
         try:
             trajectory = task.result()
         except APIError as err:
             yield _event(err.body())
         else:
-            text, stopped = request.cut(trajectory_text(trajectory, fmt))
-            if text != shown:
-                yield chunk(text[len(shown) :] if text.startswith(shown) else text)
-            yield chunk(None, "stop" if stopped else trajectory.finish_reason, **_totals(trajectory))
+            if text := streamed.finish():
+                yield chunk(text)
+            yield chunk(None, "stop" if streamed.stopped else trajectory.finish_reason, **_totals(trajectory))
         yield _event("[DONE]")
     finally:
         task.cancel()  # the client went away: stop decoding
