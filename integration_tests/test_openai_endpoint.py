@@ -232,8 +232,9 @@ def test_the_proxy_gives_the_same_replies_over_http(trained, trained_server, pro
             reply = fork_join_chat(url, model, problem["messages"])
             assert reply.choices[0].message.content == text_of(generated[problem["id"]], fmt)
             assert_is_the_trajectory(reply, generated[problem["id"]], fmt)
-        text, _, _ = streamed_chat(url, model, problem["messages"])
+        text, _, pieces = streamed_chat(url, model, problem["messages"])
         assert text == text_of(generated[problem["id"]], fmt)
+        assert pieces > 2 * len(generated[problem["id"]]["requests"])  # vLLM's stream over HTTP: token by token
         # everything else passes through to vLLM as it is
         assert [m.id for m in client(url).models.list()] == [model]
         plain = client(url).chat.completions.create(

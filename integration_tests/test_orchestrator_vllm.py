@@ -179,3 +179,33 @@ def test_in_process_async_llm_decodes_what_the_server_decodes(trained, trained_s
     over_http = decode(VLLMServerEngine(trained_server), fmt, prompt_list)
     assert [t.token_ids for t in in_process] == [t.token_ids for t in over_http]
     assert sum(t.stats.blocks for t in in_process) >= 3
+
+
+def test_the_server_engines_stream_is_its_generate_token_by_token(trained, trained_server, tokenizer):
+    """``VLLMServerEngine.stream`` (vLLM's SSE with ``return_token_ids``) gives the ids, finish,
+    log-probs and cache hits that ``generate`` does, in runs as the server makes them."""
+    import asyncio
+
+    from threadweaver.engine import Sampling
+    from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
+
+    fmt = Format.from_tokenizer(tokenizer)
+    prompt = prompts(trained[0], tokenizer, 1)[0]
+    engine = VLLMServerEngine(trained_server, logprobs=True)
+
+    async def both(stop, max_tokens):
+        try:
+            whole = await engine.generate(prompt, stop, max_tokens, Sampling())
+            items = [item async for item in engine.stream(prompt, stop, max_tokens, Sampling())]
+            return whole, items
+        finally:
+            await engine.aclose()
+
+    for stop, max_tokens in ((sorted(fmt.eos_ids), 400), (sorted(fmt.eos_ids), 7)):
+        whole, (*runs, streamed) = asyncio.run(both(stop, max_tokens))
+        assert [t for run in runs for t in run] == list(streamed.token_ids) == list(whole.token_ids)
+        assert len(runs) > len(whole.token_ids) // 2  # token by token, not at the end
+        assert streamed.finish_reason == whole.finish_reason
+        assert streamed.logprobs == pytest.approx(whole.logprobs, abs=1e-4)
+        assert streamed.cached_tokens >= 32 * (len(prompt) // 32)  # the same prompt again: from the cache
+    assert whole.finish_reason == "length" and len(whole.token_ids) == 7

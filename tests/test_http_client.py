@@ -46,3 +46,62 @@ def test_a_server_that_dies_mid_answer_is_retried_then_a_clear_error():
         return len(answered)
 
     assert asyncio.run(scenario()) == 3
+
+
+def served(answers: list[bytes]):
+    """A loopback server that gives each request the next of ``answers`` (raw HTTP), then closes."""
+    asked = []
+
+    async def answer(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        asked.append(1)
+        writer.write(answers[min(len(asked), len(answers)) - 1])
+        await writer.drain()
+        writer.close()
+
+    return asked, answer
+
+
+def stream_of(*events: bytes) -> bytes:
+    body = b"".join(b"data: " + e + b"\n\n" for e in events)
+    return b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+BUSY = b"HTTP/1.1 503 Busy\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+
+def events_of(answers: list[bytes]) -> tuple[list, int]:
+    async def scenario():
+        asked, answer = served(answers)
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = JSONClient(f"http://127.0.0.1:{port}", HTTPOptions(retries=2, backoff_s=0.01))
+        got = []
+        try:
+            async for event in client.events("/v1/completions", {}):
+                got.append(event)
+        except EngineError as err:
+            got.append(str(err))
+        finally:
+            await client.aclose()
+            server.close()
+        return got, len(asked)
+
+    return asyncio.run(scenario())
+
+
+def test_a_stream_is_retried_until_its_first_event_then_read_to_done():
+    got, asked = events_of([BUSY, stream_of(b'{"n": 1}', b'{"n": 2}', b"[DONE]")])
+    assert got == [{"n": 1}, {"n": 2}] and asked == 2
+
+
+def test_a_stream_broken_off_after_its_first_event_is_an_error_not_a_retry():
+    got, asked = events_of([stream_of(b'{"n": 1}')])  # no [DONE]: the server went away
+    assert got[0] == {"n": 1} and asked == 1
+    assert "broke off its stream" in got[1] and "the stream ended before [DONE]" in got[1]
+
+
+def test_a_stream_refused_with_a_4xx_says_why_at_once():
+    refused = b"HTTP/1.1 400 Bad\r\nContent-Length: 30\r\n\r\n" + b'{"error": {"message": "nope"}}'
+    got, asked = events_of([refused])
+    assert len(got) == 1 and got[0].endswith("answered POST /v1/completions with HTTP 400: nope") and asked == 1

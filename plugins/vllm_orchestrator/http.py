@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from threadweaver.cli_args import option
@@ -66,46 +67,79 @@ class JSONClient:
     async def post(self, path: str, payload: dict) -> dict:
         return await self._call("POST", path, payload)
 
-    async def _call(self, method: str, path: str, payload: dict | None) -> dict:
+    async def events(self, path: str, payload: dict) -> AsyncIterator[dict]:
+        """The JSON events of a streamed POST (server-sent events up to ``[DONE]``).
+
+        Retried as :meth:`post` is until the first event; a stream broken off after it is an
+        :class:`EngineError`, since what it gave has been used."""
         import aiohttp
 
         session = self._ready()
-        url = self.base_url + path
-        delay = self.options.backoff_s
-        attempt = 0
         async with self._slots:
-            while True:
+            for attempt in range(self.options.retries + 1):
+                started = False
                 try:
-                    async with session.request(method, url, json=payload) as response:
+                    async with session.post(self.base_url + path, json=payload) as response:
+                        if response.status >= 400:
+                            failure = self._refused(response.status, await response.text(), "POST", path, attempt)
+                        else:
+                            async for line in response.content:
+                                if line.startswith(b"data: "):
+                                    if line[6:].strip() == b"[DONE]":
+                                        return
+                                    started = True
+                                    yield json.loads(line[6:])
+                            raise aiohttp.ClientPayloadError("the stream ended before [DONE]")
+                except _broken() as err:
+                    if started:
+                        raise EngineError(
+                            f"the {self.what} at {self.base_url} broke off its stream ({type(err).__name__}: {err})"
+                        ) from err
+                    failure = self._unreachable(err, attempt)
+                await self._back_off("POST", path, failure, attempt)
+
+    async def _call(self, method: str, path: str, payload: dict | None) -> dict:
+        session = self._ready()
+        async with self._slots:
+            for attempt in range(self.options.retries + 1):
+                try:
+                    async with session.request(method, self.base_url + path, json=payload) as response:
                         body = await response.text()
                         if response.status < 400:
                             return json.loads(body)
-                        if response.status not in _RETRIED_STATUS or attempt >= self.options.retries:
-                            raise EngineError(
-                                f"{self.what} at {self.base_url} answered {method} {path} with "
-                                f"HTTP {response.status}: {_server_message(body)}"
-                            )
-                        failure = f"HTTP {response.status}: {_server_message(body)}"
-                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as err:
-                    # ClientPayloadError: the server went away in the middle of its answer
-                    if attempt >= self.options.retries:
-                        raise EngineError(
-                            f"cannot reach the {self.what} at {self.base_url} ({type(err).__name__}: {err}) "
-                            f"after {attempt + 1} tries; is it running? `threadweaver serve MODEL` starts one"
-                        ) from err
-                    failure = f"{type(err).__name__}: {err}"
-                attempt += 1
-                logger.warning(
-                    "%s %s failed (%s); retry %d of %d in %.1fs",
-                    method,
-                    url,
-                    failure,
-                    attempt,
-                    self.options.retries,
-                    delay,
-                )
-                await asyncio.sleep(delay)
-                delay *= 2
+                        failure = self._refused(response.status, body, method, path, attempt)
+                except _broken() as err:
+                    failure = self._unreachable(err, attempt)
+                await self._back_off(method, path, failure, attempt)
+
+    def _refused(self, status: int, body: str, method: str, path: str, attempt: int) -> str:
+        """Why a request is retried (429, 5xx); any other status, or the last try, raises."""
+        if status not in _RETRIED_STATUS or attempt >= self.options.retries:
+            raise EngineError(
+                f"{self.what} at {self.base_url} answered {method} {path} with HTTP {status}: {_server_message(body)}"
+            )
+        return f"HTTP {status}: {_server_message(body)}"
+
+    def _unreachable(self, err: Exception, attempt: int) -> str:
+        if attempt >= self.options.retries:
+            raise EngineError(
+                f"cannot reach the {self.what} at {self.base_url} ({type(err).__name__}: {err}) "
+                f"after {attempt + 1} tries; is it running? `threadweaver serve MODEL` starts one"
+            ) from err
+        return f"{type(err).__name__}: {err}"
+
+    async def _back_off(self, method: str, path: str, failure: str, attempt: int) -> None:
+        delay = self.options.backoff_s * 2**attempt
+        logger.warning(
+            "%s %s failed (%s); retry %d of %d in %.1fs",
+            method,
+            self.base_url + path,
+            failure,
+            attempt + 1,
+            self.options.retries,
+            delay,
+        )
+        await asyncio.sleep(delay)
 
     def _drop_session(self) -> None:
         """Close the session another event loop made (a session cannot move between loops)."""
@@ -119,6 +153,13 @@ class JSONClient:
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
+
+
+def _broken() -> tuple[type[BaseException], ...]:
+    import aiohttp
+
+    # ClientPayloadError: the server went away in the middle of its answer
+    return (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
 
 
 def _server_message(body: str) -> str:

@@ -7,7 +7,7 @@ exact ids of the shared prefix, which is what lets vLLM's prefix cache hit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from threadweaver.engine import Completion, EngineError, Sampling, to_completion
 
@@ -55,26 +55,62 @@ class VLLMServerEngine:
             self._served = cards[0] if self.model is None else cards[served.index(self.model)]
         return self._served
 
+    async def _body(self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling):
+        """The ``/v1/completions`` body of one request, or None where the context fills the model's window."""
+        card = await self._model_card()
+        room = card.get("max_model_len", len(prompt_ids) + max_tokens) - len(prompt_ids)
+        if room <= 0:
+            return None
+        params = vllm_params(stop_ids, min(max_tokens, room), sampling, self.logprobs)
+        return {"model": card["id"], "prompt": list(prompt_ids), "return_token_ids": True, **params, **self.extra_body}
+
     async def generate(
         self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
     ) -> Completion:
-        card = await self._model_card()
-        room = card.get("max_model_len", len(prompt_ids) + max_tokens) - len(prompt_ids)
-        if room <= 0:  # the context fills the model's window: nothing more can be generated
+        body = await self._body(prompt_ids, stop_ids, max_tokens, sampling)
+        if body is None:
             return Completion((), "length")
-        params = vllm_params(stop_ids, min(max_tokens, room), sampling, self.logprobs)
-        body = {"model": card["id"], "prompt": list(prompt_ids), "return_token_ids": True, **params, **self.extra_body}
         reply = await self.client.post("/v1/completions", body)
         choice = reply["choices"][0]
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") if self.logprobs else None
+        return self._completion(self._token_ids(choice), choice, stop_ids, logprobs, reply.get("usage"))
+
+    async def stream(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> AsyncIterator[tuple[int, ...] | Completion]:
+        """The new token ids of each of the server's stream chunks, then the completion."""
+        body = await self._body(prompt_ids, stop_ids, max_tokens, sampling)
+        if body is None:
+            yield Completion((), "length")
+            return
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        ids: list[int] = []
+        logprobs: list[float] = []
+        last, usage = {}, None  # the choice that says how the request ended; the usage event
+        async for event in self.client.events("/v1/completions", body):
+            usage = event.get("usage") or usage
+            for choice in event.get("choices") or ():
+                new = self._token_ids(choice)
+                logprobs.extend((choice.get("logprobs") or {}).get("token_logprobs") or ())
+                if new:
+                    ids.extend(new)
+                    yield tuple(new)
+                if choice.get("finish_reason") is not None:
+                    last = choice
+        yield self._completion(ids, last, stop_ids, logprobs if self.logprobs else None, usage)
+
+    def _token_ids(self, choice: dict) -> list[int]:
         if choice.get("token_ids") is None:
             raise EngineError(
                 f"the server at {self.client.base_url} returned no token_ids: it needs vLLM with "
                 "return_token_ids (0.10.2 or newer)"
             )
-        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") if self.logprobs else None
-        details = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
+        return choice["token_ids"]
+
+    def _completion(self, ids, choice: dict, stop_ids, logprobs, usage: dict | None) -> Completion:
+        details = (usage or {}).get("prompt_tokens_details") or {}
         return to_completion(
-            choice["token_ids"],
+            ids,
             choice.get("finish_reason"),
             choice.get("stop_reason"),
             stop_ids,
