@@ -18,6 +18,10 @@ the time from the trajectory's first engine request to its last, as the plugin's
 orchestrator records it in-process (the reply's ``threadweaver.requests``), over the
 wall-clock the client saw. The three ways decode the same requests, so the plugin's
 engine time serves for all three. All three must return the same text.
+
+A second table splits each way's trajectories into the phases of
+:mod:`threadweaver.wall_clock` (means, seconds): the plugin's and the proxy's from their
+replies' ``threadweaver.wall_clock``, the client's from its own trajectories.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 from threadweaver.quickstart.recipe import embedded_models
 from threadweaver.synth import make_rows
 from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer, free_port
+from threadweaver.wall_clock import WallClock, mean_parts
 
 CLI = str(Path(sys.executable).with_name("threadweaver"))
 
@@ -64,6 +69,7 @@ async def client_side(url: str, model: str, problems: list[list[dict]], in_fligh
     from threadweaver.orchestrator import Limits, Orchestrator, trajectory_text
     from threadweaver.rows import chat_prompt_ids
     from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
+    from threadweaver.wall_clock import wall_clock
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     fmt = Format.from_tokenizer(tokenizer)
@@ -76,7 +82,7 @@ async def client_side(url: str, model: str, problems: list[list[dict]], in_fligh
             trajectory = await Orchestrator(engine, fmt, Limits(max_tokens=600)).run(
                 chat_prompt_ids(tokenizer, messages)
             )
-            return time.perf_counter() - started, trajectory_text(trajectory, fmt)
+            return time.perf_counter() - started, trajectory_text(trajectory, fmt), wall_clock(trajectory).as_dict()
 
     try:
         return await asyncio.gather(*map(one, problems))
@@ -111,6 +117,7 @@ def main() -> None:
                 for m in problems
             ]
             asyncio.run(timed_posts(server.url + "/v1/chat/completions", bodies[:2], 2))  # warm-up
+            phases: dict[int, dict[str, list[dict]]] = {}
             print("| in flight | way | wall-clock per problem | outside the engine (critical path) |")
             print("|---|---|---|---|")
             for in_flight in args.in_flight:
@@ -119,15 +126,28 @@ def main() -> None:
                 client = asyncio.run(client_side(server.url, model, problems, in_flight))
                 texts = [r["choices"][0]["message"]["content"] for _, r in plugin]
                 assert texts == [r["choices"][0]["message"]["content"] for _, r in proxied], "proxy text differs"
-                assert texts == [text for _, text in client], "client-side text differs"
+                assert texts == [text for _, text, _ in client], "client-side text differs"
                 engine = [max(r["ended"] for r in reply["threadweaver"]["requests"]) for _, reply in plugin]
                 for way, walls in (
                     ("plugin", [w for w, _ in plugin]),
                     ("proxy", [w for w, _ in proxied]),
-                    ("client", [w for w, _ in client]),
+                    ("client", [w for w, _, _ in client]),
                 ):
                     outside = statistics.mean(1 - e / w for e, w in zip(engine, walls, strict=True))
                     print(f"| {in_flight} | {way} | {summary(walls)} | {100 * outside:.1f}% |", flush=True)
+                phases[in_flight] = {
+                    "plugin": [r["threadweaver"]["wall_clock"] for _, r in plugin],
+                    "proxy": [r["threadweaver"]["wall_clock"] for _, r in proxied],
+                    "client": [clock for _, _, clock in client],
+                }
+            names = ("total_s", *WallClock.PARTS)
+            print("\n| in flight | way | " + " | ".join(n.removesuffix("_s") for n in names) + " | timed |")
+            print("|---|---|" + "---:|" * (len(names) + 1))
+            for in_flight, ways in phases.items():
+                for way, clocks in ways.items():
+                    means = mean_parts(clocks)
+                    cells = " | ".join(f"{means[n]:.3f}" for n in names)
+                    print(f"| {in_flight} | {way} | {cells} | {all(c['timed'] for c in clocks)} |")
         finally:
             proxy.terminate()
             proxy.wait(timeout=30)

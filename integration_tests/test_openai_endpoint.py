@@ -92,7 +92,8 @@ def text_of(row: dict, fmt: Format) -> str:
 def assert_is_the_trajectory(reply, row: dict, fmt: Format) -> None:
     extra = reply.model_extra["threadweaver"]
     assert reply.choices[0].finish_reason == row["finish_reason"]
-    assert {k: v for k, v in extra.items() if k not in ("requests", "degradations")} == row["stats"]
+    assert {k: v for k, v in extra.items() if k not in ("requests", "degradations", "wall_clock")} == row["stats"]
+    assert extra["wall_clock"]["timed"]  # first-token times: vLLM's own (plugin), the server's metrics (proxy)
     assert extra["degradations"] == row["degradations"]
     sizes = [(r["thread_path"], r["context_tokens"], r["completion_tokens"]) for r in extra["requests"]]
     assert sorted(sizes) == sorted(

@@ -16,6 +16,7 @@ from threadweaver.format import Format
 from threadweaver.requests import plan_requests
 from threadweaver.stats import latency_stats
 from threadweaver.tree import Block, parse
+from threadweaver.wall_clock import WallClock, wall_clock
 
 pytestmark = [
     pytest.mark.slow,
@@ -48,6 +49,10 @@ def test_trajectories_tree_requests_and_stats_agree(trained, trained_server, tok
         assert sorted(r.context_tokens for r in t.requests) == sorted(len(r.context) for r in plan.requests)
         assert sum(r.completion_tokens for r in t.requests) == t.stats.total_tokens == sum(t.generated)
         assert t.generated == plan.generated
+        # the server's per-request metrics (``threadweaver serve`` turns them on): phases that add up
+        assert all(r.started <= r.first_token <= r.ended for r in t.requests)
+        clock = wall_clock(t)
+        assert clock.timed and sum(getattr(clock, p) for p in WallClock.PARTS) == pytest.approx(clock.total_s)
         if any(isinstance(n, Block) for n in t.nodes):
             well_formed += 1
             assert t.stats.critical_path_tokens < t.stats.total_tokens
@@ -178,6 +183,7 @@ def test_in_process_async_llm_decodes_what_the_server_decodes(trained, trained_s
     in_process = decode(engine, fmt, prompt_list)
     over_http = decode(VLLMServerEngine(trained_server), fmt, prompt_list)
     assert [t.token_ids for t in in_process] == [t.token_ids for t in over_http]
+    assert all(r.started <= r.first_token <= r.ended for t in in_process for r in t.requests)  # vLLM's own stats
     assert sum(t.stats.blocks for t in in_process) >= 3
 
 

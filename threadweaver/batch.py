@@ -24,6 +24,7 @@ from threadweaver.jsonl import RowError, appending, read_jsonl
 from threadweaver.orchestrator import Limits, Orchestrator, Trajectory
 from threadweaver.rows import RowReader
 from threadweaver.tree import tree_json
+from threadweaver.wall_clock import format_parts, mean_parts, wall_clock
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ def trajectory_row(trajectory: Trajectory, fmt: Format, wall_s: float, limits: L
         "degradations": [d.as_dict() for d in trajectory.degradations],
         "finish_reason": trajectory.finish_reason,
         "wall_s": wall_s,
+        "wall_clock": wall_clock(trajectory).as_dict(),
     }
 
 
@@ -80,8 +82,10 @@ class BatchProgress:
     kinds: Counter = dataclasses.field(default_factory=Counter)
     """Trajectories with at least one degradation, per kind."""
     started: float = dataclasses.field(default_factory=time.monotonic)
+    clocks: list[dict] = dataclasses.field(default_factory=list)
 
     def add(self, trajectory: Trajectory) -> None:
+        self.clocks.append(wall_clock(trajectory).as_dict())
         self.done += 1
         self.generated_tokens += trajectory.stats.total_tokens
         self.speedup_sum += trajectory.stats.speedup
@@ -100,6 +104,10 @@ class BatchProgress:
         """``"3 degraded (bad_outlines 2, eos_in_thread 1)"``."""
         kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(self.kinds.items()))
         return f"{self.degraded} degraded" + (f" ({kinds})" if kinds else "")
+
+    def wall_clock(self) -> str:
+        """Where a trajectory's seconds went, on average (see :mod:`threadweaver.wall_clock`)."""
+        return format_parts(mean_parts(self.clocks))
 
     def postfix(self) -> str:
         """The progress bar's description of the run so far."""

@@ -173,7 +173,8 @@ def _generate(args: argparse.Namespace) -> None:
         return
     print(
         f"decoded {progress.done} trajectories into {args.out}: mean speedup {progress.mean_speedup:.2f}x, "
-        f"{progress.tokens_per_s:.0f} generated tokens/s, {progress.degraded_by_kind()}"
+        f"{progress.tokens_per_s:.0f} generated tokens/s, {progress.degraded_by_kind()}\n"
+        f"mean wall-clock per trajectory: {progress.wall_clock()}"
     )
 
 

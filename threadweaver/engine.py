@@ -31,6 +31,8 @@ class Completion:
     logprobs: tuple[float, ...] | None = None
     cached_tokens: int | None = None
     """Context tokens the engine served from its prefix cache, where it says."""
+    first_token_s: float | None = None
+    """Seconds from the request to its first token (queue and prefill), where the engine says."""
 
 
 class Engine(Protocol):
@@ -63,6 +65,7 @@ def to_completion(
     stop_ids: Sequence[int],
     logprobs: Sequence[float] | None = None,
     cached_tokens: int | None = None,
+    first_token_s: float | None = None,
     *,
     where: str,
 ) -> Completion:
@@ -80,7 +83,8 @@ def to_completion(
     if finish_reason == "stop" and isinstance(matched, int) and matched in stop_ids and (not ids or ids[-1] != matched):
         ids.append(matched)
     if finish_reason in ("stop", "length"):
-        return Completion(tuple(ids), finish_reason, None if logprobs is None else tuple(logprobs), cached_tokens)
+        scores = None if logprobs is None else tuple(logprobs)
+        return Completion(tuple(ids), finish_reason, scores, cached_tokens, first_token_s)
     raise EngineError(
         f"{where}: the request finished with {finish_reason!r} (matched {matched!r}) instead of 'stop' or 'length'"
     )

@@ -63,6 +63,9 @@ class RequestRecord:
     ended: float
     cached_tokens: int | None = None
     """Context tokens served from the engine's prefix cache (``None``: the engine does not say)."""
+    first_token: float | None = None
+    """Seconds since the trajectory started when the first token came: seen in the engine's stream,
+    else as the engine reports its queue and prefill time (``None``: neither)."""
 
 
 DegradationKind = Literal[
@@ -269,6 +272,7 @@ class _Run:
                 self.engine_failed(err, path, at)
         tokens = tuple(completion.token_ids[:max_tokens])
         self.budget -= len(tokens)
+        waited = completion.first_token_s
         self.records.append(
             RequestRecord(
                 path,
@@ -278,6 +282,7 @@ class _Run:
                 started - self.start,
                 time.monotonic() - self.start,
                 completion.cached_tokens,
+                None if waited is None else started - self.start + waited,
             )
         )
         logprobs = None if completion.logprobs is None else tuple(completion.logprobs[: len(tokens)])
@@ -286,16 +291,19 @@ class _Run:
         return dataclasses.replace(completion, token_ids=tokens, logprobs=logprobs)
 
     async def streamed(self, context, stop: frozenset[int], max_tokens: int, live: Callable) -> Completion:
-        """A request through the engine's ``stream``: its runs of ids go to ``live``, its completion is returned."""
-        completion = None
+        """A request through the engine's ``stream``: its runs of ids go to ``live``, its completion is
+        returned, with the time its first token came as seen here."""
+        asked, waited, completion = time.monotonic(), None, None
         async for item in self.o.engine.stream(context, sorted(stop), max_tokens, self.sampling):
             if isinstance(item, Completion):
                 completion = item
             else:
+                if waited is None and item:
+                    waited = time.monotonic() - asked
                 live(tuple(item))
         if completion is None:
             raise EngineError("the engine's stream ended without a completion")
-        return completion
+        return completion if waited is None else dataclasses.replace(completion, first_token_s=waited)
 
     def engine_failed(self, err: Exception, path, at: int):
         if not self.o.degrade_on_engine_error:

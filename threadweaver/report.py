@@ -19,6 +19,7 @@ from threadweaver.layout import spans
 from threadweaver.rows import RowReader
 from threadweaver.stats import LatencyStats, latency_stats, speedup
 from threadweaver.tree import parse
+from threadweaver.wall_clock import WallClock, format_parts, mean_parts
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,8 @@ class RowStats:
     stats: LatencyStats
     faults: tuple[str, ...]
     """The row's recorded degradations, or the parse's faults."""
+    wall_clock: dict | None = None
+    """Where its seconds went, as ``generate`` recorded it (:mod:`threadweaver.wall_clock`)."""
 
     def as_dict(self) -> dict:
         return {"line": self.line, "id": self.id, **self.stats.as_dict(), "faults": list(self.faults)}
@@ -49,7 +52,17 @@ def file_stats(path: str, reader: RowReader, *, strict: bool = False) -> Iterato
         concurrent = row.get("concurrent_threads", True) is not False
         stats = latency_stats(parsed.nodes, tags, closed_threads=closed, concurrent_threads=concurrent)
         faults = recorded if recorded is not None else tuple(map(str, parsed.faults))
-        yield RowStats(line, str(row.get("id", line)), stats, faults)
+        yield RowStats(line, str(row.get("id", line)), stats, faults, _wall_clock(row, line))
+
+
+def _wall_clock(row: dict, line: int) -> dict | None:
+    clock = row.get("wall_clock")
+    if clock is None:
+        return None
+    names = ("total_s", *WallClock.PARTS)
+    if not isinstance(clock, dict) or not all(isinstance(clock.get(n), int | float) for n in names):
+        raise RowError(line, f"field 'wall_clock' must hold the numbers {', '.join(names)}")
+    return clock
 
 
 def _injected(row: dict) -> set[int] | None:
@@ -87,6 +100,7 @@ def summary(rows: Iterable[RowStats]) -> dict:
         "parallel_activation_ratio": mean(r.stats.blocks > 0 for r in rows),
         "well_formed_ratio": mean(not r.faults for r in rows),
         "mean_parallel_ratio": mean(r.stats.parallel_ratio for r in rows),
+        "mean_wall_clock": mean_parts([r.wall_clock for r in rows if r.wall_clock is not None]),
     }
 
 
@@ -116,5 +130,10 @@ def format_summary(stats: dict) -> str:
             f"speedup of the means      {stats['speedup_of_means']:.3f}x",
             f"parallel activation       {stats['parallel_activation_ratio']:.1%}",
             f"well-formed               {stats['well_formed_ratio']:.1%}",
+            *(
+                [f"mean wall-clock           {format_parts(stats['mean_wall_clock'])}"]
+                if stats["mean_wall_clock"]
+                else []
+            ),
         ]
     )

@@ -184,6 +184,8 @@ class ThreadWeaverLM(LM):
             progress.add(trajectory)
             bar.update(1)
             bar.set_postfix_str(progress.postfix())
+        if progress.done:
+            log.info("threadweaver: mean wall-clock per trajectory: %s", progress.wall_clock())
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         raise NotImplementedError("the threadweaver model only generates (generate_until tasks such as tw_math)")

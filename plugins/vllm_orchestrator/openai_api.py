@@ -28,6 +28,7 @@ from threadweaver.engine import EngineError
 from threadweaver.format import Format
 from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, trajectory_text
 from threadweaver.rows import chat_prompt_ids, plain_ids
+from threadweaver.wall_clock import wall_clock
 
 from .streamed_text import StreamedText
 
@@ -193,7 +194,7 @@ def _head(route: str, model: str, chunk: bool = False) -> dict:
 
 
 def _totals(trajectory: Trajectory) -> dict:
-    """``usage`` (every generated token of every request) and the latency stats."""
+    """``usage`` (every generated token of every request), the latency stats and where the seconds went."""
     generated = sum(r.completion_tokens for r in trajectory.requests)
     prompt = len(trajectory.prompt_ids)
     return {
@@ -202,6 +203,7 @@ def _totals(trajectory: Trajectory) -> dict:
             **trajectory.stats.as_dict(),
             "requests": [dataclasses.asdict(r) for r in trajectory.requests],
             "degradations": [d.as_dict() for d in trajectory.degradations],
+            "wall_clock": wall_clock(trajectory).as_dict(),
         },
     }
 

@@ -72,7 +72,8 @@ def on_gpu(device: str) -> bool:
 def server_command(args: ServeArgs, port: int, extra: list[str] = ()) -> list[str]:
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model]
     command += ["--host", args.host, "--port", str(port), "--max-model-len", str(args.max_model_len)]
-    command += ["--enable-prefix-caching", "--enable-prompt-tokens-details"]
+    # prompt-tokens details: cache hits; per-request metrics: queue and prefill times (threadweaver.wall_clock)
+    command += ["--enable-prefix-caching", "--enable-prompt-tokens-details", "--enable-per-request-metrics"]
     if args.served_model_name:
         command += ["--served-model-name", args.served_model_name]
     gpu = on_gpu(args.device)

@@ -73,7 +73,7 @@ class VLLMServerEngine:
         reply = await self.client.post("/v1/completions", body)
         choice = reply["choices"][0]
         logprobs = (choice.get("logprobs") or {}).get("token_logprobs") if self.logprobs else None
-        return self._completion(self._token_ids(choice), choice, stop_ids, logprobs, reply.get("usage"))
+        return self._completion(self._token_ids(choice), choice, stop_ids, logprobs, reply)
 
     async def stream(
         self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
@@ -86,9 +86,9 @@ class VLLMServerEngine:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         ids: list[int] = []
         logprobs: list[float] = []
-        last, usage = {}, None  # the choice that says how the request ended; the usage event
+        last, final = {}, {}  # the choice that says how the request ended; the event with the usage
         async for event in self.client.events("/v1/completions", body):
-            usage = event.get("usage") or usage
+            final = event if event.get("usage") else final
             for choice in event.get("choices") or ():
                 new = self._token_ids(choice)
                 logprobs.extend((choice.get("logprobs") or {}).get("token_logprobs") or ())
@@ -97,7 +97,7 @@ class VLLMServerEngine:
                     yield tuple(new)
                 if choice.get("finish_reason") is not None:
                     last = choice
-        yield self._completion(ids, last, stop_ids, logprobs if self.logprobs else None, usage)
+        yield self._completion(ids, last, stop_ids, logprobs if self.logprobs else None, final)
 
     def _token_ids(self, choice: dict) -> list[int]:
         if choice.get("token_ids") is None:
@@ -107,8 +107,12 @@ class VLLMServerEngine:
             )
         return choice["token_ids"]
 
-    def _completion(self, ids, choice: dict, stop_ids, logprobs, usage: dict | None) -> Completion:
-        details = (usage or {}).get("prompt_tokens_details") or {}
+    def _completion(self, ids, choice: dict, stop_ids, logprobs, reply: dict) -> Completion:
+        """``reply``: the server's reply, or its stream's last event (usage, and the request's
+        timings where the server runs with ``--enable-per-request-metrics``)."""
+        details = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
+        metrics = reply.get("metrics") or {}
+        waits = (metrics.get("queue_time_ms"), metrics.get("time_to_first_token_ms"))
         return to_completion(
             ids,
             choice.get("finish_reason"),
@@ -116,6 +120,7 @@ class VLLMServerEngine:
             stop_ids,
             logprobs,
             details.get("cached_tokens"),
+            None if None in waits else sum(waits) / 1000,
             where=f"vLLM server at {self.client.base_url}",
         )
 

@@ -29,6 +29,10 @@ def vllm_completion(output, stop_ids: Sequence[int], logprobs: bool, *, where: s
     scores = None
     if logprobs and choice.logprobs is not None:
         scores = [step[token].logprob for step, token in zip(choice.logprobs, choice.token_ids)]
+    stats = output.metrics  # vLLM's RequestStateStats, where it logs stats; engine-core clock
+    waited = None
+    if stats is not None and getattr(stats, "queued_ts", 0) > 0 and getattr(stats, "first_token_ts", 0) > 0:
+        waited = stats.first_token_ts - stats.queued_ts
     return to_completion(
         choice.token_ids,
         choice.finish_reason,
@@ -36,5 +40,6 @@ def vllm_completion(output, stop_ids: Sequence[int], logprobs: bool, *, where: s
         stop_ids,
         scores,
         output.num_cached_tokens,
+        waited,
         where=where,
     )
