@@ -12,6 +12,11 @@ measures, side by side:
   is N; efficiency = (sequential wall-clock / parallel wall-clock) / N, and 1.0 is the
   limit. The block head and the token after the join are scripted (no server call), so
   the parallel wall-clock is the fork, the threads and the join alone.
+* **the oracle**: per block size N and M trajectories in flight, the orchestrator decodes M
+  such blocks at once (each its own prompt), and a minimal client with no state machine
+  sends the very same M*N thread requests straight to the server, all at once. The
+  oracle's wall-clock over the orchestrator's is the share the orchestrator leaves to the
+  engine (1.0: it adds nothing); the goal is 0.97 or more. The two alternate, repeats times.
 * **client CPU**: the orchestrator's own CPU time per request, with 1,000 trajectories
   in flight at once, against the server (HTTP included) and against an engine that
   answers at once (the state machine alone).
@@ -89,6 +94,41 @@ async def efficiency(url: str, fmt, prompt: list[int], threads: int, tokens: int
     }
 
 
+async def against_oracle(url: str, fmt, prompt: list[int], threads: int, tokens: int, in_flight: int) -> dict:
+    """Wall-clock of M orchestrated blocks and of their M*N thread requests sent by a bare client."""
+    from threadweaver.layout import thread_opening
+    from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
+
+    prompts = [prompt + fmt.encode(f" {i}") for i in range(in_flight)]  # nothing shared past the prompt
+    server = VLLMServerEngine(url, extra_body={"ignore_eos": True})
+
+    async def orchestrated() -> float:
+        started = time.perf_counter()
+        runs = [Orchestrator(ScriptedBlock(fmt, threads, len(p), server, tokens), fmt).run(p) for p in prompts]
+        trajectories = await asyncio.gather(*runs)
+        assert all(t.stats.thread_tokens == threads * tokens for t in trajectories)
+        return time.perf_counter() - started
+
+    async def oracle() -> float:
+        head = head_ids(fmt, threads)
+        contexts = [
+            p + head + list(thread_opening(fmt.tags, fmt.seed(i))) for p in prompts for i in range(1, threads + 1)
+        ]
+        started = time.perf_counter()
+        done = await asyncio.gather(*(server.generate(c, [], tokens, Sampling()) for c in contexts))
+        assert all(len(c.token_ids) == tokens for c in done)
+        return time.perf_counter() - started
+
+    await oracle()  # warm-up: the prompts and heads in the prefix cache, connections open
+    walls = {"orchestrator": [], "oracle": []}
+    for _ in range(3):
+        walls["orchestrator"].append(await orchestrated())
+        walls["oracle"].append(await oracle())
+    await server.aclose()
+    medians = {way: statistics.median(w) for way, w in walls.items()}
+    return {**medians, "share": medians["oracle"] / medians["orchestrator"]}
+
+
 async def client_cpu(engine, fmt, prompt: list[int], trajectories: int) -> dict:
     orchestrator = Orchestrator(engine, fmt)
     cpu, wall = time.process_time(), time.perf_counter()
@@ -109,6 +149,7 @@ def main() -> None:
     parser.add_argument("--thread-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--trajectories", type=int, default=1000)
+    parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 8, 64])
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -142,6 +183,15 @@ def main() -> None:
                 f"{r['wall_speedup']:.2f}x | {r['token_speedup']}x | {r['efficiency']:.2f} |",
                 flush=True,
             )
+
+        print(
+            "\n| threads N | in flight M | orchestrator | oracle (same requests, no state machine) "
+            "| oracle / orchestrator |\n|---:|---:|---:|---:|---:|"
+        )
+        for n in args.threads:
+            for m in args.in_flight:
+                r = asyncio.run(against_oracle(server.url, fmt, prompt, n, args.thread_tokens, m))
+                print(f"| {n} | {m} | {r['orchestrator']:.3f} s | {r['oracle']:.3f} s | {r['share']:.3f} |", flush=True)
 
         async def over_http():
             engine = ScriptedBlock(

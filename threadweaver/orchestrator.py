@@ -50,6 +50,11 @@ class Limits:
     max_tokens: int = option(8192, "Most generated tokens in one trajectory.")
     max_request_tokens: int = option(4096, "Most generated tokens in one request.")
     timeout_s: float | None = option(None, "Wall-clock limit per trajectory.")
+    warm_join: bool = option(
+        False,
+        "Once threads 1..j of a block (j >= 2) are done while others still decode, send their text "
+        "as a one-token request, so the continuation after the join finds it in the prefix cache.",
+    )
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,9 @@ class Trajectory:
     """Thread paths whose ``</Thread>`` the orchestrator injected (a limit or a dropped EOS ended them)."""
     calls: tuple[EngineCall, ...] = ()
     """Every answered request, in the order the engine answered, when the orchestrator keeps them."""
+    warmups: int = 0
+    """Join warm-up requests sent (``Limits.warm_join``); they are not in ``requests``, ``calls``
+    or the token budget, and their one token is dropped."""
 
     @property
     def degraded(self) -> bool:
@@ -192,7 +200,10 @@ class Orchestrator:
         """
         run = _Run(self, tuple(prompt_ids), sampling or self.sampling, streaming=on_tokens is not None)
         stream = OrderedStream(on_tokens)
-        main = await run.sequence(run.prompt, (), 0, stream.root)
+        try:
+            main = await run.sequence(run.prompt, (), 0, stream.root)
+        finally:
+            await run.drop_warmups()
         stream.root.close()
         nodes, closed = tuple(main.nodes), frozenset(run.closed_by_orchestrator)
         ids, generated = flat(nodes, self.fmt.tags, closed)
@@ -217,6 +228,7 @@ class Orchestrator:
             main.ended,
             closed,
             tuple(run.calls),
+            run.warmups_sent,
         )
 
 
@@ -239,6 +251,8 @@ class _Run:
         # Live tokens only where a request's tokens are never dropped once seen: no deadline to cut
         # a request short, and an engine failure ends the trajectory (it is not decoded around).
         self.streams_live = streaming and self.deadline is None and not orchestrator.degrade_on_engine_error
+        self.warmups: set[asyncio.Task] = set()
+        self.warmups_sent = 0
 
     def degrade(self, kind: DegradationKind, path, offset: int, detail: str, block: int | None = None) -> None:
         self.degradations.append(Degradation(kind, path, offset, detail, block))
@@ -304,6 +318,25 @@ class _Run:
         if completion is None:
             raise EngineError("the engine's stream ended without a completion")
         return completion if waited is None else dataclasses.replace(completion, first_token_s=waited)
+
+    def warm(self, context: tuple[int, ...]) -> None:
+        """A one-token request over ``context``, not awaited: its prefill fills the prefix cache.
+        A failed one only loses its gain."""
+        task = asyncio.ensure_future(self.o.engine.generate(context, [], 1, self.sampling))
+
+        def forget(done: asyncio.Task) -> None:
+            self.warmups.discard(done)
+            if not done.cancelled():
+                done.exception()  # retrieved, so that asyncio does not log a failed one
+
+        task.add_done_callback(forget)
+        self.warmups.add(task)
+        self.warmups_sent += 1
+
+    async def drop_warmups(self) -> None:
+        for task in self.warmups:
+            task.cancel()
+        await asyncio.gather(*self.warmups, return_exceptions=True)
 
     def engine_failed(self, err: Exception, path, at: int):
         if not self.o.degrade_on_engine_error:
@@ -429,20 +462,35 @@ class _Run:
             return None
 
         threads = [(o, part.child()) for o in outlines]
+        finished: list[Thread | None] = [None] * len(outlines)
+        warmed = 1  # thread 1's text is in the cache already: its own request computed it
 
-        async def thread(outline, thread_part: Part) -> _Decoded:
-            opening = thread_opening(tags, self.o.fmt.seed(outline.number))
+        def warm_join() -> None:
+            """Threads 1..j are done, later ones are not: prefill the continuation's context so far."""
+            nonlocal warmed
+            j = next((i for i, t in enumerate(finished) if t is None), len(finished))
+            if warmed < j < len(finished):
+                warmed = j
+                block = Block(head, outlines[:j], tuple(finished[:j]))
+                self.warm(context + tuple(render([block], self.o.fmt)[len(head) : -1]))  # without </Parallel>
+
+        async def thread(i: int, outline, thread_part: Part) -> _Decoded:
+            seed = self.o.fmt.seed(outline.number)
+            opening = thread_opening(tags, seed)
             thread_part.add(opening)
             path_ = (*path, (block_index, outline.number))
             decoded = await self.sequence(context + opening, path_, depth + 1, thread_part)
             thread_part.add((tags.thread_end,))
             thread_part.close()
+            if limits.warm_join and limits.concurrent_threads:
+                finished[i] = Thread(outline.number, seed, tuple(decoded.nodes))
+                warm_join()
             return decoded
 
         if limits.concurrent_threads:
-            decoded = await asyncio.gather(*(thread(o, p) for o, p in threads))
+            decoded = await asyncio.gather(*(thread(i, o, p) for i, (o, p) in enumerate(threads)))
         else:
-            decoded = [await thread(o, p) for o, p in threads]
+            decoded = [await thread(i, o, p) for i, (o, p) in enumerate(threads)]
         part.add((tags.parallel_end,))
         threads = tuple(Thread(o.number, self.o.fmt.seed(o.number), tuple(d.nodes)) for o, d in zip(outlines, decoded))
         return Block(head, outlines, threads), head_start
