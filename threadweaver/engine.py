@@ -43,6 +43,14 @@ class Engine(Protocol):
     ) -> Completion: ...
 
 
+class PinnedEngine(Engine, Protocol):
+    """An engine over several servers: the orchestrator asks it once per trajectory for the engine
+    that serves all of that trajectory's requests (one server, whose prefix cache then holds the
+    prompt and the threads for the join)."""
+
+    def pinned(self) -> Engine: ...
+
+
 class StreamingEngine(Engine, Protocol):
     """An engine that can also hand over tokens as it generates them (for streamed replies)."""
 

@@ -237,6 +237,8 @@ class _Run:
 
     def __init__(self, orchestrator: Orchestrator, prompt: tuple[int, ...], sampling: Sampling, streaming: bool):
         self.o = orchestrator
+        engine = orchestrator.engine
+        self.engine = engine.pinned() if hasattr(engine, "pinned") else engine  # one server per trajectory
         self.sampling = sampling
         self.tags = orchestrator.fmt.tags
         self.prompt = prompt
@@ -268,10 +270,10 @@ class _Run:
         if max_tokens <= 0:
             raise _Stop("length")
         started = time.monotonic()
-        if live is not None and hasattr(self.o.engine, "stream"):
+        if live is not None and hasattr(self.engine, "stream"):
             call = self.streamed(context, stop, max_tokens, live)
         else:
-            call = self.o.engine.generate(context, sorted(stop), max_tokens, self.sampling)
+            call = self.engine.generate(context, sorted(stop), max_tokens, self.sampling)
         if self.deadline is None:
             try:
                 completion = await call
@@ -308,7 +310,7 @@ class _Run:
         """A request through the engine's ``stream``: its runs of ids go to ``live``, its completion is
         returned, with the time its first token came as seen here."""
         asked, waited, completion = time.monotonic(), None, None
-        async for item in self.o.engine.stream(context, sorted(stop), max_tokens, self.sampling):
+        async for item in self.engine.stream(context, sorted(stop), max_tokens, self.sampling):
             if isinstance(item, Completion):
                 completion = item
             else:
@@ -322,7 +324,7 @@ class _Run:
     def warm(self, context: tuple[int, ...]) -> None:
         """A one-token request over ``context``, not awaited: its prefill fills the prefix cache.
         A failed one only loses its gain."""
-        task = asyncio.ensure_future(self.o.engine.generate(context, [], 1, self.sampling))
+        task = asyncio.ensure_future(self.engine.generate(context, [], 1, self.sampling))
 
         def forget(done: asyncio.Task) -> None:
             self.warmups.discard(done)

@@ -19,7 +19,11 @@ class EngineArgs:
         "(AsyncLLM, no server) or 'transformers' (in-process, CPU friendly).",
         choices=ENGINES,
     )
-    base_url: str = option("http://127.0.0.1:8000", "Server URL (vllm, sglang).")
+    base_url: str = option(
+        "http://127.0.0.1:8000",
+        "Server URL (vllm, sglang); several, space-separated, spread the trajectories over the servers, "
+        "each trajectory on one.",
+    )
     served_model: str | None = option(None, "Model name on the vLLM server (default: the only one it serves).")
     max_inflight: int = option(256, "Most requests in flight to a server.")
     retries: int = option(4, "Retries with backoff on connection errors, 429 and 5xx.")
@@ -29,14 +33,16 @@ class EngineArgs:
 def make_engine(args: EngineArgs, model: str | None = None):
     """``model``: the model directory, for the in-process engines."""
     options = HTTPOptions(concurrency=args.max_inflight, retries=args.retries, api_key=args.api_key)
-    if args.engine == "vllm":
-        from .vllm_server_engine import VLLMServerEngine
+    if args.engine in ("vllm", "sglang"):
+        urls = args.base_url.split()
+        if not urls:
+            raise ValueError("--base-url is empty: give the server's URL")
+        engines = [_server_engine(args, url, options) for url in urls]
+        if len(engines) == 1:
+            return engines[0]
+        from .replicas import Replicas
 
-        return VLLMServerEngine(args.base_url, args.served_model, options=options)
-    if args.engine == "sglang":
-        from .sglang_engine import SGLangEngine
-
-        return SGLangEngine(args.base_url, options=options)
+        return Replicas(engines)
     if model is None:
         raise ValueError(f"the {args.engine} engine runs in-process and needs a model directory")
     if args.engine == "vllm-inprocess":
@@ -50,6 +56,16 @@ def make_engine(args: EngineArgs, model: str | None = None):
 
         return TransformersEngine(AutoModelForCausalLM.from_pretrained(model))
     raise ValueError(f"unknown engine {args.engine!r}; choose one of {', '.join(ENGINES)}")
+
+
+def _server_engine(args: EngineArgs, url: str, options: HTTPOptions):
+    if args.engine == "vllm":
+        from .vllm_server_engine import VLLMServerEngine
+
+        return VLLMServerEngine(url, args.served_model, options=options)
+    from .sglang_engine import SGLangEngine
+
+    return SGLangEngine(url, options=options)
 
 
 async def tokenizer_source(engine, given: str | None) -> str | None:

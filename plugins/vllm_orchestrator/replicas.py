@@ -1,0 +1,72 @@
+"""Several servers of one model without a router: a trajectory sticks to one, trajectories spread by load."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+from threadweaver.engine import Completion, Sampling
+
+
+class Replicas:
+    """Engines of the same model on several servers (``--base-url "URL1 URL2"``).
+
+    Each trajectory's requests go to one server (:meth:`pinned`, which the orchestrator calls
+    once per trajectory), so its threads and its join find the prompt in that server's prefix
+    cache. A new trajectory goes to the server with the fewest requests in flight, ties in turn.
+    """
+
+    def __init__(self, engines: Sequence):
+        if not engines:
+            raise ValueError("Replicas needs at least one engine")
+        self.engines = list(engines)
+        self.in_flight = [0] * len(self.engines)
+        self._turn = 0
+
+    def pinned(self) -> _Pinned:
+        count = len(self.engines)
+        index = min(range(count), key=lambda i: (self.in_flight[i], (i - self._turn) % count))
+        self._turn = index + 1
+        kind = _PinnedStreaming if hasattr(self.engines[index], "stream") else _Pinned
+        return kind(self, index)
+
+    async def generate(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> Completion:
+        """A request on its own (not a trajectory's): to the least loaded server."""
+        return await self.pinned().generate(prompt_ids, stop_ids, max_tokens, sampling)
+
+    async def model_root(self) -> str | None:
+        """Where the first server loaded the model from (see :func:`.engines.tokenizer_source`)."""
+        first = self.engines[0]
+        return await first.model_root() if hasattr(first, "model_root") else None
+
+    async def aclose(self) -> None:
+        for engine in self.engines:
+            await engine.aclose()
+
+
+class _Pinned:
+    def __init__(self, replicas: Replicas, index: int):
+        self.replicas, self.index = replicas, index
+        self.engine = replicas.engines[index]
+
+    async def generate(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> Completion:
+        self.replicas.in_flight[self.index] += 1
+        try:
+            return await self.engine.generate(prompt_ids, stop_ids, max_tokens, sampling)
+        finally:
+            self.replicas.in_flight[self.index] -= 1
+
+
+class _PinnedStreaming(_Pinned):
+    async def stream(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> AsyncIterator[tuple[int, ...] | Completion]:
+        self.replicas.in_flight[self.index] += 1
+        try:
+            async for item in self.engine.stream(prompt_ids, stop_ids, max_tokens, sampling):
+                yield item
+        finally:
+            self.replicas.in_flight[self.index] -= 1

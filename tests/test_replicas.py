@@ -1,0 +1,60 @@
+"""Several servers without a router (``--base-url "URL1 URL2"``): one server per trajectory, spread by load."""
+
+import asyncio
+
+from orchestrator_scripts import GOOD, NESTED
+
+from threadweaver.orchestrator import Orchestrator
+from threadweaver.testing import ScriptedEngine, StreamingScriptedEngine
+from threadweaver.vllm_orchestrator.engines import EngineArgs, make_engine
+from threadweaver.vllm_orchestrator.replicas import Replicas
+from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
+
+
+def prompts(fmt, count):
+    return [fmt.encode(f"{i}Q?") for i in range(count)]  # each its own prompt; every script key still matches
+
+
+def test_each_trajectory_stays_on_one_server_and_trajectories_spread(fmt):
+    servers = [ScriptedEngine(fmt, NESTED, delay=0.01) for _ in range(3)]
+    replicas = Replicas(servers)
+
+    async def all_of_them():
+        orchestrator = Orchestrator(replicas, fmt)
+        return await asyncio.gather(*(orchestrator.run(p) for p in prompts(fmt, 9)))
+
+    trajectories = asyncio.run(all_of_them())
+    assert len({t.token_ids for t in trajectories}) == 1  # the same decoding wherever it ran
+    served = [{tuple(c[:3]) for c in s.calls} for s in servers]  # the prompts each server saw
+    assert [len(s) for s in served] == [3, 3, 3]  # nine trajectories at once: three each
+    assert sum(len(s.calls) for s in servers) == sum(len(t.requests) for t in trajectories)
+    assert replicas.in_flight == [0, 0, 0]
+
+
+def test_a_new_trajectory_goes_where_fewest_requests_are_in_flight(fmt):
+    servers = [ScriptedEngine(fmt, GOOD) for _ in range(2)]
+    replicas = Replicas(servers)
+    replicas.in_flight[:] = [5, 1]
+    assert replicas.pinned().engine is servers[1]
+    replicas.in_flight[:] = [0, 0]
+    assert [replicas.pinned().index for _ in range(3)] == [0, 1, 0]  # ties in turn
+
+
+def test_streaming_servers_stream_through_the_pin(fmt):
+    replicas = Replicas([StreamingScriptedEngine(fmt, GOOD) for _ in range(2)])
+    runs = []
+    t = asyncio.run(Orchestrator(replicas, fmt).run(prompts(fmt, 1)[0], on_tokens=runs.append))
+    assert hasattr(replicas.pinned(), "stream") and not hasattr(
+        Replicas([ScriptedEngine(fmt, GOOD)]).pinned(), "stream"
+    )
+    assert [i for run in runs for i in run] == list(t.token_ids) and len(runs) > len(t.requests)
+
+
+def test_base_url_takes_several_servers():
+    one = make_engine(EngineArgs(base_url="http://127.0.0.1:8001"))
+    two = make_engine(EngineArgs(base_url="http://127.0.0.1:8001  http://127.0.0.1:8002"))
+    assert isinstance(one, VLLMServerEngine)
+    assert isinstance(two, Replicas) and [e.client.base_url for e in two.engines] == [
+        "http://127.0.0.1:8001",
+        "http://127.0.0.1:8002",
+    ]
