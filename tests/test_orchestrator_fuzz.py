@@ -71,16 +71,20 @@ def blocks(nodes):
                 yield from blocks(thread.body)
 
 
+def random_limits(rng: random.Random) -> Limits:
+    return Limits(
+        max_threads=rng.randint(1, 3),
+        max_depth=rng.randint(1, 3),
+        max_tokens=rng.randint(1, 60),
+        max_request_tokens=rng.randint(1, 20),
+        concurrent_threads=rng.random() < 0.8,
+    )
+
+
 def test_random_output_never_breaks_the_orchestrator():
     for seed in range(RUNS):
         rng = random.Random(seed)
-        limits = Limits(
-            max_threads=rng.randint(1, 3),
-            max_depth=rng.randint(1, 3),
-            max_tokens=rng.randint(1, 60),
-            max_request_tokens=rng.randint(1, 20),
-            concurrent_threads=rng.random() < 0.8,
-        )
+        limits = random_limits(rng)
         orchestrator = Orchestrator(RandomEngine(rng), FMT, limits, degrade_on_engine_error=True)
         streamed = []
         t = asyncio.run(orchestrator.run(FMT.encode("Q?"), on_tokens=streamed.append))
@@ -116,13 +120,7 @@ class StreamingRandomEngine(RandomEngine):
 def test_tokens_streamed_as_the_engine_makes_them_are_the_trajectory():
     for seed in range(RUNS // 3):
         rng = random.Random(seed)
-        limits = Limits(
-            max_threads=rng.randint(1, 3),
-            max_depth=rng.randint(1, 3),
-            max_tokens=rng.randint(1, 60),
-            max_request_tokens=rng.randint(1, 20),
-            concurrent_threads=rng.random() < 0.8,
-        )
+        limits = random_limits(rng)
         streamed = []
         orchestrator = Orchestrator(StreamingRandomEngine(rng, failures=0.0), FMT, limits)
         t = asyncio.run(orchestrator.run(FMT.encode("Q?"), on_tokens=streamed.append))
