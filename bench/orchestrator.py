@@ -94,7 +94,9 @@ async def efficiency(url: str, fmt, prompt: list[int], threads: int, tokens: int
     }
 
 
-async def against_oracle(url: str, fmt, prompt: list[int], threads: int, tokens: int, in_flight: int) -> dict:
+async def against_oracle(
+    url: str, fmt, prompt: list[int], threads: int, tokens: int, in_flight: int, repeats: int
+) -> dict:
     """Wall-clock of M orchestrated blocks and of their M*N thread requests sent by a bare client."""
     from threadweaver.layout import thread_opening
     from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
@@ -121,7 +123,7 @@ async def against_oracle(url: str, fmt, prompt: list[int], threads: int, tokens:
 
     await oracle()  # warm-up: the prompts and heads in the prefix cache, connections open
     walls = {"orchestrator": [], "oracle": []}
-    for _ in range(3):
+    for _ in range(repeats):
         walls["orchestrator"].append(await orchestrated())
         walls["oracle"].append(await oracle())
     await server.aclose()
@@ -190,7 +192,7 @@ def main() -> None:
         )
         for n in args.threads:
             for m in args.in_flight:
-                r = asyncio.run(against_oracle(server.url, fmt, prompt, n, args.thread_tokens, m))
+                r = asyncio.run(against_oracle(server.url, fmt, prompt, n, args.thread_tokens, m, args.repeats))
                 print(f"| {n} | {m} | {r['orchestrator']:.3f} s | {r['oracle']:.3f} s | {r['share']:.3f} |", flush=True)
 
         async def over_http():

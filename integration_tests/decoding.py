@@ -32,3 +32,20 @@ def generate_once(engine, prompt_ids, stop_ids, max_tokens):
             await engine.aclose()
 
     return asyncio.run(one())
+
+
+def prefix_hits(t) -> list[tuple[int, int]]:
+    """(cached tokens, the full KV blocks that an earlier request of ``t`` computed for it) for the
+    first block's threads and for the request after its join.
+
+    Each thread's context starts with the head request's context and completion; the request after
+    the join starts with thread 1's whole sequence (prompt, head, seed, body, ``</Thread>``). On the
+    server that ran those earlier requests every full KV block of them must come from the prefix
+    cache (``threadweaver serve`` uses 32-token blocks on CPU).
+    """
+    head = t.requests[0]
+    threads = [r for r in t.requests if len(r.thread_path) == 1 and r.thread_path[0][0] == 0]
+    thread_one = next(r for r in threads if r.thread_path == ((0, 1),))
+    join = [r for r in t.requests if r.thread_path == ()][1]
+    earlier = [(r, head) for r in threads] + [(join, thread_one)]
+    return [(r.cached_tokens, 32 * ((e.context_tokens + e.completion_tokens) // 32)) for r, e in earlier]

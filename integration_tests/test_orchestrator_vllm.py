@@ -8,7 +8,7 @@ import json
 import subprocess
 
 import pytest
-from decoding import decode, generate_once, prompts
+from decoding import decode, generate_once, prefix_hits, prompts
 from trained_model import CLI
 from vllm_server import have_vllm, post
 
@@ -56,24 +56,10 @@ def test_trajectories_tree_requests_and_stats_agree(trained, trained_server, tok
         if any(isinstance(n, Block) for n in t.nodes):
             well_formed += 1
             assert t.stats.critical_path_tokens < t.stats.total_tokens
-            cache_hits.append(_join_hit(t))
+            cache_hits.extend(prefix_hits(t))
     assert well_formed >= 7, [t.degradations for t in trajectories]
     assert all(cached >= expected for cached, expected in cache_hits), cache_hits
     assert sum(expected for _, expected in cache_hits) > 0
-
-
-def _join_hit(t) -> tuple[int, int]:
-    """(cached tokens of the request after the first join, the full KV blocks it shares with thread 1).
-
-    That request's context starts with thread 1's whole sequence (prompt, head, seed,
-    body, ``</Thread>``), so every full KV block of it that
-    thread 1 computed must come from the prefix cache (``threadweaver serve`` uses
-    32-token blocks on CPU).
-    """
-    thread_one = next(r for r in t.requests if r.thread_path == ((0, 1),))
-    join = [r for r in t.requests if r.thread_path == ()][1]
-    shared = thread_one.context_tokens + thread_one.completion_tokens
-    return join.cached_tokens, 32 * (shared // 32)
 
 
 def test_sequential_equals_plain_generation(trained, trained_server, tokenizer, tmp_path):

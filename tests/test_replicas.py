@@ -58,3 +58,51 @@ def test_base_url_takes_several_servers():
         "http://127.0.0.1:8001",
         "http://127.0.0.1:8002",
     ]
+
+
+def test_behind_a_router_each_trajectory_sends_one_session_key(fmt):
+    """The orchestrator pins a trajectory to a session key (``http.SessionKeyed``): every request
+    it sends carries the key in the headers routers hash on, and each trajectory has its own."""
+    import json
+
+    from orchestrator_scripts import GOOD
+
+    from threadweaver.testing import ScriptedEngine
+
+    script = ScriptedEngine(fmt, GOOD)
+    seen = []  # (method, path, headers) of each request
+
+    async def vllm(reader, writer):
+        method, path, _ = (await reader.readline()).decode().split(" ")
+        headers = {}
+        while (line := (await reader.readline()).decode().strip()) != "":
+            name, value = line.split(":", 1)
+            headers[name.strip().lower()] = value.strip()
+        body = json.loads(await reader.readexactly(int(headers.get("content-length", 0)))) if method == "POST" else {}
+        seen.append((method, path, headers))
+        if method == "GET":
+            reply = {"data": [{"id": "kit", "max_model_len": 4096}]}
+        else:
+            c = await script.generate(body["prompt"], body["stop_token_ids"], body["max_tokens"], None)
+            reply = {"choices": [{"token_ids": list(c.token_ids), "finish_reason": c.finish_reason}]}
+        data = json.dumps(reply).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
+        await writer.drain()
+        writer.close()
+
+    async def two_trajectories():
+        server = await asyncio.start_server(vllm, "127.0.0.1", 0)
+        engine = VLLMServerEngine(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        try:
+            orchestrator = Orchestrator(engine, fmt)
+            return [await orchestrator.run(p) for p in prompts(fmt, 2)]
+        finally:
+            await engine.aclose()
+            server.close()
+
+    trajectories = asyncio.run(two_trajectories())
+    assert [m for m, _, _ in seen].count("GET") == 1  # the pinned views share the model card
+    posts = [h for m, _, h in seen if m == "POST"]
+    assert len(posts) == sum(len(t.requests) for t in trajectories) > 2
+    keys = {h["x-session-id"] for h in posts}
+    assert len(keys) == 2 and all(h["x-smg-routing-key"] == h["x-session-id"] for h in posts)

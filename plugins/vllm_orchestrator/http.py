@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from threadweaver.cli_args import option
@@ -34,6 +36,29 @@ _RETRIED_STATUS = {429, 500, 502, 503, 504}
 KEEPALIVE_S = 4.0
 """How long an idle connection is kept for reuse: under the 5 s after which vLLM's and SGLang's
 uvicorn close one, so a request is never sent down a connection the server is closing."""
+
+
+ROUTING_HEADERS = ("X-Session-ID", "X-SMG-Routing-Key")
+"""Headers by which routers keep one session's requests on one server: vllm-router's
+``consistent_hash`` policy hashes ``X-Session-ID``, SGLang's router (``--policy manual``)
+``X-SMG-Routing-Key``. Servers ignore both."""
+
+
+class SessionKeyed:
+    """Mixin of the HTTP engines: each trajectory's requests carry one session key.
+
+    The orchestrator calls :meth:`pinned` once per trajectory (see ``engine.PinnedEngine``).
+    Behind a router that hashes a session key, every request of the trajectory then reaches the
+    server whose prefix cache holds its prompt and threads; a lone server ignores the key.
+    """
+
+    headers: Mapping[str, str] = {}
+
+    def pinned(self):
+        """This engine (its connections shared) with a fresh session key on every request."""
+        view = copy.copy(self)
+        view.headers = dict.fromkeys(ROUTING_HEADERS, uuid.uuid4().hex)
+        return view
 
 
 class JSONClient:
@@ -64,10 +89,10 @@ class JSONClient:
     async def get(self, path: str) -> dict:
         return await self._call("GET", path, None)
 
-    async def post(self, path: str, payload: dict) -> dict:
-        return await self._call("POST", path, payload)
+    async def post(self, path: str, payload: dict, headers: Mapping[str, str] | None = None) -> dict:
+        return await self._call("POST", path, payload, headers)
 
-    async def events(self, path: str, payload: dict) -> AsyncIterator[dict]:
+    async def events(self, path: str, payload: dict, headers: Mapping[str, str] | None = None) -> AsyncIterator[dict]:
         """The JSON events of a streamed POST (server-sent events up to ``[DONE]``).
 
         Retried as :meth:`post` is until the first event; a stream broken off after it is an
@@ -79,7 +104,7 @@ class JSONClient:
             for attempt in range(self.options.retries + 1):
                 started = False
                 try:
-                    async with session.post(self.base_url + path, json=payload) as response:
+                    async with session.post(self.base_url + path, json=payload, headers=headers) as response:
                         if response.status >= 400:
                             failure = self._refused(response.status, await response.text(), "POST", path, attempt)
                         else:
@@ -98,12 +123,14 @@ class JSONClient:
                     failure = self._unreachable(err, attempt)
                 await self._back_off("POST", path, failure, attempt)
 
-    async def _call(self, method: str, path: str, payload: dict | None) -> dict:
+    async def _call(
+        self, method: str, path: str, payload: dict | None, headers: Mapping[str, str] | None = None
+    ) -> dict:
         session = self._ready()
         async with self._slots:
             for attempt in range(self.options.retries + 1):
                 try:
-                    async with session.request(method, self.base_url + path, json=payload) as response:
+                    async with session.request(method, self.base_url + path, json=payload, headers=headers) as response:
                         body = await response.text()
                         if response.status < 400:
                             return json.loads(body)

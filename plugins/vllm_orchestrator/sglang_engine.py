@@ -9,10 +9,10 @@ from collections.abc import Sequence
 
 from threadweaver.engine import Completion, EngineError, Sampling, to_completion
 
-from .http import HTTPOptions, JSONClient
+from .http import HTTPOptions, JSONClient, SessionKeyed
 
 
-class SGLangEngine:
+class SGLangEngine(SessionKeyed):
     def __init__(
         self,
         base_url: str = "http://127.0.0.1:30000",
@@ -41,7 +41,7 @@ class SGLangEngine:
             params["sampling_seed"] = sampling.seed
         params.update(self.extra_sampling)
         body = {"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": self.logprobs}
-        reply = await self.client.post("/generate", body)
+        reply = await self.client.post("/generate", body, self.headers)
         where = f"SGLang server at {self.client.base_url}"
         if "output_ids" not in reply:
             raise EngineError(f"{where} returned no output_ids; the reply has {sorted(reply)}")

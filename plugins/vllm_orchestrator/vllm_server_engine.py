@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator, Sequence
 
 from threadweaver.engine import Completion, EngineError, Sampling, to_completion
 
-from .http import HTTPOptions, JSONClient
+from .http import HTTPOptions, JSONClient, SessionKeyed
 from .wire import vllm_params
 
 
-class VLLMServerEngine:
+class VLLMServerEngine(SessionKeyed):
     def __init__(
         self,
         base_url: str = "http://127.0.0.1:8000",
@@ -33,7 +33,7 @@ class VLLMServerEngine:
         self.model = model
         self.logprobs = logprobs
         self.extra_body = dict(extra_body or {})
-        self._served: dict | None = None
+        self._served: dict = {}  # the model card; filled in place, so pinned views share it
 
     async def model_root(self) -> str:
         """Where the server loaded the model from (a directory or hub id): its tokenizer lives there."""
@@ -41,7 +41,7 @@ class VLLMServerEngine:
         return card.get("root") or card["id"]
 
     async def _model_card(self) -> dict:
-        if self._served is None:
+        if not self._served:
             cards = (await self.client.get("/v1/models")).get("data", [])
             served = [card["id"] for card in cards]
             if self.model is None and len(served) != 1:
@@ -52,7 +52,7 @@ class VLLMServerEngine:
                 raise EngineError(
                     f"the vLLM server at {self.client.base_url} does not serve model {self.model!r}; it serves {served}"
                 )
-            self._served = cards[0] if self.model is None else cards[served.index(self.model)]
+            self._served.update(cards[0] if self.model is None else cards[served.index(self.model)])
         return self._served
 
     async def _body(self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling):
@@ -70,7 +70,7 @@ class VLLMServerEngine:
         body = await self._body(prompt_ids, stop_ids, max_tokens, sampling)
         if body is None:
             return Completion((), "length")
-        reply = await self.client.post("/v1/completions", body)
+        reply = await self.client.post("/v1/completions", body, self.headers)
         choice = reply["choices"][0]
         logprobs = (choice.get("logprobs") or {}).get("token_logprobs") if self.logprobs else None
         return self._completion(self._token_ids(choice), choice, stop_ids, logprobs, reply)
@@ -87,7 +87,7 @@ class VLLMServerEngine:
         ids: list[int] = []
         logprobs: list[float] = []
         last, final = {}, {}  # the choice that says how the request ended; the event with the usage
-        async for event in self.client.events("/v1/completions", body):
+        async for event in self.client.events("/v1/completions", body, self.headers):
             final = event if event.get("usage") else final
             for choice in event.get("choices") or ():
                 new = self._token_ids(choice)
