@@ -7,6 +7,7 @@ import json
 import sys
 
 from threadweaver.cli_args import add_arguments, from_args
+from threadweaver.selection import FilterConfig
 from threadweaver.synth import SynthConfig
 
 
@@ -38,6 +39,37 @@ def _stats(args: argparse.Namespace) -> None:
         print(format_table(rows))
         print()
     print(format_summary(summary(rows)))
+
+
+def _filter(args: argparse.Namespace) -> None:
+    import os
+
+    from tqdm import tqdm
+
+    from threadweaver.jsonl import RowError, write_jsonl
+    from threadweaver.kit.tokenizers import load_tokenizer
+    from threadweaver.rows import RowReader
+    from threadweaver.selection import FilterConfig, format_report, select
+
+    if os.path.abspath(args.out) == os.path.abspath(args.generated):
+        sys.exit(f"threadweaver filter: OUT is the input file {args.generated}; name another")
+    try:
+        config = from_args(FilterConfig, args)
+    except ValueError as err:
+        sys.exit(f"threadweaver filter: {err}")
+
+    def bar(rows):
+        return tqdm(rows, desc="filter", unit=" rows", disable=not sys.stderr.isatty())
+
+    try:
+        kept, _, report = select(args.generated, RowReader(load_tokenizer(args.tokenizer)), config, bar)
+    except (RowError, OSError) as err:
+        sys.exit(f"threadweaver filter: {args.generated}: {err}")
+    write_jsonl(args.out, kept)
+    with open(args.out + ".report.json", "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1)
+    print(format_report(report))
+    print(f"wrote {args.out} and {args.out}.report.json")
 
 
 def _view(args: argparse.Namespace) -> None:
@@ -209,6 +241,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object (rows and summary)")
     p.add_argument("--summary-only", action="store_true", help="print only the summary")
     p.set_defaults(func=_stats)
+
+    p = commands.add_parser(
+        "filter", help="keep a model's correct, well-formed, parallel trajectories to train on (stage 2 of the data)"
+    )
+    p.add_argument("generated", help="JSONL rows from `threadweaver generate --n K` on problems with an 'answer'")
+    p.add_argument("out", help="the kept rows (JSONL, as they are); the report goes to OUT.report.json")
+    p.add_argument("--tokenizer", default="synth", help="'synth' (default), 'qwen', or a tokenizer directory")
+    add_arguments(p, FilterConfig)
+    p.set_defaults(func=_filter)
 
     p = commands.add_parser("view", help="one self-contained HTML page to read trajectories and inspect the tree mask")
     p.add_argument(

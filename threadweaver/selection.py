@@ -1,0 +1,151 @@
+"""Which of a model's own trajectories train the next one (``threadweaver filter``, stage 2 of the data).
+
+From ``threadweaver generate --n K`` rows on problems with answers, a trajectory is kept when it
+is, in this order of checks:
+
+1. graded: its row has the problem's ``answer``;
+2. well-formed: the strict parse takes it, the orchestrator recorded no degradation, and no
+   length limit cut it off;
+3. correct: its last boxed answer equals ``answer`` (:func:`threadweaver.reward.grade`);
+4. parallel: it has a block (unless sequential ones are kept too);
+5. no longer than ``max_tokens``.
+
+Then at most ``per_problem`` trajectories per problem (the rows' ``id``) stay, best speedup
+first. A dropped row has one reason: the first check it fails. Kept rows pass through as they
+are: their token ids are what the model sampled, so nothing is re-tokenised, and
+``threadweaver sft`` reads them (``prompt_ids`` + ``token_ids``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from statistics import mean
+from typing import Literal, get_args
+
+from threadweaver.cli_args import option
+from threadweaver.jsonl import read_jsonl
+from threadweaver.report import row_stats
+from threadweaver.reward import grade
+from threadweaver.rows import RowReader
+from threadweaver.tree import TrajectoryFormatError
+
+Reason = Literal["no_answer", "malformed", "degraded", "truncated", "wrong", "sequential", "too_long", "per_problem"]
+REASONS: tuple[Reason, ...] = get_args(Reason)
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    per_problem: int = option(1, "Most trajectories kept per problem, best speedup first.")
+    max_tokens: int | None = option(None, "Drop trajectories longer than this many tokens (default: no limit).")
+    keep_sequential: bool = option(False, "Keep correct trajectories with no parallel block too.")
+
+    def __post_init__(self):
+        if self.per_problem < 1:
+            raise ValueError(f"per_problem must be at least 1, not {self.per_problem}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, not {self.max_tokens}")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the filter found in one row."""
+
+    line: int
+    problem: str
+    reason: Reason | None
+    """The first check the row fails; ``None``: it passed them all (the per-problem cap comes after)."""
+    correct: bool
+    well_formed: bool
+    parallel: bool
+    speedup: float
+    detail: str = ""
+    """Why it is malformed or wrong, or which degradation it has."""
+
+
+def judge(row: dict, line: int, reader: RowReader, config: FilterConfig) -> Verdict:
+    """One row's verdict; a row with bad fields raises :class:`~threadweaver.jsonl.RowError` naming its line."""
+    try:
+        stats, malformed = row_stats(row, line, reader, strict=True), ""
+    except TrajectoryFormatError as err:
+        stats, malformed = row_stats(row, line, reader), str(err)
+    answer = row.get("answer")
+    text = reader.fmt.decode(reader.trajectory(row))
+    graded = grade(text, str(answer)) if answer is not None else None
+    correct = bool(graded and graded.correct)
+    truncated = row.get("finish_reason") == "length"
+    checks: list[tuple[Reason, bool, str]] = [
+        ("no_answer", answer is None, "the row has no 'answer' to grade against"),
+        ("malformed", bool(malformed), malformed),
+        ("degraded", bool(stats.faults), "; ".join(stats.faults)),
+        ("truncated", truncated, "a length limit ended it"),
+        ("wrong", not correct, graded.detail if graded else ""),
+        ("sequential", not config.keep_sequential and stats.stats.blocks == 0, "no parallel block"),
+        ("too_long", config.max_tokens is not None and stats.stats.total_tokens > config.max_tokens, ""),
+    ]
+    reason, detail = next(((r, d) for r, failed, d in checks if failed), (None, ""))
+    well_formed = not (malformed or stats.faults or truncated)
+    return Verdict(line, stats.id, reason, correct, well_formed, stats.stats.blocks > 0, stats.stats.speedup, detail)
+
+
+def select(
+    path: str, reader: RowReader, config: FilterConfig, progress: Callable[[Iterable], Iterable] = iter
+) -> tuple[list[dict], list[Verdict], dict]:
+    """(the kept rows in file order, every row's verdict, the report). ``progress`` wraps the row
+    iterator (a progress bar)."""
+    rows, verdicts = {}, []
+    for line, row in progress(read_jsonl(path)):
+        verdict = judge(row, line, reader, config)
+        verdicts.append(verdict)
+        if verdict.reason is None:
+            rows[line] = row
+    candidates = defaultdict(list)
+    for v in verdicts:
+        if v.reason is None:
+            candidates[v.problem].append(v)
+    kept = set()
+    for group in candidates.values():
+        best = sorted(group, key=lambda v: (-v.speedup, v.line))
+        kept.update(v.line for v in best[: config.per_problem])
+    verdicts = [v if v.reason is not None or v.line in kept else replace(v, reason="per_problem") for v in verdicts]
+    return [rows[line] for line in sorted(kept)], verdicts, report(verdicts, config)
+
+
+def report(verdicts: list[Verdict], config: FilterConfig) -> dict:
+    graded = [v for v in verdicts if v.reason != "no_answer"]
+    kept = [v for v in verdicts if v.reason is None]
+    dropped = Counter(v.reason for v in verdicts if v.reason is not None)
+    return {
+        "rows": len(verdicts),
+        "problems": len({v.problem for v in verdicts}),
+        "kept": len(kept),
+        "problems_kept": len({v.problem for v in kept}),
+        "dropped": {reason: dropped[reason] for reason in REASONS if dropped[reason]},
+        "pass_at_1": mean(v.correct for v in graded) if graded else None,
+        "well_formed_ratio": mean(v.well_formed for v in verdicts) if verdicts else None,
+        "parallel_ratio": mean(v.parallel for v in verdicts) if verdicts else None,
+        "mean_speedup_kept": mean(v.speedup for v in kept) if kept else None,
+        "config": config.__dict__,
+        "dropped_rows": [
+            {"line": v.line, "id": v.problem, "reason": v.reason, "detail": v.detail}
+            for v in verdicts
+            if v.reason is not None
+        ],
+    }
+
+
+def format_report(stats: dict) -> str:
+    def share(x):
+        return "-" if x is None else f"{x:.1%}"
+
+    lines = [
+        f"rows                 {stats['rows']} ({stats['problems']} problems)",
+        f"kept                 {stats['kept']} ({stats['problems_kept']} problems)",
+        f"pass@1               {share(stats['pass_at_1'])}",
+        f"well-formed          {share(stats['well_formed_ratio'])}",
+        f"parallel             {share(stats['parallel_ratio'])}",
+        "mean speedup, kept   " + ("-" if stats["mean_speedup_kept"] is None else f"{stats['mean_speedup_kept']:.3f}x"),
+    ]
+    lines += [f"dropped, {reason:<12}{count}" for reason, count in stats["dropped"].items()]
+    return "\n".join(lines)
