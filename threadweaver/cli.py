@@ -72,6 +72,22 @@ def _filter(args: argparse.Namespace) -> None:
     print(f"wrote {args.out} and {args.out}.report.json")
 
 
+def _curate(args: argparse.Namespace) -> None:
+    from threadweaver.curate.config import CurateArgs, CurateConfig, LLMArgs
+    from threadweaver.curate.pipeline import format_report
+    from threadweaver.curate.run import format_estimate, run
+
+    try:
+        stats = run(*(from_args(c, args) for c in (CurateArgs, LLMArgs, CurateConfig)))
+    except (ValueError, OSError) as err:
+        sys.exit(f"threadweaver curate: {err}")
+    if stats.get("dry_run"):
+        print(format_estimate(stats))
+        return
+    print(format_report(stats))
+    print(f"wrote {args.out_dir}/train.jsonl, dropped.jsonl and report.json")
+
+
 def _view(args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
@@ -212,6 +228,7 @@ def _generate(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from threadweaver import __version__
+    from threadweaver.curate.config import CurateArgs, CurateConfig, LLMArgs
     from threadweaver.kit.models import TinyQwen3Config
     from threadweaver.orchestrator import Limits, Sampling
     from threadweaver.quickstart import QuickstartArgs
@@ -250,6 +267,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default="synth", help="'synth' (default), 'qwen', or a tokenizer directory")
     add_arguments(p, FilterConfig)
     p.set_defaults(func=_filter)
+
+    p = commands.add_parser(
+        "curate", help="rewrite sequential reasoning traces into parallel SFT data with an LLM (stage 1 of the data)"
+    )
+    add_arguments(p, CurateArgs)
+    add_arguments(p, LLMArgs)
+    add_arguments(p, CurateConfig)
+    p.set_defaults(func=_curate)
 
     p = commands.add_parser("view", help="one self-contained HTML page to read trajectories and inspect the tree mask")
     p.add_argument(

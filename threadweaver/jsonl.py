@@ -20,19 +20,26 @@ def read_jsonl(path: str) -> Iterator[tuple[int, dict]]:
     """(line number, row) per non-blank line; a line that is not a JSON object in UTF-8 raises :class:`RowError`."""
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise RowError(line_no, f"not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1})") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise RowError(line_no, f"not JSON ({err})") from None
-            if not isinstance(row, dict):
-                raise RowError(line_no, "not a JSON object")
-            yield line_no, row
+            row = parse_line(raw, line_no)
+            if row is not None:
+                yield line_no, row
+
+
+def parse_line(raw: bytes, line_no: int) -> dict | None:
+    """One JSONL line as a row (None: a blank line); :class:`RowError` says why it is not a JSON object in UTF-8."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RowError(line_no, f"not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1})") from None
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise RowError(line_no, f"not JSON ({err})") from None
+    if not isinstance(row, dict):
+        raise RowError(line_no, "not a JSON object")
+    return row
 
 
 def write_jsonl(path: str, rows: Iterable[dict]) -> None:

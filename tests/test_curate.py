@@ -1,0 +1,253 @@
+"""``threadweaver curate`` against a stand-in LLM server on loopback that knows the synthetic task.
+
+The synthetic task has a sequential and a parallel form of every problem: given the right
+structured answers, curate must rebuild the parallel form exactly from the sequential one. Faults in
+the replies and in the transport each end in their reason code, and nothing crashes.
+"""
+
+import json
+import os
+
+import pytest
+from llm_stand_in import StandIn, stand_in_server
+
+from threadweaver.cli import main
+from threadweaver.curate import prompts
+from threadweaver.curate.blocks import Block, Refused, apply_edits, assemble, extract
+from threadweaver.curate.config import CurateArgs, CurateConfig, LLMArgs
+from threadweaver.curate.run import run, target_format
+from threadweaver.curate.schemas import Edit, ProposedBlock, Segmentation, Span, json_schema
+from threadweaver.curate.traces import split_units, to_trace
+from threadweaver.jsonl import read_jsonl, write_jsonl
+from threadweaver.synth import chat_row, make_rows
+
+FAST = LLMArgs(model="stand-in", max_retries=1, timeout_s=1.0, concurrency=8)
+
+
+def curate(tmp_path, rows, stand_in, name="out", llm=FAST, **config):
+    traces = tmp_path / "sequential.jsonl"
+    if not traces.exists():
+        write_jsonl(str(traces), rows)
+    out = tmp_path / name
+    with stand_in_server(stand_in) as url:
+        stats = run(
+            CurateArgs(str(traces), str(out), tokenizer="synth"),
+            LLMArgs(**{**llm.__dict__, "base_url": url}),
+            CurateConfig(**config),
+        )
+    kept = {row["id"]: row for _, row in read_jsonl(str(out / "train.jsonl"))}
+    dropped = [row for _, row in read_jsonl(str(out / "dropped.jsonl"))]
+    return stats, kept, dropped
+
+
+def sequential_rows(n, seed=0):
+    rows = make_rows(n, seed)
+    return rows, [chat_row(r, "sequential") for r in rows]
+
+
+def test_curate_rebuilds_the_parallel_form_of_200_problems_token_for_token(tmp_path):
+    rows, sequential = sequential_rows(200)
+    stats, kept, dropped = curate(tmp_path, sequential, StandIn())
+    fmt = target_format("synth")
+    same = [
+        r["id"]
+        for r in rows
+        if r["id"] in kept and fmt.encode(kept[r["id"]]["messages"][1]["content"]) == fmt.encode(r["parallel"])
+    ]
+    assert len(same) >= 198, dropped[:3]
+    assert stats["kept"] == len(kept) and stats["traces"] == 200
+    assert stats["funnel"]["traces"]["verify"] == len(kept)
+    assert kept[rows[0]["id"]]["messages"][0]["content"] == rows[0]["prompt"]
+    assert kept[rows[0]["id"]]["answer"] == rows[0]["answer"]
+    assert stats["tokens"]["segment"]["calls"] == 200 and stats["speedup"]["min"] > 1.3
+
+
+@pytest.mark.parametrize(
+    "fault, stage, reasons",
+    [
+        ("off_by_one", "extract", {"thread_gap", "no_block"}),
+        ("overlap", "extract", {"thread_overlap", "no_block"}),
+        ("one_thread", "segment", {"schema_invalid"}),
+        ("edit_absent", "decouple", {"edit_absent", "no_block"}),
+        ("edit_ambiguous", "decouple", {"edit_ambiguous", "no_block"}),
+        ("outline_count", "outline", {"outline_count", "no_block"}),
+        ("bad_json", "segment", {"invalid_json"}),
+        ("truncated", "outline", {"truncated", "no_block"}),
+        ("429", "segment", {"rate_limited"}),
+        ("500", "segment", {"server_error"}),
+        ("timeout", "segment", {"timeout"}),
+    ],
+)
+def test_each_fault_ends_in_its_reason_and_the_other_traces_go_on(tmp_path, fault, stage, reasons):
+    rows, sequential = sequential_rows(4)
+    stand_in = StandIn({rows[1]["prompt"]: fault})
+    stats, kept, dropped = curate(tmp_path, sequential, stand_in)
+    assert set(kept) == {rows[i]["id"] for i in (0, 2, 3)}
+    mine = [d for d in dropped if d["id"] == rows[1]["id"]]
+    assert {d["reason"] for d in mine} == reasons and {d["stage"] for d in mine} == {stage}
+    assert all(d["detail"] and d["line"] == 2 for d in mine)
+    assert stats["dropped"][stage] == {r: 1 for r in reasons}
+    assert stats["funnel"]["traces"]["ingest"] == 4 and stats["kept"] == 3
+
+
+def test_a_refused_reply_is_asked_again_with_the_reason_and_a_429_is_retried(tmp_path):
+    rows, sequential = sequential_rows(3)
+    stand_in = StandIn({rows[0]["prompt"]: "edit_absent", rows[2]["prompt"]: "429_once"})
+    _, kept, dropped = curate(tmp_path, sequential, stand_in)
+    assert stand_in.answered["decouple"] == 3 + 1  # one re-ask for the refused edit
+    assert rows[2]["id"] in kept  # the 429 was retried
+    (absent,) = [d for d in dropped if d["reason"] == "edit_absent"]
+    assert "occurs 0 times in thread 2" in absent["detail"]
+
+
+def test_a_rerun_pays_for_nothing_and_a_changed_prompt_reruns_its_stage_only(tmp_path, monkeypatch):
+    _, sequential = sequential_rows(6)
+    stand_in = StandIn()
+    first, kept, _ = curate(tmp_path, sequential, stand_in)
+    assert sum(stand_in.answered.values()) == 18
+    again, kept_again, _ = curate(tmp_path, sequential, stand_in)
+    assert sum(stand_in.answered.values()) == 18 and kept_again == kept
+    assert again["tokens"]["segment"] == {**first["tokens"]["segment"], "calls": 0, "cache_hits": 6} | {
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "cost_usd": 0.0,
+    }
+    monkeypatch.setattr(prompts, "OUTLINE", prompts.OUTLINE + " Be brief.")
+    curate(tmp_path, sequential, stand_in)
+    assert stand_in.answered == {"segment": 6, "decouple": 6, "outline": 12}
+
+
+def test_the_report_accounts_for_every_row_including_bad_ones(tmp_path):
+    rows, sequential = sequential_rows(3)
+    wrong = {**sequential[2], "answer": "1"}
+    short = {"id": "short", "problem": "1+1", "response": "<think>\nit is 2\n</think>\n\\boxed{2}", "answer": "2"}
+    path = tmp_path / "sequential.jsonl"
+    write_jsonl(str(path), [sequential[0], {"id": "no-answer", "messages": sequential[1]["messages"]}, wrong, short])
+    with open(path, "a") as f:
+        f.write("{not json\n")
+    stats, kept, dropped = curate(tmp_path, None, StandIn(), price_prompt=2.0, price_completion=8.0)
+    assert set(kept) == {rows[0]["id"]}
+    by_line = {d["line"]: (d["stage"], d["reason"]) for d in dropped}
+    assert by_line == {
+        2: ("ingest", "unreadable"),
+        3: ("ingest", "wrong_answer"),
+        4: ("ingest", "too_few_units"),
+        5: ("ingest", "unreadable"),
+    }
+    assert "line 2: no gold answer" in next(d["detail"] for d in dropped if d["line"] == 2)
+    assert stats["traces"] == 5 and stats["funnel"]["traces"]["ingest"] == 1
+    used = stats["tokens"]["segment"]
+    assert used["cost_usd"] == pytest.approx((used["prompt_tokens"] * 2 + used["completion_tokens"] * 8) / 1e6)
+    assert stats["cost_usd"] > 0
+
+
+def test_max_cost_stops_starting_traces(tmp_path):
+    _, sequential = sequential_rows(12)
+    llm = LLMArgs(**{**FAST.__dict__, "concurrency": 1})
+    stats, kept, dropped = curate(tmp_path, sequential, StandIn(), llm=llm, price_prompt=1e6, max_cost=1.0)
+    assert 0 < len(kept) < 12
+    assert stats["dropped"]["segment"] == {"max_cost": 12 - len(kept)}
+
+
+def test_dry_run_estimates_and_calls_nothing(tmp_path, capsys):
+    _, sequential = sequential_rows(5)
+    write_jsonl(str(tmp_path / "t.jsonl"), sequential)
+    main(["curate", str(tmp_path / "t.jsonl"), str(tmp_path / "out"), "--dry-run", "--tokenizer", "synth"])
+    printed = capsys.readouterr().out
+    assert "5 of 5 traces would be curated" in printed and "about 15 calls" in printed
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_the_command_writes_rows_sft_reads_and_says_what_it_did(tmp_path, capsys):
+    _, sequential = sequential_rows(4)
+    write_jsonl(str(tmp_path / "t.jsonl"), sequential)
+    with stand_in_server(StandIn()) as url:
+        main(["curate", str(tmp_path / "t.jsonl"), str(tmp_path / "out"), "--base-url", url, "--model", "m"])
+    printed = capsys.readouterr().out
+    assert "traces 4, kept 4" in printed and "LLM calls 12" in printed
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["kept"] == 4 and report["llm"]["model"] == "m"
+    from threadweaver.kit.tokenizers import load_tokenizer
+    from threadweaver.rows import RowReader
+
+    reader = RowReader(load_tokenizer("qwen"))
+    for _, row in read_jsonl(str(tmp_path / "out" / "train.jsonl")):
+        assert reader.trajectory(row)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["missing.jsonl", "out", "--model", "m"], "No such file"),
+        (["t.jsonl", "out"], "--model NAME"),
+        (["t.jsonl", "out", "--model", "m", "--max-threads", "1"], "max_threads must be 2..16"),
+    ],
+)
+def test_bad_commands_say_what_is_wrong_in_one_line(tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    write_jsonl("t.jsonl", sequential_rows(1)[1])
+    with pytest.raises(SystemExit) as exit_:
+        main(["curate", *argv])
+    assert message in str(exit_.value) and "\n" not in str(exit_.value)
+
+
+def test_units_tile_the_reasoning():
+    for text in ["\nA\nB\n\n\nC\n", "A", "  A\n\n", "\n\n", "A\r\nB\n"]:
+        lead, units = split_units(text)
+        assert lead + "".join(units) == text
+        assert all(u.strip() for u in units)
+
+
+def test_generate_rows_give_their_problem_from_the_prompt_ids():
+    fmt = target_format("qwen")
+    prompt = "<|im_start|>system\nx<|im_end|>\n<|im_start|>user\nA=1+2\nA=?<|im_end|>\n<|im_start|>assistant\n"
+    row = {
+        "id": "g",
+        "prompt_ids": fmt.codec.encode(prompt),
+        "text": "<think>\nA=1+2\n</think>\n\\boxed{3}",
+        "answer": 3,
+    }
+    trace = to_trace(row, 1, fmt.decode)
+    assert (trace.problem, trace.units, trace.final, trace.answer) == ("A=1+2\nA=?", ("A=1+2\n",), "\n\\boxed{3}", "3")
+
+
+def test_extract_and_edits_check_what_code_can_check():
+    row = chat_row(make_rows(1, 0)[0], "sequential")
+    trace = to_trace(row, 1)
+    n = len(trace.units)
+
+    def block(*spans):
+        return ProposedBlock(threads=[Span(first=a, last=b) for a, b in spans])
+
+    assert extract(trace, block((1, 1), (2, 2)), 4, 10).threads[1] == trace.units[1].rstrip()
+    for spans, reason in [
+        (((1, 1), (3, 3)), "thread_gap"),
+        (((1, 2), (2, 3)), "thread_overlap"),
+        (((1, 1), (2, n + 1)), "out_of_range"),
+        (((1, 1), (2, 2), (3, 3)), "thread_count"),
+    ]:
+        with pytest.raises(Refused) as refused:
+            extract(trace, block(*spans), 2, 10)
+        assert refused.value.reason == reason
+    with pytest.raises(Refused, match="characters outside the longest thread"):
+        extract(trace, block((1, 1), (2, 2)), 4, 10_000)
+    two = Block(((0, 1), (1, 2)), ("x=1+1 is 2", "y=4+5 is 9"))
+    assert apply_edits(two, [Edit(thread=2, find="9", replace="nine")], 20, 0.5).threads[1] == "y=4+5 is nine"
+    for edit, reason in [
+        (Edit(thread=3, find="x", replace="y"), "edit_thread"),
+        (Edit(thread=1, find="q", replace="y"), "edit_absent"),
+        (Edit(thread=1, find="1", replace="one"), "edit_ambiguous"),
+        (Edit(thread=1, find="x=1+1 is 2", replace="z"), "too_changed"),
+        (Edit(thread=1, find="x", replace="y" * 30), "edit_too_large"),
+    ]:
+        with pytest.raises(Refused) as refused:
+            apply_edits(two, [edit], 20, 0.5)
+        assert refused.value.reason == reason
+    assert assemble(trace, []) == row["messages"][1]["content"]
+
+
+def test_the_schemas_are_strict_and_bounded():
+    schema = json_schema(Segmentation)
+    assert "$defs" not in json.dumps(schema) and schema["additionalProperties"] is False
+    span = schema["properties"]["blocks"]["items"]["properties"]["threads"]["items"]
+    assert span["required"] == ["first", "last"] and span["properties"]["first"]["maximum"] == 4096

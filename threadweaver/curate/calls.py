@@ -1,0 +1,210 @@
+"""LLM calls for ``curate``: the official ``openai`` async client against any OpenAI-compatible
+chat endpoint, structured outputs, a call cache on disk, and token accounting per stage.
+
+The client retries connection errors, timeouts, 408/409/429 (honouring ``Retry-After``) and 5xx with
+exponential backoff and jitter; what still fails, and every other 4xx, becomes :class:`CallFailed`
+with a reason code and the server's message. Every reply the server gives is cached in SQLite by a
+hash of (model, messages, schema, sampling, stage version) the moment it arrives, so a killed run
+resumes without paying for a finished call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import sqlite3
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from pydantic import BaseModel, ValidationError
+
+from . import prompts
+from .config import LLMArgs
+from .schemas import json_schema
+
+FAILURES = (
+    "rate_limited",
+    "server_error",
+    "timeout",
+    "connection",
+    "refused",
+    "truncated",
+    "invalid_json",
+    "schema_invalid",
+)
+"""Why a call gave no usable reply."""
+
+
+class CallFailed(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+@dataclass
+class Usage:
+    calls: int = 0
+    """Requests the server answered in this run."""
+    cache_hits: int = 0
+    failures: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens the server says it served from its cache (where it says)."""
+
+    def add(self, usage: dict) -> None:
+        self.calls += 1
+        self.prompt_tokens += usage.get("prompt_tokens") or 0
+        self.completion_tokens += usage.get("completion_tokens") or 0
+        self.cached_tokens += usage.get("cached_tokens") or 0
+
+
+class CallCache:
+    """Replies by call key, in one SQLite file; each reply is committed as it arrives."""
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self.path = path
+        self.db = sqlite3.connect(path)
+        self.db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, stage TEXT, reply TEXT)")
+        self.db.commit()
+
+    def get(self, key: str) -> dict | None:
+        row = self.db.execute("SELECT reply FROM replies WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def put(self, key: str, stage: str, reply: dict) -> None:
+        self.db.execute("INSERT OR REPLACE INTO replies VALUES (?, ?, ?)", (key, stage, json.dumps(reply)))
+        self.db.commit()
+
+    def __len__(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM replies").fetchone()[0]
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def call_key(model: str, messages: list[dict], schema: dict, sampling: dict, stage: str) -> str:
+    blob = json.dumps([model, messages, schema, sampling, stage, prompts.VERSION[stage]], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class LLM:
+    """Structured chat calls for the stages, cached and counted."""
+
+    def __init__(self, args: LLMArgs, cache: CallCache):
+        import openai
+
+        if not args.model:
+            raise ValueError("name the model the endpoint serves: --model NAME")
+        key = args.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        self.client = openai.AsyncOpenAI(
+            base_url=args.base_url, api_key=key, timeout=args.timeout_s, max_retries=args.max_retries
+        )
+        self.args, self.cache = args, cache
+        self.slots = asyncio.Semaphore(args.concurrency)
+        self.usage: dict[str, Usage] = defaultdict(Usage)
+
+    async def ask(
+        self,
+        stage: str,
+        messages: list[dict],
+        model: type[BaseModel],
+        use: Callable | None = None,
+        schema: dict | None = None,
+    ):
+        """``use(reply)`` of the validated reply (the reply itself without ``use``), where ``use``
+        raises ``Refused`` for a reply the stage cannot use. ``schema``: the one to send, if
+        tighter than ``model``'s (``model`` still validates the reply).
+
+        A refused reply is asked again with the reason up to ``reasks`` times; a reply cut by the
+        token budget once more with twice the budget. Raises :class:`CallFailed` or the last ``Refused``.
+        """
+        from .blocks import Refused
+
+        budget = self.args.max_reply_tokens
+        schema = schema or json_schema(model)
+        for attempt in range(self.args.reasks + 1):
+            reply = await self.complete(stage, messages, schema, budget)
+            if reply["finish_reason"] == "length" and budget == self.args.max_reply_tokens:
+                budget *= 2
+                reply = await self.complete(stage, messages, schema, budget)
+            if reply["finish_reason"] == "length":
+                raise self._failed(stage, "truncated", f"the reply reached {budget} tokens unfinished")
+            try:
+                parsed = model.model_validate_json(reply["content"] or "")
+                return parsed if use is None else use(parsed)
+            except ValidationError as err:
+                bad_json = any(e["type"] == "json_invalid" for e in err.errors())
+                failure: Exception = CallFailed("invalid_json" if bad_json else "schema_invalid", _first_error(err))
+            except Refused as err:
+                failure = err
+            if attempt < self.args.reasks:
+                messages = prompts.reask(messages, reply["content"] or "", str(failure))
+        self.usage[stage].failures += 1
+        raise failure
+
+    async def complete(self, stage: str, messages: list[dict], schema: dict, max_tokens: int) -> dict:
+        """One reply (content, finish_reason, usage) from the cache, or from the server and then cached."""
+        import openai
+
+        sampling = {"temperature": self.args.temperature, "max_tokens": max_tokens}
+        extra_body = json.loads(self.args.extra_body) if self.args.extra_body else None
+        key = call_key(self.args.model, messages, schema, {**sampling, "extra_body": extra_body}, stage)
+        cached = self.cache.get(key)
+        if cached is not None:
+            self.usage[stage].cache_hits += 1
+            return cached
+        response_format = {"type": "json_schema", "json_schema": {"name": stage, "schema": schema, "strict": True}}
+        try:
+            async with self.slots:
+                completion = await self.client.chat.completions.create(
+                    model=self.args.model,
+                    messages=messages,
+                    response_format=response_format,
+                    extra_body=extra_body,
+                    **sampling,
+                )
+        except openai.APITimeoutError as err:
+            raise self._failed(stage, "timeout", str(err)) from None
+        except openai.APIConnectionError as err:
+            raise self._failed(stage, "connection", str(err)) from None
+        except openai.RateLimitError as err:
+            raise self._failed(stage, "rate_limited", err.message) from None
+        except openai.InternalServerError as err:
+            raise self._failed(stage, "server_error", f"{err.status_code}: {err.message}") from None
+        except openai.APIStatusError as err:
+            raise self._failed(stage, "refused", f"{err.status_code}: {err.message}") from None
+        if not completion.choices:
+            raise self._failed(stage, "server_error", "the reply has no choices")
+        choice = completion.choices[0]
+        usage = completion.usage
+        details = getattr(usage, "prompt_tokens_details", None) if usage else None
+        counted = {
+            "prompt_tokens": usage.prompt_tokens if usage else 0,
+            "completion_tokens": usage.completion_tokens if usage else 0,
+            "cached_tokens": (getattr(details, "cached_tokens", None) or 0) if details else 0,
+        }
+        reply = {"content": choice.message.content, "finish_reason": choice.finish_reason, "usage": counted}
+        self.cache.put(key, stage, reply)
+        self.usage[stage].add(counted)
+        return reply
+
+    def _failed(self, stage: str, reason: str, detail: str) -> CallFailed:
+        self.usage[stage].failures += 1
+        return CallFailed(reason, detail)
+
+    def usage_dict(self) -> dict[str, dict]:
+        return {stage: asdict(u) for stage, u in self.usage.items()}
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def _first_error(err: ValidationError) -> str:
+    e = err.errors()[0]
+    where = ".".join(map(str, e["loc"])) or "the reply"
+    return f"{where}: {e['msg']}"

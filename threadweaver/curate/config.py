@@ -1,0 +1,81 @@
+"""The settings of ``threadweaver curate``, each declared once; their help is the command's."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from threadweaver.cli_args import option
+
+
+@dataclass(frozen=True)
+class CurateArgs:
+    traces: str = field(metadata={"help": "Sequential traces: JSONL or parquet (chat, flat or `generate` rows)."})
+    out_dir: str = field(metadata={"help": "Where train.jsonl, dropped.jsonl, report.json and the call cache go."})
+    tokenizer: str = option(
+        "qwen", "The target model's tokenizer directory, or 'qwen'/'synth' (checks the round trip)."
+    )
+    dry_run: bool = option(False, "Read and check the traces and estimate the tokens and cost; call nothing.")
+
+
+@dataclass(frozen=True)
+class LLMArgs:
+    base_url: str | None = option(
+        None, "OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (default: $OPENAI_BASE_URL, else OpenAI)."
+    )
+    model: str | None = option(None, "Model name the endpoint serves (needed for every run but a dry one).")
+    api_key: str | None = option(None, "API key (default: $OPENAI_API_KEY; a local server needs none).")
+    concurrency: int = option(16, "LLM requests in flight at once.")
+    temperature: float = option(0.0, "Sampling temperature of every call.")
+    max_reply_tokens: int = option(1024, "Token budget of a reply; a reply cut at it is asked again with twice this.")
+    timeout_s: float = option(300.0, "Seconds before one request times out (then it is retried).")
+    max_retries: int = option(4, "Retries of a request after a connection error, timeout, 429 or 5xx.")
+    reasks: int = option(1, "Times a refused reply (invalid JSON, schema, a check) is asked again with the reason.")
+    extra_body: str | None = option(
+        None,
+        "JSON object added to every request, for the server's own fields, e.g. "
+        '\'{"chat_template_kwargs": {"enable_thinking": false}}\' for a Qwen3 model on vLLM.',
+    )
+
+    def __post_init__(self):
+        if self.concurrency < 1 or self.max_reply_tokens < 1 or self.max_retries < 0 or self.reasks < 0:
+            raise ValueError("concurrency and max_reply_tokens must be >= 1, max_retries and reasks >= 0")
+        if self.extra_body is not None:
+            try:
+                body = json.loads(self.extra_body)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"--extra-body is not JSON ({err})") from None
+            if not isinstance(body, dict):
+                raise ValueError("--extra-body must be a JSON object")
+
+
+@dataclass(frozen=True)
+class CurateConfig:
+    max_threads: int = option(4, "Most threads in one block.")
+    min_parallel_chars: int = option(40, "Least characters of a block outside its longest thread.")
+    max_units: int = option(400, "Traces with more reasoning lines than this are dropped (too_many_units).")
+    max_edit_chars: int = option(120, "Longest find or replace string of a decoupling edit.")
+    max_change: float = option(0.3, "Largest share of a thread the decoupling edits may change.")
+    min_speedup: float = option(1.05, "Least token-latency speedup of a kept trajectory.")
+    max_tokens: int | None = option(None, "Drop trajectories longer than this many tokens (default: no limit).")
+    price_prompt: float = option(0.0, "USD per million prompt tokens, for the report and --max-cost.")
+    price_completion: float = option(0.0, "USD per million completion tokens.")
+    price_cached: float | None = option(None, "USD per million cached prompt tokens (default: the prompt price).")
+    max_cost: float | None = option(None, "Stop starting new traces once this many USD are spent (default: no limit).")
+    limit: int | None = option(None, "Curate only the first N traces.")
+
+    def __post_init__(self):
+        if not 2 <= self.max_threads <= 16:
+            raise ValueError(f"max_threads must be 2..16, not {self.max_threads}")
+        if not 0 <= self.max_change <= 1:
+            raise ValueError(f"max_change is a share (0..1), not {self.max_change}")
+
+    def cost(self, usage: dict) -> float:
+        cached = usage["cached_tokens"]
+        cached_price = self.price_prompt if self.price_cached is None else self.price_cached
+        dollars = (
+            (usage["prompt_tokens"] - cached) * self.price_prompt
+            + cached * cached_price
+            + usage["completion_tokens"] * self.price_completion
+        )
+        return dollars / 1e6

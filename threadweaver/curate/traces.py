@@ -1,0 +1,137 @@
+"""Sequential traces in: the rows ``curate`` reads, and the units a trace is cut into.
+
+A row gives the problem, the assistant's full response (``<think>`` reasoning ``</think>``
+then the final answer text) and the gold answer, in any of these shapes:
+
+* chat: ``messages`` with a user turn and a last assistant turn, and ``answer``;
+* flat: ``problem`` (or ``prompt``/``question``) and ``response`` (or ``completion``), or
+  ``reasoning`` and ``final`` apart, and ``answer`` (or ``gold``);
+* ``threadweaver generate --sequential`` output: ``text``, ``prompt_ids`` (the problem is the
+  last user turn of the decoded chat prompt) and ``answer``.
+
+The reasoning is cut into units: a unit is one line that has text, with the newline that ends it
+and any blank lines after it, so the units tile the reasoning exactly (blank lines before the
+first unit stay in ``lead``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from threadweaver.format import THINK, THINK_END
+from threadweaver.jsonl import RowError, parse_line
+
+_LAST_USER_TURN = re.compile(r".*<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
+
+
+@dataclass(frozen=True)
+class Trace:
+    id: str
+    line: int
+    """Line (JSONL) or row number (parquet, 1-based) in the input."""
+    problem: str
+    lead: str
+    """Blank lines between ``<think>`` and the first unit."""
+    units: tuple[str, ...]
+    final: str
+    """Everything after ``</think>``: the answer text, kept as it is."""
+    answer: str
+    """The gold answer."""
+
+    @property
+    def reasoning(self) -> str:
+        return self.lead + "".join(self.units)
+
+    @property
+    def response(self) -> str:
+        return f"{THINK}{self.reasoning}{THINK_END}{self.final}"
+
+
+def split_units(reasoning: str) -> tuple[str, tuple[str, ...]]:
+    """(leading whitespace, units); ``lead + "".join(units) == reasoning``."""
+    lead, units = "", []
+    for line in re.split(r"(?<=\n)", reasoning):
+        if line.strip():
+            units.append(line)
+        elif units:
+            units[-1] += line
+        else:
+            lead += line
+    return lead, tuple(units)
+
+
+def read_rows(path: str) -> Iterator[tuple[int, dict | RowError]]:
+    """(line or row number, row) from JSONL or parquet; a line that is no JSON object comes as the
+    :class:`RowError` that says why, and reading goes on."""
+    if not path.endswith(".parquet"):
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, 1):
+                try:
+                    row = parse_line(raw, number)
+                except RowError as err:
+                    yield number, err
+                else:
+                    if row is not None:
+                        yield number, row
+        return
+    import pyarrow.parquet as pq
+
+    number = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
+        for row in batch.to_pylist():
+            number += 1
+            yield number, row
+
+
+def to_trace(row: dict, line: int, decode_prompt: Callable[[list[int]], str] | None = None) -> Trace:
+    """One row as a trace; a row it cannot read raises :class:`RowError` naming the field."""
+    problem, response = _problem_and_response(row, line, decode_prompt)
+    answer = _first(row, ("answer", "gold"))
+    if answer is None:
+        raise RowError(line, "no gold answer: give an 'answer' (or 'gold') field")
+    start, end = response.find(THINK), response.rfind(THINK_END)
+    if start < 0 or end < start:
+        raise RowError(line, f"the response has no {THINK}...{THINK_END} reasoning to rewrite")
+    lead, units = split_units(response[start + len(THINK) : end])
+    final = response[end + len(THINK_END) :]
+    return Trace(str(row.get("id", f"line-{line}")), line, problem, lead, units, final, str(answer))
+
+
+def _problem_and_response(row: dict, line: int, decode_prompt) -> tuple[str, str]:
+    messages = row.get("messages")
+    if messages is not None:
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise RowError(line, "'messages' must be a list of {role, content} objects")
+        users = [m for m in messages if m.get("role") == "user"]
+        if not users or messages[-1].get("role") != "assistant":
+            raise RowError(line, "'messages' needs a user turn and, last, the assistant's response")
+        return _text(users[-1].get("content"), line, "messages[user].content"), _text(
+            messages[-1].get("content"), line, "messages[assistant].content"
+        )
+    problem = _first(row, ("problem", "prompt", "question"))
+    if problem is None and "prompt_ids" in row and decode_prompt is not None:
+        match = _LAST_USER_TURN.match(decode_prompt(row["prompt_ids"]))
+        if match is None:
+            raise RowError(line, "'prompt_ids' decode to no user turn (<|im_start|>user ... <|im_end|>)")
+        problem = match.group(1)
+    if problem is None:
+        raise RowError(line, "no problem: give 'messages', 'problem' (or 'prompt'/'question'), or 'prompt_ids'")
+    response = _first(row, ("response", "completion", "text"))
+    if response is None and "reasoning" in row:
+        reasoning, final = _text(row["reasoning"], line, "reasoning"), _text(row.get("final", ""), line, "final")
+        response = f"{THINK}{reasoning}{THINK_END}{final}"
+    if response is None:
+        raise RowError(line, "no response: give 'response' (or 'completion'/'text'), or 'reasoning' and 'final'")
+    return _text(problem, line, "problem"), _text(response, line, "response")
+
+
+def _first(row: dict, names: tuple[str, ...]):
+    return next((row[n] for n in names if row.get(n) is not None), None)
+
+
+def _text(value, line: int, field: str) -> str:
+    if not isinstance(value, str):
+        raise RowError(line, f"'{field}' must be text, not {type(value).__name__}")
+    return value
