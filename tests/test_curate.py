@@ -7,12 +7,13 @@ the replies and in the transport each end in their reason code, and nothing cras
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 from llm_stand_in import StandIn, stand_in_server
 
 from threadweaver.cli import main
-from threadweaver.curate import prompts
+from threadweaver.curate import pipeline, prompts
 from threadweaver.curate.blocks import Block, Refused, apply_edits, assemble, extract
 from threadweaver.curate.config import CurateArgs, CurateConfig, LLMArgs
 from threadweaver.curate.run import run, target_format
@@ -21,7 +22,8 @@ from threadweaver.curate.traces import split_units, to_trace
 from threadweaver.jsonl import read_jsonl, write_jsonl
 from threadweaver.synth import chat_row, make_rows
 
-FAST = LLMArgs(model="stand-in", max_retries=1, timeout_s=1.0, concurrency=8)
+FAST = LLMArgs(model="stand-in", max_retries=1, timeout_s=10.0, concurrency=8)
+"""Generous timeouts: a loaded CI machine must not turn a slow reply into a ``timeout`` drop."""
 
 
 def curate(tmp_path, rows, stand_in, name="out", llm=FAST, **config):
@@ -31,9 +33,7 @@ def curate(tmp_path, rows, stand_in, name="out", llm=FAST, **config):
     out = tmp_path / name
     with stand_in_server(stand_in) as url:
         stats = run(
-            CurateArgs(str(traces), str(out), tokenizer="synth"),
-            LLMArgs(**{**llm.__dict__, "base_url": url}),
-            CurateConfig(**config),
+            CurateArgs(str(traces), str(out), tokenizer="synth"), replace(llm, base_url=url), CurateConfig(**config)
         )
     kept = {row["id"]: row for _, row in read_jsonl(str(out / "train.jsonl"))}
     dropped = [row for _, row in read_jsonl(str(out / "dropped.jsonl"))]
@@ -81,7 +81,8 @@ def test_curate_rebuilds_the_parallel_form_of_200_problems_token_for_token(tmp_p
 def test_each_fault_ends_in_its_reason_and_the_other_traces_go_on(tmp_path, fault, stage, reasons):
     rows, sequential = sequential_rows(4)
     stand_in = StandIn({rows[1]["prompt"]: fault})
-    stats, kept, dropped = curate(tmp_path, sequential, stand_in)
+    llm = replace(FAST, timeout_s=1.0) if fault == "timeout" else FAST  # the stand-in sleeps 3 s
+    stats, kept, dropped = curate(tmp_path, sequential, stand_in, llm=llm)
     assert set(kept) == {rows[i]["id"] for i in (0, 2, 3)}
     mine = [d for d in dropped if d["id"] == rows[1]["id"]]
     assert {d["reason"] for d in mine} == reasons and {d["stage"] for d in mine} == {stage}
@@ -141,9 +142,23 @@ def test_the_report_accounts_for_every_row_including_bad_ones(tmp_path):
     assert stats["cost_usd"] > 0
 
 
+def test_an_unexpected_fault_ends_its_trace_not_the_run(tmp_path, monkeypatch):
+    rows, sequential = sequential_rows(2)
+
+    def broken(trace, blocks):
+        if trace.id == rows[0]["id"]:
+            raise KeyError("boom")
+        return assemble(trace, blocks)
+
+    monkeypatch.setattr(pipeline, "assemble", broken)
+    stats, kept, dropped = curate(tmp_path, sequential, StandIn())
+    assert set(kept) == {rows[1]["id"]}
+    assert [(d["stage"], d["reason"], d["detail"]) for d in dropped] == [("verify", "error", "KeyError: 'boom'")]
+
+
 def test_max_cost_stops_starting_traces(tmp_path):
     _, sequential = sequential_rows(12)
-    llm = LLMArgs(**{**FAST.__dict__, "concurrency": 1})
+    llm = replace(FAST, concurrency=1)
     stats, kept, dropped = curate(tmp_path, sequential, StandIn(), llm=llm, price_prompt=1e6, max_cost=1.0)
     assert 0 < len(kept) < 12
     assert stats["dropped"]["segment"] == {"max_cost": 12 - len(kept)}
@@ -189,6 +204,23 @@ def test_bad_commands_say_what_is_wrong_in_one_line(tmp_path, monkeypatch, argv,
     with pytest.raises(SystemExit) as exit_:
         main(["curate", *argv])
     assert message in str(exit_.value) and "\n" not in str(exit_.value)
+
+
+def test_parquet_traces_in_flat_columns(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows, _ = sequential_rows(3)
+    flat = [{"id": r["id"], "problem": r["prompt"], "response": r["sequential"], "answer": r["answer"]} for r in rows]
+    pq.write_table(pa.Table.from_pylist(flat), tmp_path / "traces.parquet")
+    with stand_in_server(StandIn()) as url:
+        stats = run(
+            CurateArgs(str(tmp_path / "traces.parquet"), str(tmp_path / "out"), tokenizer="synth"),
+            replace(FAST, base_url=url),
+            CurateConfig(),
+        )
+    kept = [row for _, row in read_jsonl(str(tmp_path / "out" / "train.jsonl"))]
+    assert stats["kept"] == 3 and [k["messages"][1]["content"] for k in kept] == [r["parallel"] for r in rows]
 
 
 def test_units_tile_the_reasoning():

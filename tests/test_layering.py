@@ -25,7 +25,7 @@ PLUGINS = {
     "lmeval_tasks": ({"lm_eval"}, {"vllm_orchestrator"}),
     "verl_rollout": ({"verl"}, set()),
 }
-TOP = {"threadweaver.cli", "threadweaver.quickstart"}
+TOP = {"threadweaver.cli", "threadweaver.quickstart", "threadweaver.self_train"}
 
 
 def modules() -> dict[str, Path]:

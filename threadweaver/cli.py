@@ -72,6 +72,39 @@ def _filter(args: argparse.Namespace) -> None:
     print(f"wrote {args.out} and {args.out}.report.json")
 
 
+def _convert(args: argparse.Namespace) -> None:
+    import os
+
+    from tqdm import tqdm
+
+    from threadweaver.convert import ConvertConfig, convert_file, format_report
+    from threadweaver.format import Format
+    from threadweaver.kit.tokenizers import load_tokenizer
+
+    def fail(message: str):
+        sys.exit(f"threadweaver convert: {' '.join(message.split())}")
+
+    if not os.path.isfile(args.input):
+        fail(f"{args.input}: no such file")
+    if os.path.abspath(args.out) == os.path.abspath(args.input):
+        fail(f"OUT is the input file {args.input}; name another")
+    try:
+        config = from_args(ConvertConfig, args)
+        fmt = Format.from_tokenizer(load_tokenizer(args.tokenizer))
+    except (ValueError, OSError) as err:
+        fail(str(err))
+
+    def bar(rows):
+        return tqdm(rows, desc="convert", unit=" rows", disable=not sys.stderr.isatty())
+
+    try:
+        report = convert_file(args.input, args.out, args.source, fmt, config, bar)
+    except (ValueError, OSError) as err:
+        fail(f"{args.input}: {err}")
+    print(format_report(report))
+    print(f"wrote {args.out} and {args.out}.report.json")
+
+
 def _curate(args: argparse.Namespace) -> None:
     from threadweaver.curate.config import CurateArgs, CurateConfig, LLMArgs
     from threadweaver.curate.pipeline import format_report
@@ -86,6 +119,23 @@ def _curate(args: argparse.Namespace) -> None:
         return
     print(format_report(stats))
     print(f"wrote {args.out_dir}/train.jsonl, dropped.jsonl and report.json")
+
+
+def _self_train(args: argparse.Namespace) -> None:
+    import logging
+
+    from threadweaver.engine import EngineError, Sampling
+    from threadweaver.selection import format_report
+    from threadweaver.self_train import SelfTrainArgs, run
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        configs = [from_args(c, args) for c in (SelfTrainArgs, Sampling, FilterConfig)]
+        summary = run(*configs, args.rest)
+    except (ValueError, OSError, RuntimeError, EngineError) as err:
+        sys.exit(f"threadweaver self-train: {err}\nwhat is done is in {args.out}; rerun the same command to go on")
+    print(format_report(summary["filter"]))
+    print(f"trained on {summary['kept']} kept + {summary['mixed']} mixed rows: {summary['model']}")
 
 
 def _view(args: argparse.Namespace) -> None:
@@ -232,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     from threadweaver.kit.models import TinyQwen3Config
     from threadweaver.orchestrator import Limits, Sampling
     from threadweaver.quickstart import QuickstartArgs
+    from threadweaver.self_train import SelfTrainArgs
     from threadweaver.vllm_orchestrator.engines import EngineArgs
     from threadweaver.vllm_orchestrator.generate import GenerateArgs
     from threadweaver.vllm_orchestrator.proxy import ProxyArgs
@@ -268,6 +319,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(p, FilterConfig)
     p.set_defaults(func=_filter)
 
+    from threadweaver.convert import SOURCES, ConvertConfig
+
+    p = commands.add_parser(
+        "convert", help="bring a peer's parallel dataset into our format (Multiverse, reference, NPR)"
+    )
+    p.add_argument("input", help="the peer's rows: JSONL, parquet (.parquet) or a JSON array (.json)")
+    p.add_argument("out", help="our chat rows (JSONL, for sft); the report goes to OUT.report.json")
+    p.add_argument("--from", dest="source", required=True, choices=SOURCES, help="the input's format")
+    p.add_argument("--tokenizer", default="qwen", help="'qwen' (default), 'synth', or a tokenizer directory")
+    add_arguments(p, ConvertConfig)
+    p.set_defaults(func=_convert)
+
     p = commands.add_parser(
         "curate", help="rewrite sequential reasoning traces into parallel SFT data with an LLM (stage 1 of the data)"
     )
@@ -275,6 +338,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(p, LLMArgs)
     add_arguments(p, CurateConfig)
     p.set_defaults(func=_curate)
+
+    p = commands.add_parser(
+        "self-train",
+        help="sample a model on problems, keep its correct parallel trajectories and fine-tune on them "
+        "(stage 2 of the data; more flags go to sft)",
+    )
+    add_arguments(p, SelfTrainArgs)
+    add_arguments(p, Sampling, defaults={"temperature": 0.6})
+    add_arguments(p, FilterConfig)
+    p.set_defaults(func=_self_train)
 
     p = commands.add_parser("view", help="one self-contained HTML page to read trajectories and inspect the tree mask")
     p.add_argument(
@@ -346,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
         argv, passthrough = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     args, rest = parser.parse_known_args(argv)
     args.rest = rest
-    if args.rest and args.func not in (_sft, _pgrpo):
+    if args.rest and args.func not in (_sft, _pgrpo, _self_train):
         parser.error(f"unrecognized arguments: {' '.join(args.rest)}")
     if passthrough and args.func is not _serve:
         parser.error("only `threadweaver serve` passes flags after --")

@@ -24,9 +24,14 @@ def option(default, help: str, *, choices: tuple | None = None):
 
 
 def add_arguments(
-    parser: argparse.ArgumentParser, config_cls: type, exclude: tuple[str, ...] = (), include: tuple[str, ...] = ()
+    parser: argparse.ArgumentParser,
+    config_cls: type,
+    exclude: tuple[str, ...] = (),
+    include: tuple[str, ...] = (),
+    defaults: dict | None = None,
 ) -> None:
-    """A flag per field of ``config_cls`` (only ``include`` if given; never ``exclude`` or non-init fields)."""
+    """A flag per field of ``config_cls`` (only ``include`` if given; never ``exclude`` or non-init fields);
+    ``defaults``: this command's own defaults, where they differ from the config's."""
     hints = typing.get_type_hints(config_cls)
     for f in dataclasses.fields(config_cls):
         if f.name in exclude or not f.init or (include and f.name not in include):
@@ -34,17 +39,18 @@ def add_arguments(
         flag = "--" + f.name.replace("_", "-")
         kind = value_type(hints[f.name])
         help_text = f.metadata.get("help", "")
+        default = (defaults or {}).get(f.name, f.default)
         if f.default is dataclasses.MISSING:
             parser.add_argument(f.name, type=kind, help=help_text)
         elif kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
             parser.add_argument(
                 flag,
                 type=kind,
-                default=f.default,
+                default=default,
                 choices=f.metadata.get("choices"),
-                help=help_text if "default" in help_text else f"{help_text} (default: {f.default})",
+                help=help_text if "default" in help_text else f"{help_text} (default: {default})",
             )
 
 

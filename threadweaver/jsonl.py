@@ -1,4 +1,5 @@
-"""JSONL files: rows in with errors that name the line, rows out atomically or as they finish."""
+"""Row files: JSONL rows in with errors that name the line (parquet and JSON arrays too), rows
+out atomically or as they finish."""
 
 from __future__ import annotations
 
@@ -40,6 +41,62 @@ def parse_line(raw: bytes, line_no: int) -> dict | None:
     if not isinstance(row, dict):
         raise RowError(line_no, "not a JSON object")
     return row
+
+
+class InputError(ValueError):
+    """A file that cannot be read as a whole (not one row of it)."""
+
+
+def read_rows(path: str) -> Iterator[tuple[int, dict | RowError]]:
+    """(line or 1-based row, row) of a JSONL, parquet (``.parquet``, read in batches) or JSON-array
+    (``.json``) file, where a row that is not a JSON object comes as the :class:`RowError` that
+    says why, in its place, and reading goes on. A file that cannot be read as a whole raises
+    :class:`InputError`."""
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as f:
+            try:
+                rows = json.load(f)
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                raise InputError(f"not a JSON file ({err})") from None
+        if not isinstance(rows, list):
+            raise InputError("a .json input must be a JSON array of rows")
+        for k, row in enumerate(rows, 1):
+            yield k, row if isinstance(row, dict) else RowError(k, "not a JSON object")
+        return
+    if path.endswith(".parquet"):
+        yield from _parquet_rows(path)
+        return
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                row = parse_line(raw, number)
+            except RowError as err:
+                yield number, err
+            else:
+                if row is not None:
+                    yield number, row
+
+
+def _parquet_rows(path: str) -> Iterator[tuple[int, dict]]:
+    import pyarrow.parquet as pq
+
+    try:
+        batches = pq.ParquetFile(path).iter_batches(batch_size=256)
+        number = 0
+        for batch in batches:
+            for row in batch.to_pylist():
+                number += 1
+                yield number, row
+    except ValueError as err:  # pyarrow's ArrowInvalid: not a parquet file, or a corrupt one
+        raise InputError(f"not a readable parquet file ({' '.join(str(err).split())})") from None
+
+
+def write_json(path: str, value) -> None:
+    """One JSON document, written atomically."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=1)
+    os.replace(tmp, path)
 
 
 def write_jsonl(path: str, rows: Iterable[dict]) -> None:

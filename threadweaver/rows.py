@@ -25,6 +25,9 @@ from typing import Any
 
 from threadweaver.format import Format
 
+FIELDS = ("prompt_ids", "completion_ids", "token_ids", "messages", "prompt", "completion", "text")
+"""Every field a row is read from; the rest of a row is its own business."""
+
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict], **template_kwargs) -> list[int]:
     """``messages`` through the chat template, with the generation prompt, as token ids."""

@@ -88,6 +88,8 @@ class TrieCollator:
     def flatten(self, row: dict, name: str | None = None) -> FlatRow:
         """One row, flattened; raises :class:`RowFormatError` naming the row and position."""
         name = name if name is not None else str(row.get(self.row_key, "?"))
+        # A datasets table gives every row every column of the file, None where the row had none.
+        row = {key: value for key, value in row.items() if value is not None}
         try:
             prompt, trajectory = self.encode(row)
             if not prompt:

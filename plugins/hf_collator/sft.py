@@ -19,6 +19,7 @@ from threadweaver.cli_args import add_arguments
 from threadweaver.hf_collator.attention import use_tree_attention
 from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
 from threadweaver.jsonl import RowError, read_jsonl
+from threadweaver.rows import FIELDS
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def load_rows(path: str, collator: TrieCollator) -> list[dict]:
     for line, row in tqdm(read_jsonl(path), desc="checking rows", unit=" rows"):
         name = f"{line}" + (f" (id {row['id']})" if "id" in row else "")
         if collator.flatten_or_skip(row, name) is not None:
-            rows.append({**row, "_row": name})
+            rows.append({**{field: row[field] for field in FIELDS if field in row}, "_row": name})
     if collator.skipped:
         logger.warning("skipped %d malformed rows of %s", collator.skipped, path)
     if not rows:
@@ -97,10 +98,18 @@ def load_rows(path: str, collator: TrieCollator) -> list[dict]:
     return rows
 
 
+def _table(rows: list[dict]):
+    """The rows as a datasets table with every field any row has (``Dataset.from_list`` keeps the
+    first row's only); a row lacks nothing it had, and gets None for the fields it had not."""
+    from datasets import Dataset
+
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    return Dataset.from_dict({key: [row.get(key) for row in rows] for key in columns})
+
+
 def train(model_dir: str, data: str, config, attention: str = "auto", **collator_settings) -> str:
     """Fine-tune ``model_dir`` on ``data`` with ``config`` (an ``SFTConfig``); returns the output directory."""
     import torch
-    from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
@@ -124,11 +133,7 @@ def train(model_dir: str, data: str, config, attention: str = "auto", **collator
     config.remove_unused_columns = False
     config.dataset_kwargs = {**(config.dataset_kwargs or {}), "skip_prepare_dataset": True}
     trainer = SFTTrainer(
-        model=model,
-        args=config,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
-        data_collator=collator,
+        model=model, args=config, train_dataset=_table(rows), processing_class=tokenizer, data_collator=collator
     )
     trainer.train()
     if collator.skipped:

@@ -98,8 +98,6 @@ class LLM:
     def __init__(self, args: LLMArgs, cache: CallCache):
         import openai
 
-        if not args.model:
-            raise ValueError("name the model the endpoint serves: --model NAME")
         key = args.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
         self.client = openai.AsyncOpenAI(
             base_url=args.base_url, api_key=key, timeout=args.timeout_s, max_retries=args.max_retries
@@ -178,6 +176,8 @@ class LLM:
             raise self._failed(stage, "server_error", f"{err.status_code}: {err.message}") from None
         except openai.APIStatusError as err:
             raise self._failed(stage, "refused", f"{err.status_code}: {err.message}") from None
+        except openai.APIError as err:  # a reply the client could not read
+            raise self._failed(stage, "refused", str(err)) from None
         if not completion.choices:
             raise self._failed(stage, "server_error", "the reply has no choices")
         choice = completion.choices[0]

@@ -10,7 +10,9 @@ from threadweaver.cli_args import option
 
 @dataclass(frozen=True)
 class CurateArgs:
-    traces: str = field(metadata={"help": "Sequential traces: JSONL or parquet (chat, flat or `generate` rows)."})
+    traces: str = field(
+        metadata={"help": "Sequential traces: JSONL, parquet or a JSON array (chat, flat or `generate` rows)."}
+    )
     out_dir: str = field(metadata={"help": "Where train.jsonl, dropped.jsonl, report.json and the call cache go."})
     tokenizer: str = option(
         "qwen", "The target model's tokenizer directory, or 'qwen'/'synth' (checks the round trip)."

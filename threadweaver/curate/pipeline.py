@@ -95,8 +95,8 @@ def _usable(trace: Trace, config: CurateConfig) -> None:
         raise Refused("wrong_answer", f"the original answer is wrong ({graded.detail})")
 
 
-async def curate_trace(trace: Trace, llm: LLM, config: CurateConfig, fmt: Format) -> Outcome:
-    out = Outcome(trace.id, trace.line, passed=["ingest"])
+async def curate_trace(trace: Trace, llm: LLM, config: CurateConfig, fmt: Format, out: Outcome) -> Outcome:
+    """``out`` (a trace that passed ingest) filled in stage by stage."""
     try:
         messages = prompts.segment(trace.problem, trace.units, config.max_threads)
         schema = segmentation_schema(len(trace.units), config.max_threads)
@@ -209,11 +209,15 @@ async def curate_all(
     async def one(trace: Trace) -> Outcome:
         async with room:
             spent = sum(config.cost(u) for u in llm.usage_dict().values())
+            outcome = Outcome(trace.id, trace.line, passed=["ingest"])
             if config.max_cost is not None and spent >= config.max_cost:
-                outcome = Outcome(trace.id, trace.line, passed=["ingest"])
                 outcome.drop("segment", "max_cost", f"{spent:.4f} USD spent; --max-cost is {config.max_cost}")
             else:
-                outcome = await curate_trace(trace, llm, config, fmt)
+                try:
+                    await curate_trace(trace, llm, config, fmt, outcome)
+                except Exception as err:  # a fault of ours or an odd reply ends this trace, not the run
+                    stage = STAGES[len(outcome.passed)]
+                    outcome.drop(stage, "error", f"{type(err).__name__}: {err}")
         on_done(outcome)
         return outcome
 

