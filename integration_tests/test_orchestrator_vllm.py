@@ -115,6 +115,26 @@ def test_a_wrong_model_name_is_a_clear_error(trained_server):
         generate_once(engine, [1, 2, 3], [2], 4)
 
 
+def test_the_server_keeps_an_idle_connection_past_uvicorns_default(trained_server):
+    """A server ``threadweaver serve`` starts still answers on a connection left idle 7 s: vLLM's
+    default (5 s) would have closed it, racing the client's keep-alive on a loaded machine."""
+    import http.client
+    import time
+    from urllib.parse import urlsplit
+
+    url = urlsplit(trained_server)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    connection.request("GET", "/health")
+    first = connection.getresponse()
+    first.read()
+    assert first.status == 200
+    socket_before = connection.sock
+    time.sleep(7)
+    connection.request("GET", "/health")  # a server-closed socket fails here or in getresponse
+    assert connection.getresponse().status == 200
+    assert connection.sock is socket_before  # the same connection, not a silent reconnect
+
+
 def test_a_killed_server_is_a_clear_error_and_the_output_resumes(trained, tmp_path):
     import time
 
