@@ -191,6 +191,11 @@ def test_paper_defaults(tmp_path):
     assert (args.scale_rewards, args.acceleration_factor, args.acceleration_clip) == ("none", 0.5, 0.2)
     assert args.reward_config().factor == 0.5
     assert PGRPOConfig(output_dir=str(tmp_path), use_cpu=True, branching=False).reward_config().factor == 0.0
+    assert args.reward_config().form == "reduction"
+    ratio = PGRPOConfig(output_dir=str(tmp_path), use_cpu=True, acceleration_form="ratio", acceleration_clip=1.0)
+    assert acceleration(300, 200, ratio.reward_config()) == pytest.approx(0.5 * (300 / 200 - 1))
+    with pytest.raises(ValueError, match="acceleration_form"):
+        PGRPOConfig(output_dir=str(tmp_path), use_cpu=True, acceleration_form="speedup")
 
 
 def problems_file(path, n: int, conversational: bool = True):

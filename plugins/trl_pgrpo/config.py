@@ -53,7 +53,15 @@ class PGRPOConfig(GRPOConfig):
         },
     )
     acceleration_factor: float = _paper("acceleration_factor", "Weight of the acceleration reward")
-    acceleration_clip: float = _paper("acceleration_clip", "Upper clip of 1 - critical path / total tokens")
+    acceleration_clip: float = _paper("acceleration_clip", "Upper clip of the acceleration gain")
+    acceleration_form: str = field(
+        default=RewardConfig.form,
+        metadata={
+            "help": "The acceleration gain: 'reduction' is 1 - critical path / total tokens (the paper's), "
+            "'ratio' is total tokens / critical path - 1.",
+            "choices": ["reduction", "ratio"],
+        },
+    )
     max_threads: int = _limit("max_threads")
     max_depth: int = _limit("max_depth")
 
@@ -67,6 +75,8 @@ class PGRPOConfig(GRPOConfig):
                 f"multi_objective_aggregation={self.multi_objective_aggregation!r} normalises each "
                 f"reward by its std before summing: {STD_REFUSAL}"
             )
+        if self.acceleration_form not in ("reduction", "ratio"):
+            raise ValueError(f"acceleration_form must be 'reduction' or 'ratio', not {self.acceleration_form!r}")
         if self.use_vllm:
             self._check_vllm()
         if self.mask_truncated_completions:
@@ -99,7 +109,11 @@ class PGRPOConfig(GRPOConfig):
             )
 
     def reward_config(self) -> RewardConfig:
-        return RewardConfig(factor=self.acceleration_factor if self.branching else 0.0, clip=self.acceleration_clip)
+        return RewardConfig(
+            factor=self.acceleration_factor if self.branching else 0.0,
+            clip=self.acceleration_clip,
+            form=self.acceleration_form,
+        )
 
     def limits(self) -> Limits:
         """The orchestrator's limits for one rollout: ``max_completion_length`` generated tokens in all."""
