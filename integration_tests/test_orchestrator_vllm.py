@@ -5,6 +5,7 @@ task (the shared ``trained`` fixture), so the server really emits parallel block
 """
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -162,7 +163,10 @@ def test_a_killed_server_is_a_clear_error_and_the_output_resumes(trained, tmp_pa
             time.sleep(0.05)
     _, stderr = run.communicate(timeout=120)
     assert run.returncode != 0
-    assert "cannot reach the vLLM server" in stderr and "rerun the same command to resume" in stderr
+    # the kill lands between requests (cannot reach), mid-reply (broke off its stream) or as the server
+    # winds down (an HTTP error): each names the server and says how to resume
+    assert re.search(r"cannot reach the vLLM server|vLLM server at \S+ (broke off its stream|answered)", stderr), stderr
+    assert "rerun the same command to resume" in stderr
     kept = out.read_text().splitlines()
     assert 3 <= len(kept) < total
     assert all(json.loads(line)["token_ids"] for line in kept)
