@@ -79,29 +79,17 @@ def run_arm(args, arm: str, path: str, train: list[dict], held_out: list[dict]) 
     """``--steps`` P-GRPO steps from ``path``; the held-out metrics every ``--eval-every`` steps."""
     import torch
     from datasets import Dataset
+    from pgrpo_learning import cpu_config
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
     from threadweaver.format import Format
-    from threadweaver.trl_pgrpo import PGRPOConfig, PGRPOTrainer
+    from threadweaver.trl_pgrpo import PGRPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     fmt = Format.from_tokenizer(tokenizer)
-    config = PGRPOConfig(
-        output_dir=os.path.join(args.out, arm),
-        max_steps=args.steps,
-        per_device_train_batch_size=8 * args.prompts_per_step,
-        learning_rate=args.learning_rate,
-        acceleration_clip=args.acceleration_clip,
-        acceleration_form=args.acceleration_form,
-        branching=arm != "sequential",
-        max_completion_length=640,
-        logging_steps=5,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        save_strategy="no",
-        seed=0,
+    config = cpu_config(
+        args, os.path.join(args.out, arm), acceleration_form=args.acceleration_form, branching=arm != "sequential"
     )
     if arm == "std-scaled":
         config.scale_rewards = "group"  # TRL's own setting, past PGRPOConfig's refusal: the ablation

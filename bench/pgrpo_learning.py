@@ -49,6 +49,28 @@ def evaluate(model, tokenizer, fmt, problems: list[dict], temperature: float, sa
     }
 
 
+def cpu_config(args: argparse.Namespace, output_dir: str, **settings):
+    """The benches' ``PGRPOConfig``: ``args``' steps, problems per step (8 rollouts each), learning
+    rate and acceleration clip, on CPU in float32, nothing saved; ``settings`` add to it."""
+    from threadweaver.trl_pgrpo import PGRPOConfig
+
+    return PGRPOConfig(
+        output_dir=output_dir,
+        max_steps=args.steps,
+        per_device_train_batch_size=8 * args.prompts_per_step,
+        learning_rate=args.learning_rate,
+        acceleration_clip=args.acceleration_clip,
+        max_completion_length=640,
+        logging_steps=5,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        **settings,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=40)
@@ -70,7 +92,7 @@ def main() -> None:
     from threadweaver.format import Format
     from threadweaver.quickstart.recipe import embedded_models
     from threadweaver.synth import make_rows
-    from threadweaver.trl_pgrpo import PGRPOConfig, PGRPOTrainer
+    from threadweaver.trl_pgrpo import PGRPOTrainer
 
     path = str(embedded_models()["parallel"])
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -86,22 +108,7 @@ def main() -> None:
     modes = {"greedy": (0.0, 1), "sampled T=1": (1.0, args.samples)}
     for name, (temperature, samples) in modes.items():
         results[f"before, {name}"] = evaluate(model, tokenizer, fmt, held_out, temperature, samples)
-    config = PGRPOConfig(
-        output_dir=args.out,
-        max_steps=args.steps,
-        per_device_train_batch_size=8 * args.prompts_per_step,
-        learning_rate=args.learning_rate,
-        acceleration_clip=args.acceleration_clip,
-        max_completion_length=640,
-        logging_steps=5,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        save_strategy="no",
-        seed=0,
-        use_vllm=args.vllm,
-        vllm_mode="colocate",
-    )
+    config = cpu_config(args, args.out, use_vllm=args.vllm, vllm_mode="colocate")
     trainer = PGRPOTrainer(model, args=config, train_dataset=Dataset.from_list(train), processing_class=tokenizer)
     started = time.perf_counter()
     trainer.train()

@@ -36,6 +36,9 @@ class Grade:
     """How it was decided: ``exact``, ``math-verify``, ``no boxed answer``, ``timeout``, or an error."""
 
 
+ACCELERATION_FORMS = ("reduction", "ratio")
+
+
 @dataclass(frozen=True)
 class RewardConfig:
     factor: float = 0.5
@@ -47,6 +50,10 @@ class RewardConfig:
     ``ratio``: ``total/critical - 1`` (the reference's README)."""
     timeout_s: float = 5.0
     """Time limit for grading one answer."""
+
+    def __post_init__(self) -> None:
+        if self.form not in ACCELERATION_FORMS:
+            raise ValueError(f"RewardConfig.form must be 'reduction' or 'ratio', not {self.form!r}")
 
 
 @dataclass(frozen=True)
@@ -66,10 +73,8 @@ def acceleration(total_tokens: int, critical_path_tokens: int, config: RewardCon
         return 0.0
     if config.form == "reduction":
         gain = 1.0 - critical_path_tokens / total_tokens
-    elif config.form == "ratio":
+    else:  # "ratio" (RewardConfig checks the form)
         gain = speedup(total_tokens, critical_path_tokens) - 1.0
-    else:
-        raise ValueError(f"RewardConfig.form must be 'reduction' or 'ratio', not {config.form!r}")
     return config.factor * min(max(gain, 0.0), config.clip)
 
 

@@ -8,7 +8,7 @@ from trl import GRPOConfig
 
 from threadweaver.orchestrator import Limits
 from threadweaver.pgrpo import PAPER
-from threadweaver.reward import RewardConfig
+from threadweaver.reward import ACCELERATION_FORMS, RewardConfig
 
 STD_REFUSAL = (
     "P-GRPO centres rewards on their group mean and does not divide by their std (scale_rewards='none'). When every "
@@ -59,7 +59,7 @@ class PGRPOConfig(GRPOConfig):
         metadata={
             "help": "The acceleration gain: 'reduction' is 1 - critical path / total tokens (the paper's), "
             "'ratio' is total tokens / critical path - 1.",
-            "choices": ["reduction", "ratio"],
+            "choices": ACCELERATION_FORMS,
         },
     )
     max_threads: int = _limit("max_threads")
@@ -75,8 +75,10 @@ class PGRPOConfig(GRPOConfig):
                 f"multi_objective_aggregation={self.multi_objective_aggregation!r} normalises each "
                 f"reward by its std before summing: {STD_REFUSAL}"
             )
-        if self.acceleration_form not in ("reduction", "ratio"):
-            raise ValueError(f"acceleration_form must be 'reduction' or 'ratio', not {self.acceleration_form!r}")
+        try:
+            self.reward_config()
+        except ValueError as err:
+            raise ValueError(f"acceleration_form={self.acceleration_form!r}: {err}") from None
         if self.use_vllm:
             self._check_vllm()
         if self.mask_truncated_completions:
