@@ -1,15 +1,15 @@
 """P-GRPO teaches a partly forking model to fork, on CPU: three arms over training steps.
 
-    .venv/bin/python bench/pgrpo_fork.py [--parallel-share 0.5] [--start-steps 600] [--steps 60]
+    .venv/bin/python bench/pgrpo_fork.py [--parallel-share 0.5] [--steps 60]
                                          [--prompts-per-step 4]
                                          [--learning-rate 3e-5] [--acceleration-clip 0.5]
                                          [--acceleration-form reduction] [--eval 64] [--samples 2]
                                          [--eval-every 15] [--out runs/pgrpo_fork]
 
 1. The starting model: the kit's tiny Qwen3 fine-tuned by ``threadweaver sft`` (tree attention)
-   with the quickstart's recipe, on the quickstart's training problems, ``--parallel-share`` of
-   them written in the parallel form and the rest sequentially, so it forks on part of the
-   problems, for ``--start-steps`` steps. It is trained once and kept under ``--out``.
+   with the quickstart's recipe on its training problems, ``--parallel-share`` of them written in
+   the parallel form and the rest sequentially, so it forks on part of the problems. It is
+   trained once and kept under ``--out``.
 2. Three arms of ``--steps`` P-GRPO steps (``--prompts-per-step`` problems x 8 rollouts at T=1):
    - ``P-GRPO``: :class:`PGRPOConfig` as it is (rewards centred on the group mean);
    - ``std-scaled``: the same with TRL's ``scale_rewards="group"`` (the paper's ablation),
@@ -30,7 +30,6 @@ import os
 import random
 import sys
 import time
-from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,8 +38,8 @@ MODES = {"greedy": 0.0, "T=1": 1.0}
 METRICS = {"parallel": "parallel share", "critical_path_tokens": "critical path (tokens)", "accuracy": "accuracy"}
 
 
-def start_model(out: str, parallel_share: float, steps: int) -> str:
-    """The partly forking SFT model (trained once): the quickstart's recipe on mixed-form rows, ``steps`` steps."""
+def start_model(out: str, parallel_share: float) -> str:
+    """The partly forking SFT model (trained once): the quickstart's recipe on mixed-form rows, tree attention."""
     from threadweaver.dataset import write_synth
     from threadweaver.hf_collator import sft
     from threadweaver.jsonl import read_jsonl, write_jsonl
@@ -63,8 +62,7 @@ def start_model(out: str, parallel_share: float, steps: int) -> str:
     tokenizer = synth_tokenizer()
     tokenizer.save_pretrained(kit)
     tiny_qwen3(tokenizer, TinyQwen3Config()).save_pretrained(kit)
-    recipe = replace(RECIPE, max_steps=steps)
-    argv = recipe.sft_argv("parallel", kit, data, model)
+    argv = RECIPE.sft_argv("parallel", kit, data, model)
     argv[1] = os.path.join(data, "mixed.jsonl")
     return sft.main(argv)
 
@@ -153,7 +151,7 @@ def main(args: argparse.Namespace) -> None:
     from threadweaver.synth import make_rows
 
     os.makedirs(args.out, exist_ok=True)
-    forking = start_model(args.out, args.parallel_share, args.start_steps)
+    forking = start_model(args.out, args.parallel_share)
     starts = {"P-GRPO": forking, "std-scaled": forking, "sequential": str(embedded_models()["sequential"])}
     held_out = make_rows(args.eval, RECIPE.seed, RECIPE.synth, split="validation")
     train = [
@@ -181,9 +179,6 @@ def main(args: argparse.Namespace) -> None:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--parallel-share", type=float, default=0.5, help="share of SFT rows in the parallel form")
-    parser.add_argument(
-        "--start-steps", type=int, default=600, help="SFT steps of the starting model (the quickstart recipe's)"
-    )
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--prompts-per-step", type=int, default=4, help="problems per step, 8 rollouts each")
     parser.add_argument("--learning-rate", type=float, default=3e-5)

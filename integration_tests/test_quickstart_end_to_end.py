@@ -79,7 +79,7 @@ def test_page_shows_the_timelines_in_headless_chromium(quickstart, tmp_path):
 
 
 def test_retrain_reproduces_both_models_with_the_recipe(tmp_path):
-    """--retrain at 4 steps (not the recipe's 600), evaluated in-process: the training path end to end."""
+    """--retrain at 4 steps (not the recipe's 800), evaluated in-process: the training path end to end."""
     done = run_cli(
         "quickstart",
         "--out",

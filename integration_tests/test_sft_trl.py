@@ -181,3 +181,43 @@ def test_example_script_trains_with_sfttrainer(tmp_path):
         cwd=tmp_path,
     )
     assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_recipe_schedules_mean_what_recipe_md_says(tmp_path):
+    """The quickstart recipe's flags, parsed by ``threadweaver sft`` into TRL's config, give the
+    learning rates RECIPE.md describes under transformers' own scheduler."""
+    import torch
+    from transformers import get_scheduler
+    from trl import SFTConfig
+
+    from threadweaver.hf_collator import sft
+    from threadweaver.quickstart.recipe import RECIPE
+
+    def rates(model):
+        values = vars(sft.parser().parse_args(RECIPE.sft_argv(model, "kit", "data", str(tmp_path))))
+        assert values["gradient_checkpointing"] is False
+        config = SFTConfig(
+            **{k: values[k] for k in ("output_dir", "learning_rate", "max_steps", "warmup_steps")},
+            lr_scheduler_type=values["lr_scheduler_type"],
+            lr_scheduler_kwargs=values["lr_scheduler_kwargs"],
+            use_cpu=True,
+        )
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=config.learning_rate)
+        scheduler = get_scheduler(
+            config.lr_scheduler_type,
+            optimizer,
+            config.warmup_steps,
+            config.max_steps,
+            scheduler_specific_kwargs=config.lr_scheduler_kwargs,
+        )
+        out = []
+        for _ in range(config.max_steps):
+            out.append(scheduler.get_last_lr()[0])
+            optimizer.step()
+            scheduler.step()
+        return out
+
+    sequential, parallel = rates("sequential"), rates("parallel")
+    assert sequential == parallel and len(parallel) == 800
+    assert parallel[30] == parallel[599] == pytest.approx(1e-3)  # held at its peak after the warm-up
+    assert 0 < parallel[700] < 1e-3 and parallel[-1] < 1e-5  # then a decay over the last quarter

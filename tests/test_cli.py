@@ -23,7 +23,7 @@ def data(tmp_path_factory):
 
 def test_synth_writes_both_forms_and_a_recipe(data):
     recipe = json.loads((data / "recipe.json").read_text())
-    assert recipe["seed"] == 1 and recipe["config"]["digits"] == 4
+    assert recipe["seed"] == 1 and recipe["config"]["digits"] == 3
     for form in ("parallel", "sequential"):
         rows = [json.loads(line) for line in (data / form / "train.jsonl").read_text().splitlines()]
         assert len(rows) == 50

@@ -41,3 +41,26 @@ def test_problems_join_samples_to_trajectories_by_prompt():
     assert doc == 3 and result.wall_s == 2.0 and len(result.trajectories) == 2
     with pytest.raises(ValueError, match="doc 3: no trajectory"):
         problems(samples, rows[2:])
+
+
+def test_recipe_trains_both_models_alike_and_shortens():
+    from threadweaver.quickstart.recipe import RECIPE
+
+    def flags(argv):
+        return dict(zip(argv[2::2], argv[3::2]))
+
+    parallel = RECIPE.sft_argv("parallel", "kit", "data", "out/parallel")
+    sequential = RECIPE.sft_argv("sequential", "kit", "data", "out/sequential")
+    assert parallel[:2] == ["kit", "data/parallel/train.jsonl"] and "--no-branching" not in parallel
+    assert sequential[1] == "data/sequential/train.jsonl" and sequential[-1] == "--no-branching"
+    shared = flags(parallel)
+    assert {k: v for k, v in flags(sequential[:-1]).items() if k != "--output-dir"} == {
+        k: v for k, v in shared.items() if k != "--output-dir"
+    }
+    assert shared["--lr-scheduler-type"] == "warmup_stable_decay" and shared["--max-steps"] == "800"
+    assert (
+        shared["--lr-scheduler-kwargs"] == '{"num_decay_steps": 200}' and shared["--gradient-checkpointing"] == "false"
+    )
+    short = RECIPE.shortened(4)
+    assert short.max_steps == 4 and short.warmup == 0
+    assert flags(short.sft_argv("parallel", "k", "d", "o"))["--lr-scheduler-kwargs"] == '{"num_decay_steps": 1}'

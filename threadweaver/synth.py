@@ -2,7 +2,7 @@
 
 A problem gives ``k`` labelled sums of two numbers and asks for their total::
 
-    A=4821+3907 B=1234+5678 C=5555+1111
+    A=482+390 B=123+567 C=555+111
     A+B+C=?
 
 The parallel solution outlines one thread per label; each thread restates its operands
@@ -26,7 +26,7 @@ LABELS = "ABCDEFGH"
 class SynthConfig:
     min_terms: int = option(3, "Fewest labelled sums (threads) per problem.")
     max_terms: int = option(4, "Most labelled sums (threads) per problem.")
-    digits: int = option(4, "Digits of each operand.")
+    digits: int = option(3, "Digits of each operand.")
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_terms <= self.max_terms <= len(LABELS):

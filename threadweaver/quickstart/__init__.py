@@ -33,7 +33,7 @@ class QuickstartArgs:
         False, "Train both models from scratch with the recorded recipe instead of using the embedded ones."
     )
     retrain_steps: int | None = option(
-        None, "With --retrain: this many steps instead of the recipe's 600 (a quick check, not the recipe)."
+        None, "With --retrain: this many steps instead of the recipe's 800 (a quick check, not the recipe)."
     )
     model: str | None = option(
         None, "A ThreadWeaver model (directory or hub id) to evaluate instead of the embedded one."
