@@ -19,7 +19,8 @@
    greedily and ``--samples`` times at T=1: the share of trajectories with a parallel block,
    the mean critical path and the accuracy.
 
-Writes ``pgrpo_fork.json`` and ``pgrpo_fork.png`` (the three metrics over steps) under ``--out``.
+Writes ``pgrpo_fork.json`` (after each arm; a rerun with the same settings keeps the arms it holds)
+and ``pgrpo_fork.png`` (the three metrics over steps) under ``--out``.
 """
 
 from __future__ import annotations
@@ -146,6 +147,20 @@ def plot(args, curves: dict[str, list[dict]], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def finished_arms(path: str, args: argparse.Namespace) -> tuple[dict, dict]:
+    """The curves and minutes of the arms an earlier run with the same settings finished ({} if none)."""
+    if not os.path.exists(path):
+        return {}, {}
+    with open(path) as f:
+        earlier = json.load(f)
+    ignored = ("arms", "out")
+    if {k: v for k, v in earlier["args"].items() if k not in ignored} != {
+        k: v for k, v in vars(args).items() if k not in ignored
+    }:
+        return {}, {}
+    return earlier["curves"], earlier["minutes"]
+
+
 def main(args: argparse.Namespace) -> None:
     from threadweaver.quickstart.recipe import RECIPE, embedded_models
     from threadweaver.synth import make_rows
@@ -158,13 +173,18 @@ def main(args: argparse.Namespace) -> None:
         {"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
         for r in make_rows(args.steps * args.prompts_per_step, 5, RECIPE.synth, split="pgrpo")
     ]
-    curves, minutes = {}, {}
+    results = os.path.join(args.out, "pgrpo_fork.json")
+    curves, minutes = finished_arms(results, args)
     for arm in args.arms:
+        if arm in curves:
+            print(f"[{arm}] kept from {results} (same settings)", flush=True)
+            continue
         started = time.perf_counter()
         curves[arm] = run_arm(args, arm, starts[arm], train, held_out)
         minutes[arm] = (time.perf_counter() - started) / 60
-    with open(os.path.join(args.out, "pgrpo_fork.json"), "w") as f:
-        json.dump({"args": vars(args), "curves": curves, "minutes": minutes}, f, indent=1)
+        with open(results, "w") as f:  # after each arm: an interrupted run keeps what it finished
+            json.dump({"args": vars(args), "curves": curves, "minutes": minutes}, f, indent=1)
+    curves = {arm: curves[arm] for arm in args.arms}
     plot(args, curves, os.path.join(args.out, "pgrpo_fork.png"))
     print(
         f"\n{args.steps} steps of {args.prompts_per_step} x 8 rollouts at T=1, lr {args.learning_rate}, "
