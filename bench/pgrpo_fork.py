@@ -151,17 +151,22 @@ def finished_arms(path: str, args: argparse.Namespace) -> tuple[dict, dict]:
     """The curves and minutes of the arms an earlier run with the same settings finished ({} if none)."""
     if not os.path.exists(path):
         return {}, {}
-    with open(path) as f:
-        earlier = json.load(f)
+    try:
+        with open(path) as f:
+            earlier = json.load(f)
+        settings, curves, minutes = earlier["args"], earlier["curves"], earlier["minutes"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"{path}: not results this bench wrote ({err!r}); move it away to start over") from None
     ignored = ("arms", "out")
-    if {k: v for k, v in earlier["args"].items() if k not in ignored} != {
+    if {k: v for k, v in settings.items() if k not in ignored} != {
         k: v for k, v in vars(args).items() if k not in ignored
     }:
         return {}, {}
-    return earlier["curves"], earlier["minutes"]
+    return curves, minutes
 
 
 def main(args: argparse.Namespace) -> None:
+    from threadweaver.jsonl import write_json
     from threadweaver.quickstart.recipe import RECIPE, embedded_models
     from threadweaver.synth import make_rows
 
@@ -182,8 +187,8 @@ def main(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         curves[arm] = run_arm(args, arm, starts[arm], train, held_out)
         minutes[arm] = (time.perf_counter() - started) / 60
-        with open(results, "w") as f:  # after each arm: an interrupted run keeps what it finished
-            json.dump({"args": vars(args), "curves": curves, "minutes": minutes}, f, indent=1)
+        # after each arm, atomically: an interrupted run keeps what it finished
+        write_json(results, {"args": vars(args), "curves": curves, "minutes": minutes})
     curves = {arm: curves[arm] for arm in args.arms}
     plot(args, curves, os.path.join(args.out, "pgrpo_fork.png"))
     print(
