@@ -19,8 +19,8 @@
    greedily and ``--samples`` times at T=1: the share of trajectories with a parallel block,
    the mean critical path and the accuracy.
 
-Writes ``pgrpo_fork.json`` (after each arm; a rerun with the same settings keeps the arms it holds)
-and ``pgrpo_fork.png`` (the three metrics over steps) under ``--out``.
+Writes ``pgrpo_fork.json`` (after each arm; a rerun with the same settings keeps the arms it holds),
+``pgrpo_fork.png`` (the three metrics over steps) and each arm's final model (``<arm>/``) under ``--out``.
 """
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ def run_arm(args, arm: str, path: str, train: list[dict], held_out: list[dict]) 
         model, args=config, train_dataset=Dataset.from_list(train), processing_class=tokenizer, callbacks=[Evaluate()]
     )
     trainer.train()
+    trainer.save_model()  # with its tokenizer, under --out/<arm>
     model.set_attn_implementation("sdpa")
     record(args.steps)
     return curve
@@ -202,15 +203,25 @@ def main(args: argparse.Namespace) -> None:
 
 
 def parse_args() -> argparse.Namespace:
+    from threadweaver.quickstart.recipe import PGRPO_RECIPE as R  # the defaults that made the --pgrpo models
+    from threadweaver.reward import ACCELERATION_FORMS
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--parallel-share", type=float, default=0.5, help="share of SFT rows in the parallel form")
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--prompts-per-step", type=int, default=4, help="problems per step, 8 rollouts each")
-    parser.add_argument("--learning-rate", type=float, default=3e-5)
     parser.add_argument(
-        "--acceleration-clip", type=float, default=0.5, help="upper clip of the acceleration gain (the paper's 0.2)"
+        "--parallel-share", type=float, default=R.parallel_share, help="share of SFT rows in the parallel form"
     )
-    parser.add_argument("--acceleration-form", choices=("reduction", "ratio"), default="reduction")
+    parser.add_argument("--steps", type=int, default=R.steps)
+    parser.add_argument(
+        "--prompts-per-step", type=int, default=R.prompts_per_step, help="problems per step, 8 rollouts each"
+    )
+    parser.add_argument("--learning-rate", type=float, default=R.learning_rate)
+    parser.add_argument(
+        "--acceleration-clip",
+        type=float,
+        default=R.acceleration_clip,
+        help="upper clip of the acceleration gain (the paper's 0.2)",
+    )
+    parser.add_argument("--acceleration-form", choices=ACCELERATION_FORMS, default=R.acceleration_form)
     parser.add_argument("--eval", type=int, default=64, help="held-out problems")
     parser.add_argument("--samples", type=int, default=2, help="samples per held-out problem at T=1")
     parser.add_argument("--eval-every", type=int, default=15, help="steps between evaluations")

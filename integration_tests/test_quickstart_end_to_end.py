@@ -103,3 +103,33 @@ def test_retrain_reproduces_both_models_with_the_recipe(tmp_path):
     assert summary["models"]["parallel"] == str(tmp_path / "train" / "models" / "parallel")
     assert summary["recipe"]["max_steps"] == 4 and summary["problems"] == 2
     assert Path(tmp_path / "timelines.html").exists()
+
+
+def test_pgrpo_rows_compare_the_embedded_pair(tmp_path):
+    """--pgrpo on the first 8 problems, decoded in-process: the two extra rows come from the shipped pair,
+    and on these problems the P-GRPO'd model forks more often than the SFT model it started from."""
+    done = run_cli(
+        "quickstart",
+        "--out",
+        str(tmp_path),
+        "--pgrpo",
+        "--problems",
+        "8",
+        "--engine",
+        "transformers",
+        "--timelines",
+        "1",
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    rows = summary["rows"]
+    assert list(rows) == ["fork_join", "one_after_another", "baseline", "half_parallel", "half_parallel_pgrpo"]
+    assert Path(summary["models"]["half_parallel_pgrpo"]).name == "half_parallel_pgrpo"
+    assert summary["pgrpo_recipe"]["steps"] == 60 and summary["problems"] == 8
+    assert rows["fork_join"]["parallel_activation"] == 1.0 and rows["baseline"]["parallel_activation"] == 0.0
+    start, tuned = rows["half_parallel"], rows["half_parallel_pgrpo"]
+    assert tuned["parallel_activation"] > start["parallel_activation"]
+    assert tuned["token_latency"] < start["token_latency"]
+    printed = {line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ")}
+    assert {"half-parallel SFT, fork-join", "half-parallel SFT + P-GRPO, fork-join"} <= printed

@@ -62,3 +62,11 @@ def test_quickstart_says_what_an_sglang_run_needs(tmp_path):
     result = run("quickstart", "--out", str(tmp_path), "--engine", "sglang", check=False)
     assert result.returncode != 0
     assert "--engine sglang needs a running SGLang server for the parallel model: pass --base-url" in result.stderr
+
+
+@pytest.mark.parametrize("other", [["--retrain"], ["--model", "some/model"]])
+def test_quickstart_pgrpo_rows_refuse_other_models(tmp_path, other):
+    result = run("quickstart", "--out", str(tmp_path), "--pgrpo", *other, check=False)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "--pgrpo compares the embedded models" in result.stderr
+    assert not (tmp_path / "train").exists()  # refused before any training

@@ -6,7 +6,7 @@ from threadweaver.quickstart.compare import Problem, format_table, per_problem_s
 
 
 def problem(doc, acc, tokens, latency, wall):
-    return Problem(doc, acc, 1.0, latency, tokens, wall)
+    return Problem(doc, acc, 1.0, float(latency < tokens), latency, tokens, wall)
 
 
 def test_table_speedups_are_ratios_of_means_against_the_reference():
@@ -17,12 +17,15 @@ def test_table_speedups_are_ratios_of_means_against_the_reference():
     rows = table(runs, {"fork_join": "fj", "baseline": "base"}, "baseline")
     fj, base = rows
     assert fj.acc == 0.5 and base.acc == 1.0  # doc 2 is not shared and is left out
+    assert fj.parallel_activation == 1.0 and base.parallel_activation == 0.0
     assert fj.token_speedup == pytest.approx(500 / 250) and fj.wall_speedup == pytest.approx(3.0 / 1.5)
     assert base.token_speedup == base.wall_speedup == 1.0
     speedups = per_problem_speedups(runs["fork_join"], runs["baseline"])
     assert speedups == {"tokens": [2.0, 2.0], "wall": [2.0, 2.0]}
     text = format_table(rows, "base")
-    assert "| fj  " in text and "2.00x" in text and "50.0%" in text
+    fj_line = next(line for line in text.splitlines() if line.startswith("| fj "))
+    assert "2.00x" in fj_line and "50.0%" in fj_line and [c.strip() for c in fj_line.split("|")][4] == "100%"
+    assert "forked" in text.splitlines()[0]
 
 
 def test_problems_join_samples_to_trajectories_by_prompt():
@@ -32,6 +35,7 @@ def test_problems_join_samples_to_trajectories_by_prompt():
             "arguments": {"gen_args_0": {"arg_0": "Q3"}},
             "acc": 1.0,
             "format_valid": 1.0,
+            "parallel_activation": 1.0,
             "token_latency": 10,
             "total_tokens": 12,
         }

@@ -5,7 +5,8 @@ synthetic problems with the real ``lm_eval`` CLI (``tw_synth``) in three ways: t
 ThreadWeaver model with fork-join decoding, the same model running the same requests
 with its threads one after another (same tokens; the gap is the orchestration's
 wall-clock gain), and the baseline model; then print the comparison, plot per-problem
-speedups and draw fork-join timelines.
+speedups and draw fork-join timelines. With ``--pgrpo``, two more rows show what P-GRPO
+adds: a model fine-tuned on half-parallel rows, and the same after P-GRPO.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from threadweaver.cli_args import option
 from threadweaver.quickstart.compare import format_table, per_problem_speedups, problems, table
 from threadweaver.quickstart.evaluate import MODES, Endpoint, evaluate, served
-from threadweaver.quickstart.recipe import RECIPE, Recipe, embedded_models, retrain
+from threadweaver.quickstart.recipe import PGRPO_MODELS, PGRPO_RECIPE, RECIPE, Recipe, embedded_models, retrain
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,11 @@ class QuickstartArgs:
     )
     retrain_steps: int | None = option(
         None, "With --retrain: this many steps instead of the recipe's 800 (a quick check, not the recipe)."
+    )
+    pgrpo: bool = option(
+        False,
+        "Two more rows, from two more embedded models: one fine-tuned on rows half of which are parallel "
+        "(it forks on part of the problems), and the same after 60 P-GRPO steps (bench/pgrpo_fork.py made both).",
     )
     model: str | None = option(
         None, "A ThreadWeaver model (directory or hub id) to evaluate instead of the embedded one."
@@ -62,7 +68,15 @@ def _recipe(args: QuickstartArgs) -> Recipe:
 
 
 def _models(args: QuickstartArgs, out: Path) -> tuple[dict[str, str], bool]:
-    """({"parallel": ..., "baseline": ...}, whether they are the tiny synth models)."""
+    """({"parallel": ..., "baseline": ..., and the --pgrpo pair}, whether they are the tiny synth models)."""
+    if args.pgrpo:
+        if args.retrain or args.model or args.base_url:
+            raise ValueError(
+                "--pgrpo compares the embedded models; it goes with neither --retrain (bench/pgrpo_fork.py "
+                "retrains its pair) nor --model/--base-url"
+            )
+        pair = {name: str(path) for name, path in embedded_models(PGRPO_MODELS).items()}
+        return {**_models(replace(args, pgrpo=False), out)[0], **pair}, True
     if args.retrain:
         trained = retrain(str(out / "train"), _recipe(args))
         return {"parallel": str(trained["parallel"]), "baseline": str(trained["sequential"])}, True
@@ -80,7 +94,7 @@ def _endpoints(args: QuickstartArgs, models: dict[str, str]) -> tuple[dict[str, 
     urls = {"parallel": args.base_url, "baseline": args.baseline_url}
     ready, to_serve = {}, {}
     for name, model in models.items():
-        if urls[name]:
+        if urls.get(name):
             ready[name] = Endpoint(args.engine, base_url=urls[name], model=model or None)
         elif args.engine == "transformers":
             ready[name] = Endpoint("transformers", model=model)
@@ -150,22 +164,28 @@ def run(args: QuickstartArgs) -> dict:
     ready, to_serve = _endpoints(args, models)
     limit = args.problems or None
     modes = [m for m in MODES if m.model in models]
-    print(f"[2/4] serving {' and '.join(to_serve) + ' with vLLM' if to_serve else 'nothing'}", flush=True)
-    with served(to_serve, out / "logs", dtype="float32" if tiny else "auto") as started_servers:
-        for name, endpoint in started_servers.items():
-            _warm_up(endpoint, to_serve[name])
-        endpoints = {**ready, **started_servers}
-        print(
-            f"[3/4] evaluating {args.task} with lm_eval: {len(modes)} runs, "
-            f"{args.problems or 'all'} problems, {args.concurrency} at a time",
-            flush=True,
-        )
-        outputs = {
-            m.key: evaluate(
-                m, endpoints[m.model], args.task, out, limit=limit, concurrency=args.concurrency, expected=limit
+    outputs = {}
+    # the --pgrpo pair is served once the first pair has stopped: idle vLLM servers take CPU from the timed one
+    first = [name for name in models if name not in PGRPO_MODELS]
+    for group in (first, [name for name in PGRPO_MODELS if name in models]):
+        serving = {name: to_serve[name] for name in group if name in to_serve}
+        group_modes = [m for m in modes if m.model in group]
+        if not group_modes:
+            continue
+        print(f"[2/4] serving {', '.join(serving) + ' with vLLM' if serving else 'nothing'}", flush=True)
+        with served(serving, out / "logs", dtype="float32" if tiny else "auto") as started_servers:
+            for name, endpoint in started_servers.items():
+                _warm_up(endpoint, serving[name])
+            endpoints = {**ready, **started_servers}
+            print(
+                f"[3/4] evaluating {args.task} with lm_eval: {len(group_modes)} runs, "
+                f"{args.problems or 'all'} problems, {args.concurrency} at a time",
+                flush=True,
             )
-            for m in modes
-        }
+            for m in group_modes:
+                outputs[m.key] = evaluate(
+                    m, endpoints[m.model], args.task, out, limit=limit, concurrency=args.concurrency, expected=limit
+                )
     print("[4/4] comparing", flush=True)
     results = {
         key: problems(output["samples"][args.task], trajectories) for key, (output, trajectories) in outputs.items()
@@ -206,6 +226,7 @@ def run(args: QuickstartArgs) -> dict:
         "rows": {m.key: r.as_dict() for m, r in zip(modes, rows)},
         "per_problem_speedups": speedups,
         "recipe": asdict(_recipe(args)) if tiny else None,
+        "pgrpo_recipe": asdict(PGRPO_RECIPE) if args.pgrpo else None,
         "wall_s": time.monotonic() - started,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

@@ -16,6 +16,8 @@ class Problem:
     doc_id: int
     acc: float
     format_valid: float
+    parallel_activation: float
+    """The share of this problem's trajectories with a parallel block."""
     token_latency: float
     total_tokens: float
     wall_s: float
@@ -23,7 +25,7 @@ class Problem:
     trajectories: tuple[dict, ...] = field(default=(), repr=False)
 
 
-MEASURES = ("acc", "format_valid", "token_latency", "total_tokens", "wall_s")
+MEASURES = ("acc", "format_valid", "parallel_activation", "token_latency", "total_tokens", "wall_s")
 """What a problem's result and a table row hold, in this order."""
 
 
@@ -48,6 +50,7 @@ class Row:
     label: str
     acc: float
     format_valid: float
+    parallel_activation: float
     token_latency: float
     total_tokens: float
     wall_s: float
@@ -91,6 +94,7 @@ def format_table(rows: list[Row], reference_label: str) -> str:
         "decoding",
         "accuracy",
         "well-formed",
+        "forked",
         "token latency",
         "total tokens",
         "token-latency speedup",
@@ -102,6 +106,7 @@ def format_table(rows: list[Row], reference_label: str) -> str:
             r.label,
             f"{r.acc:.1%}",
             f"{r.format_valid:.1%}",
+            f"{r.parallel_activation:.0%}",
             f"{r.token_latency:.1f}",
             f"{r.total_tokens:.1f}",
             f"{r.token_speedup:.2f}x",

@@ -25,7 +25,7 @@ class Mode:
     key: str
     label: str
     model: str
-    """Which model decodes: ``"parallel"`` or ``"baseline"``."""
+    """Which model decodes: ``"parallel"``, ``"baseline"`` or one of the ``--pgrpo`` pair."""
     branching: bool
     concurrent_threads: bool = True
 
@@ -34,6 +34,8 @@ MODES = (
     Mode("fork_join", "ThreadWeaver, fork-join", "parallel", branching=True),
     Mode("one_after_another", "same tokens, threads one after another", "parallel", True, concurrent_threads=False),
     Mode("baseline", "sequential baseline model", "baseline", branching=False),
+    Mode("half_parallel", "half-parallel SFT, fork-join", "half_parallel", branching=True),
+    Mode("half_parallel_pgrpo", "half-parallel SFT + P-GRPO, fork-join", "half_parallel_pgrpo", branching=True),
 )
 
 

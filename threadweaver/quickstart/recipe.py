@@ -7,6 +7,10 @@ the last quarter (both models learn to copy operands only after some hundreds of
 and a rate that decays all along stops them short of it). The ThreadWeaver model trains
 on the parallel trajectories with tree attention, the baseline on the same solutions
 written sequentially. ``models/RECIPE.md`` has the measurements behind each choice.
+
+Two more models tell P-GRPO's part (``threadweaver quickstart --pgrpo``): the same recipe on
+rows of which half are written in the parallel form, so the model forks on part of the
+problems, and that model after P-GRPO (:class:`PGRPORecipe`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from threadweaver.synth import SynthConfig
 
 EMBEDDED = Path(__file__).parent / "models"
 MODELS = ("parallel", "sequential")
+PGRPO_MODELS = ("half_parallel", "half_parallel_pgrpo")
 
 
 @dataclass(frozen=True)
@@ -64,14 +69,34 @@ class Recipe:
 RECIPE = Recipe()
 
 
-def embedded_models() -> dict[str, Path]:
-    """The shipped models; a clear error if the package was installed without them."""
-    models = {name: EMBEDDED / name for name in MODELS}
+@dataclass(frozen=True)
+class PGRPORecipe:
+    """How ``bench/pgrpo_fork.py`` (whose defaults these are) made the :data:`PGRPO_MODELS`.
+
+    ``half_parallel``: :data:`RECIPE` with tree attention on the training problems, ``parallel_share``
+    of them written in the parallel form and the rest sequentially. ``half_parallel_pgrpo``: that
+    model after ``steps`` P-GRPO steps of ``prompts_per_step`` problems x 8 rollouts at T=1.
+    """
+
+    parallel_share: float = 0.5
+    steps: int = 60
+    prompts_per_step: int = 4
+    learning_rate: float = 3e-5
+    acceleration_clip: float = 0.5
+    acceleration_form: str = "reduction"
+
+
+PGRPO_RECIPE = PGRPORecipe()
+
+
+def embedded_models(names: tuple[str, ...] = MODELS) -> dict[str, Path]:
+    """The shipped models ``names``; a clear error if the package was installed without them."""
+    models = {name: EMBEDDED / name for name in names}
     missing = [str(path) for path in models.values() if not (path / "model.safetensors").exists()]
     if missing:
+        how = "`threadweaver quickstart --retrain`" if names == MODELS else "bench/pgrpo_fork.py (models/RECIPE.md)"
         raise FileNotFoundError(
-            f"the embedded quickstart models are missing ({', '.join(missing)}); "
-            "rebuild them with `threadweaver quickstart --retrain`"
+            f"the embedded quickstart models are missing ({', '.join(missing)}); rebuild them with {how}"
         )
     return models
 
