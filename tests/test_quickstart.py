@@ -68,3 +68,14 @@ def test_recipe_trains_both_models_alike_and_shortens():
     short = RECIPE.shortened(4)
     assert short.max_steps == 4 and short.warmup == 0
     assert flags(short.sft_argv("parallel", "k", "d", "o"))["--lr-scheduler-kwargs"] == '{"num_decay_steps": 1}'
+
+
+def test_missing_embedded_models_say_what_rebuilds_them(tmp_path, monkeypatch):
+    from threadweaver.quickstart import recipe
+
+    assert recipe.embedded_models(recipe.PGRPO_MODELS)["half_parallel"].name == "half_parallel"  # shipped
+    monkeypatch.setattr(recipe, "EMBEDDED", tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"half_parallel_pgrpo\).*rebuild them with bench/pgrpo_fork.py"):
+        recipe.embedded_models(recipe.PGRPO_MODELS)
+    with pytest.raises(FileNotFoundError, match="rebuild them with `threadweaver quickstart --retrain`"):
+        recipe.embedded_models()

@@ -27,7 +27,7 @@ from threadweaver.quickstart.recipe import PGRPO_MODELS, PGRPO_RECIPE, RECIPE, R
 class QuickstartArgs:
     out: str = option(os.path.join("runs", "quickstart"), "Output directory.")
     problems: int = option(
-        40, "Held-out problems to evaluate, the first N of the task (0: all 200, about 30 minutes on 2 cores)."
+        40, "Held-out problems to evaluate, the first N of the task (0: all 200, 10 to 30 minutes on 2 cores)."
     )
     concurrency: int = option(1, "Problems in flight at once; 1 measures each problem's latency alone on the server.")
     retrain: bool = option(
@@ -39,7 +39,8 @@ class QuickstartArgs:
     pgrpo: bool = option(
         False,
         "Two more rows, from two more embedded models: one fine-tuned on rows half of which are parallel "
-        "(it forks on part of the problems), and the same after 60 P-GRPO steps (bench/pgrpo_fork.py made both).",
+        f"(it forks on part of the problems), and the same after {PGRPO_RECIPE.steps} P-GRPO steps "
+        "(bench/pgrpo_fork.py made both).",
     )
     model: str | None = option(
         None, "A ThreadWeaver model (directory or hub id) to evaluate instead of the embedded one."
