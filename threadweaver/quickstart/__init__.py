@@ -27,7 +27,7 @@ from threadweaver.quickstart.recipe import PGRPO_MODELS, PGRPO_RECIPE, RECIPE, R
 class QuickstartArgs:
     out: str = option(os.path.join("runs", "quickstart"), "Output directory.")
     problems: int = option(
-        40, "Held-out problems to evaluate, the first N of the task (0: all 200, 10 to 30 minutes on 2 cores)."
+        40, "Held-out problems to evaluate, the first N of the task (0: all 200, 5 to 30 min on 2 cores, by machine)."
     )
     concurrency: int = option(1, "Problems in flight at once; 1 measures each problem's latency alone on the server.")
     retrain: bool = option(
