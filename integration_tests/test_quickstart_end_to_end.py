@@ -78,28 +78,19 @@ def test_page_shows_the_timelines_in_headless_chromium(quickstart, tmp_path):
     assert (192, 57, 43) in colours  # the critical path's outline is drawn
 
 
+def in_process_quickstart(out: Path, *flags: str) -> tuple[dict, str]:
+    """``threadweaver quickstart FLAGS`` decoded in-process (no server), one timeline: (its summary, stdout)."""
+    done = run_cli("quickstart", "--out", str(out), "--engine", "transformers", "--timelines", "1", *flags, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads((out / "summary.json").read_text()), done.stdout
+
+
 def test_retrain_reproduces_both_models_with_the_recipe(tmp_path):
     """--retrain at 4 steps (not the recipe's 800), evaluated in-process: the training path end to end."""
-    done = run_cli(
-        "quickstart",
-        "--out",
-        str(tmp_path),
-        "--retrain",
-        "--retrain-steps",
-        "4",
-        "--problems",
-        "2",
-        "--engine",
-        "transformers",
-        "--timelines",
-        "1",
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    summary, _ = in_process_quickstart(tmp_path, "--retrain", "--retrain-steps", "4", "--problems", "2")
     for name in ("parallel", "sequential"):
         model = tmp_path / "train" / "models" / name
         assert (model / "model.safetensors").exists() and (model / "tokenizer.json").exists()
-    summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["models"]["parallel"] == str(tmp_path / "train" / "models" / "parallel")
     assert summary["recipe"]["max_steps"] == 4 and summary["problems"] == 2
     assert Path(tmp_path / "timelines.html").exists()
@@ -108,21 +99,7 @@ def test_retrain_reproduces_both_models_with_the_recipe(tmp_path):
 def test_pgrpo_rows_compare_the_embedded_pair(tmp_path):
     """--pgrpo on the first 8 problems, decoded in-process: the two extra rows come from the shipped pair,
     and on these problems the P-GRPO'd model forks more often than the SFT model it started from."""
-    done = run_cli(
-        "quickstart",
-        "--out",
-        str(tmp_path),
-        "--pgrpo",
-        "--problems",
-        "8",
-        "--engine",
-        "transformers",
-        "--timelines",
-        "1",
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary, stdout = in_process_quickstart(tmp_path, "--pgrpo", "--problems", "8")
     rows = summary["rows"]
     assert list(rows) == ["fork_join", "one_after_another", "baseline", "half_parallel", "half_parallel_pgrpo"]
     assert Path(summary["models"]["half_parallel_pgrpo"]).name == "half_parallel_pgrpo"
@@ -131,5 +108,5 @@ def test_pgrpo_rows_compare_the_embedded_pair(tmp_path):
     start, tuned = rows["half_parallel"], rows["half_parallel_pgrpo"]
     assert tuned["parallel_activation"] > start["parallel_activation"]
     assert tuned["token_latency"] < start["token_latency"]
-    printed = {line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ")}
+    printed = {line.split("|")[1].strip() for line in stdout.splitlines() if line.startswith("| ")}
     assert {"half-parallel SFT, fork-join", "half-parallel SFT + P-GRPO, fork-join"} <= printed

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from threadweaver.cli_args import option
@@ -70,14 +70,11 @@ def _recipe(args: QuickstartArgs) -> Recipe:
 
 def _models(args: QuickstartArgs, out: Path) -> tuple[dict[str, str], bool]:
     """({"parallel": ..., "baseline": ..., and the --pgrpo pair}, whether they are the tiny synth models)."""
-    if args.pgrpo:
-        if args.retrain or args.model or args.base_url:
-            raise ValueError(
-                "--pgrpo compares the embedded models; it goes with neither --retrain (bench/pgrpo_fork.py "
-                "retrains its pair) nor --model/--base-url"
-            )
-        pair = {name: str(path) for name, path in embedded_models(PGRPO_MODELS).items()}
-        return {**_models(replace(args, pgrpo=False), out)[0], **pair}, True
+    if args.pgrpo and (args.retrain or args.model or args.base_url):
+        raise ValueError(
+            "--pgrpo compares the embedded models; it goes with neither --retrain (bench/pgrpo_fork.py "
+            "retrains its pair) nor --model/--base-url"
+        )
     if args.retrain:
         trained = retrain(str(out / "train"), _recipe(args))
         return {"parallel": str(trained["parallel"]), "baseline": str(trained["sequential"])}, True
@@ -87,7 +84,10 @@ def _models(args: QuickstartArgs, out: Path) -> tuple[dict[str, str], bool]:
             models["baseline"] = args.baseline or ""
         return models, False
     embedded = embedded_models()
-    return {"parallel": str(embedded["parallel"]), "baseline": str(embedded["sequential"])}, True
+    models = {"parallel": str(embedded["parallel"]), "baseline": str(embedded["sequential"])}
+    if args.pgrpo:
+        models |= {name: str(path) for name, path in embedded_models(PGRPO_MODELS).items()}
+    return models, True
 
 
 def _endpoints(args: QuickstartArgs, models: dict[str, str]) -> tuple[dict[str, Endpoint], dict[str, str]]:
