@@ -46,13 +46,13 @@ def start_model(out: str, parallel_share: float) -> str:
     from threadweaver.jsonl import read_jsonl, write_jsonl
     from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
     from threadweaver.kit.tokenizers import synth_tokenizer
-    from threadweaver.quickstart.recipe import RECIPE
+    from threadweaver.quickstart.recipe import PGRPO_RECIPE, RECIPE
 
     model = os.path.join(out, "start")
     if os.path.exists(os.path.join(model, "model.safetensors")):
         return model
     data, kit = os.path.join(out, "data"), os.path.join(out, "kit")
-    write_synth(data, RECIPE.synth, RECIPE.train, RECIPE.validation, RECIPE.seed)
+    write_synth(data, RECIPE.synth, PGRPO_RECIPE.sft_problems, RECIPE.validation, RECIPE.seed)
     forms = {
         form: [row for _, row in read_jsonl(os.path.join(data, form, "train.jsonl"))]
         for form in ("parallel", "sequential")

@@ -4,7 +4,7 @@
                                          [--n 2] [--steps 150] [--eval 200] [--out runs/self_train_bench]
 
 1. Stage 1: the kit's tiny Qwen3 fine-tuned on ``--stage1-problems`` synthetic problems in their
-   parallel form, half the embedded quickstart model's 4000, for 600 steps, so it is far weaker:
+   parallel form (the quickstart recipe's are 12800), for 600 steps, so it is far weaker:
    a few percent held-out. On a few hundred, or 1000, problems it memorises them and gets none
    right (bench/RESULTS.md), which leaves self-training nothing to keep.
 2. One round of ``self-train`` on ``--problems`` other problems: ``--n`` samples each at T=0.6 on

@@ -3,7 +3,9 @@
 lm-eval itself runs in integration_tests/test_lmeval_tasks.py.
 """
 
+import json
 import math
+import os
 import re
 
 import pytest
@@ -144,3 +146,18 @@ def test_tasks_dir_goes_first_once():
     assert discovery.with_tasks_dir("mine") == [ours, "mine"]
     assert discovery.with_tasks_dir(["a", "b"]) == [ours, "a", "b"]
     assert discovery.with_tasks_dir([ours, "a"]) == [ours, "a"]
+
+
+def test_tw_synth_holds_out_what_threadweaver_synth_writes_with_its_defaults(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    cli = os.path.join(os.path.dirname(sys.executable), "threadweaver")
+    subprocess.run([cli, "synth", "--out", str(tmp_path)], check=True, capture_output=True)
+    written = [json.loads(line) for line in (tmp_path / "parallel" / "validation.jsonl").read_text().splitlines()]
+    kwargs = yaml.safe_load((discovery.TASKS_DIR / "tw_synth.yaml").read_text())["dataset_kwargs"]
+    generated = data.load(**kwargs)["test"]
+    assert len(written) == len(generated) == 200
+    assert [row["messages"] for row in written] == generated["messages"]

@@ -65,6 +65,7 @@ def test_recipe_trains_both_models_alike_and_shortens():
     assert (
         shared["--lr-scheduler-kwargs"] == '{"num_decay_steps": 200}' and shared["--gradient-checkpointing"] == "false"
     )
+    assert RECIPE.train == RECIPE.max_steps * RECIPE.batch_size  # each training problem seen once
     short = RECIPE.shortened(4)
     assert short.max_steps == 4 and short.warmup == 0
     assert flags(short.sft_argv("parallel", "k", "d", "o"))["--lr-scheduler-kwargs"] == '{"num_decay_steps": 1}'

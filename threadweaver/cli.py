@@ -7,6 +7,7 @@ import json
 import sys
 
 from threadweaver.cli_args import add_arguments, from_args
+from threadweaver.dataset import HELD_OUT_PROBLEMS, TRAIN_PROBLEMS
 from threadweaver.selection import FilterConfig
 from threadweaver.synth import SynthConfig
 
@@ -294,8 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("synth", help="write the synthetic task's train/validation splits (JSONL, chat messages)")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--train", type=int, default=4000, help="training problems (default: 4000)")
-    p.add_argument("--validation", type=int, default=200, help="held-out problems (default: 200)")
+    p.add_argument("--train", type=int, default=TRAIN_PROBLEMS, help=f"training problems (default: {TRAIN_PROBLEMS})")
+    p.add_argument(
+        "--validation", type=int, default=HELD_OUT_PROBLEMS, help=f"held-out problems (default: {HELD_OUT_PROBLEMS})"
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     add_arguments(p, SynthConfig)
     p.set_defaults(func=_synth)

@@ -10,6 +10,9 @@ from threadweaver.jsonl import write_jsonl
 from threadweaver.synth import SynthConfig, chat_row, make_rows
 
 FORMS = ("parallel", "sequential")
+TRAIN_PROBLEMS = 12800
+"""The default training split: the quickstart's recipe sees each problem once (800 steps x 16 rows)."""
+HELD_OUT_PROBLEMS = 200
 
 
 def synth_splits(config: SynthConfig, n_train: int, n_validation: int, seed: int) -> dict[str, list[dict]]:

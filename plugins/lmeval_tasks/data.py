@@ -92,11 +92,13 @@ def _read_local(path: Path, fields: list[str]):
 def _synth(synth: dict):
     import datasets
 
-    from threadweaver.dataset import synth_splits
+    from threadweaver.dataset import HELD_OUT_PROBLEMS, TRAIN_PROBLEMS, synth_splits
     from threadweaver.synth import SynthConfig, chat_row
 
     config = SynthConfig(**{k: v for k, v in synth.items() if k not in ("train", "validation", "seed")})
-    rows = synth_splits(config, synth.get("train", 4000), synth.get("validation", 200), synth.get("seed", 0))
+    rows = synth_splits(
+        config, synth.get("train", TRAIN_PROBLEMS), synth.get("validation", HELD_OUT_PROBLEMS), synth.get("seed", 0)
+    )
     return datasets.Dataset.from_list([chat_row(row, "parallel") for row in rows["validation"]])
 
 

@@ -1,16 +1,16 @@
 """The two embedded default models, and the recipe that reproduces them.
 
 Both are the kit's tiny Qwen3 (hidden 128, 4 layers, the 64-token synth tokenizer)
-fine-tuned by ``threadweaver sft`` with one recipe: the same 4000 synthetic problems, the
-same 800 steps of 16 rows and the same learning rate, held at its peak until a decay over
+fine-tuned by ``threadweaver sft`` with one recipe: the same 12800 synthetic problems, each
+seen once in the same 800 steps of 16 rows, and the same learning rate, held at its peak until a decay over
 the last quarter (both models learn to copy operands only after some hundreds of steps,
 and a rate that decays all along stops them short of it). The ThreadWeaver model trains
 on the parallel trajectories with tree attention, the baseline on the same solutions
 written sequentially. ``models/RECIPE.md`` has the measurements behind each choice.
 
 Two more models tell P-GRPO's part (``threadweaver quickstart --pgrpo``): the same recipe on
-rows of which half are written in the parallel form, so the model forks on part of the
-problems, and that model after P-GRPO (:class:`PGRPORecipe`).
+4000 of the problems, half of them written in the parallel form, so the model forks on part of
+the problems, and that model after P-GRPO (:class:`PGRPORecipe`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from threadweaver.dataset import HELD_OUT_PROBLEMS, TRAIN_PROBLEMS
 from threadweaver.synth import SynthConfig
 
 EMBEDDED = Path(__file__).parent / "models"
@@ -30,8 +31,10 @@ PGRPO_MODELS = ("half_parallel", "half_parallel_pgrpo")
 @dataclass(frozen=True)
 class Recipe:
     synth: SynthConfig = field(default_factory=SynthConfig)
-    train: int = 4000
-    validation: int = 200
+    train: int = TRAIN_PROBLEMS
+    """Each problem is seen once: 800 steps x 16 rows (with 4000 problems seen 3.2 times, the ThreadWeaver
+    model's copies of the operands were not reliable; ``models/RECIPE.md``)."""
+    validation: int = HELD_OUT_PROBLEMS
     seed: int = 0
     max_steps: int = 800
     batch_size: int = 16
@@ -73,11 +76,15 @@ RECIPE = Recipe()
 class PGRPORecipe:
     """How ``bench/pgrpo_fork.py`` (whose defaults these are) made the :data:`PGRPO_MODELS`.
 
-    ``half_parallel``: :data:`RECIPE` with tree attention on the training problems, ``parallel_share``
-    of them written in the parallel form and the rest sequentially. ``half_parallel_pgrpo``: that
-    model after ``steps`` P-GRPO steps of ``prompts_per_step`` problems x 8 rollouts at T=1.
+    ``half_parallel``: :data:`RECIPE` with tree attention on ``sft_problems`` training problems,
+    ``parallel_share`` of them written in the parallel form and the rest sequentially.
+    ``half_parallel_pgrpo``: that model after ``steps`` P-GRPO steps of ``prompts_per_step`` problems
+    x 8 rollouts at T=1.
     """
 
+    sft_problems: int = 4000
+    """Fewer than :data:`RECIPE`'s: the pair was made when the recipe had 4000, and a model that forks
+    on part of the problems is what P-GRPO needs, not one that copies operands without a slip."""
     parallel_share: float = 0.5
     steps: int = 60
     prompts_per_step: int = 4
