@@ -64,6 +64,8 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=1000, help="held-out problems (and as many training ones)")
     parser.add_argument("--show", type=int, default=10, help="slips to print per model")
     args = parser.parse_args()
+    if args.problems < 1:
+        parser.error(f"--problems must be at least 1, not {args.problems}")
     models = [(m, "parallel") for m in args.parallel] + [(m, "sequential") for m in args.sequential]
     if not models:
         models = [(str(path), form) for form, path in embedded_models().items()]
