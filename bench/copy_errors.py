@@ -69,6 +69,9 @@ def main() -> None:
     models = [(m, "parallel") for m in args.parallel] + [(m, "sequential") for m in args.sequential]
     if not models:
         models = [(str(path), form) for form, path in embedded_models().items()]
+    for model, form in models:
+        if not os.path.isfile(os.path.join(model, "config.json")):
+            parser.error(f"--{form} {model}: not a model directory (no config.json)")
     splits = synth_splits(RECIPE.synth, RECIPE.train, args.problems, RECIPE.seed)
     print(
         f"{args.problems} held-out and {args.problems} training problems of the quickstart recipe (seed {RECIPE.seed})"
