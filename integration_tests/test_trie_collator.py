@@ -188,3 +188,40 @@ def test_compiled_block_mask_is_the_tree(collator):
     assert torch.equal(compiled.to_dense(), eager.to_dense())
     n = end.shape[-1]
     assert torch.equal(create_mask(compiled.mask_mod, 2, 1, n, n, device="cpu"), tree_bool_mask(end))
+
+
+def test_the_split_mask_is_the_tree(collator):
+    """threadweaver_flex's mask: causal up to the first leaf of every row, the BlockMask after it."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    from threadweaver.hf_collator.attention import split_tree_mask, tree_bool_mask
+
+    end = collator([chat("a"), chat("b", "<think>\nshort</think>\n\\boxed{5}")])["subtree_end"]
+    dense, split = tree_bool_mask(end), split_tree_mask(end, compile=False)
+    n, head = end.shape[-1], split.head
+    assert 0 < head < n
+    assert torch.equal(dense[:, 0, :head, :head], torch.ones(2, head, head, dtype=torch.bool).tril())
+    assert not dense[:, 0, :head, head:].any()
+    assert torch.equal(create_mask(split.branches.mask_mod, 2, 1, n - head, n, device="cpu"), dense[:, :, head:])
+    # The head is as long as it can be: in some row the next query misses a key before it.
+    assert not dense[:, 0, head, : head + 1].all(dim=-1).all()
+
+
+def test_a_cached_mask_outlives_the_previous_batch():
+    """The previous batch's tensor can die while the next one's mask is being cached (a garbage
+    collection between the two assignments): its late callback must not clear the new mask."""
+    from threadweaver.hf_collator.attention import _TreeMaskCache
+
+    cache, built = _TreeMaskCache(), []
+
+    def build():
+        built.append(object())
+        return built[-1]
+
+    previous, current = torch.arange(1, 5), torch.arange(1, 5)
+    cache.get(previous, ("key",), build)
+    previous_ref = cache._source
+    mask = cache.get(current, ("key",), build)
+    cache._forget(previous_ref)  # what the weakref calls when ``previous`` dies
+    assert cache.get(current, ("key",), build) is mask
+    assert len(built) == 2

@@ -1,0 +1,38 @@
+"""bench/tree_attention_gpu.py's CPU smoke: every phase and arm runs, and the trie arms agree with the dense mask.
+
+The GPU numbers come from running the bench on a GPU (bench/RESULTS.md). Here the tiny shape
+runs each arm through the project's own hook, FlexAttention forward only (it has no CPU
+backward), in a subprocess: the smoke runs transformers' FlexAttention uncompiled, which must
+not leak into other tests.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "tree_attention_gpu.py"
+ARMS = ("causal", "threadweaver_flex", "whole-tree flex", "threadweaver_sdpa")
+
+
+def test_the_smoke_runs_every_arm_and_agrees_with_the_dense_mask(tmp_path):
+    out = tmp_path / "smoke.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke", "--out", str(out)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+
+    full = results["full_model"]
+    assert [entry["memory_saving"] for entry in full] == ["none", "checkpointing + chunked CE"]
+    for entry in full:
+        for arm in ARMS:
+            assert entry["arms"][arm]["seconds"] > 0, (arm, entry["arms"][arm])
+        assert 0 < entry["head_pairs"] < entry["visible"] < 1
+    agreement = results["agreement"]
+    assert agreement["loss_difference"] < 1e-5 and agreement["chunked_loss_difference"] < 1e-5
+
+    kernel = results["kernel"][0]
+    assert kernel["relative error, split"] < 1e-5 and kernel["relative error, flex trie"] < 1e-5
+    assert all(isinstance(ms, float) for ms in results["kernel_options"]["split ms"].values())
+    assert "full model, forward+backward" in done.stdout and "attention kernel alone" in done.stdout
