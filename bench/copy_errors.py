@@ -7,7 +7,7 @@ of its training problems) in one forward pass per batch: a ThreadWeaver model (`
 parallel form with tree attention, a baseline (``--sequential``) their sequential form; by default
 the embedded pair. A problem *slips* where the model's most likely next token differs from the
 reference at some trained token. On 200 held-out problems the share that slips equalled the share
-greedy decoding got wrong, for each of five models (``threadweaver/quickstart/models/RECIPE.md``), so
+greedy decoding got wrong, for each of five models (``apps/quickstart/models/RECIPE.md``), so
 this compares recipes on 1000 problems in about a minute instead of decoding them. The first slips
 are printed with their context: most are one wrong digit in a copied operand.
 """

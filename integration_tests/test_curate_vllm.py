@@ -19,8 +19,7 @@ from collections import Counter
 
 import pytest
 from router import server_counters
-from test_kit_serves_in_vllm import SMALL
-from vllm_server import have_vllm, vllm_server
+from vllm_server import SMALL, have_vllm, vllm_server
 
 from threadweaver.jsonl import read_jsonl, write_jsonl
 from threadweaver.synth import chat_row, make_rows

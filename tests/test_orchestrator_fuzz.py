@@ -18,8 +18,9 @@ import random
 from chars import EOS, char_format
 
 from threadweaver.engine import Completion
+from threadweaver.layout import render
 from threadweaver.orchestrator import DEGRADATION_KINDS, Limits, Orchestrator
-from threadweaver.tree import Block, Text, parse, render
+from threadweaver.tree import Block, Text, parse
 
 FMT = char_format()
 PIECES = [[t] for t in FMT.tags.structural] + [[EOS]] + [FMT.encode(c) for c in "12:ab "]

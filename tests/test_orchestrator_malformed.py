@@ -11,9 +11,10 @@ import pytest
 from orchestrator_scripts import CASES, PROMPT
 from trees import all_blocks
 
+from threadweaver.layout import render
 from threadweaver.orchestrator import DEGRADATION_KINDS, Orchestrator
 from threadweaver.testing import ScriptedEngine
-from threadweaver.tree import Block, Text, render
+from threadweaver.tree import Block, Text
 
 
 @pytest.mark.parametrize("script, limits, problem", CASES.values(), ids=CASES.keys())

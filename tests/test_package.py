@@ -1,11 +1,13 @@
-"""Packaging: a light core import, plugin folders mapped into the namespace."""
+"""Packaging: a light core import, plugin and application folders mapped into the namespace, none forgotten."""
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import tomllib
 
 HEAVY = ["torch", "transformers", "trl", "vllm", "verl", "lm_eval", "sglang", "tokenizers", "math_verify", "sympy"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,3 +27,21 @@ def test_import_threadweaver_imports_no_host():
 def test_plugin_folders_are_threadweaver_subpackages(plugin):
     module = __import__(f"threadweaver.{plugin}", fromlist=["_"])
     assert os.path.dirname(module.__file__) == os.path.join(ROOT, "plugins", plugin)
+
+
+@pytest.mark.parametrize("app", ["cli", "quickstart", "curate", "view"])
+def test_application_folders_are_threadweaver_subpackages(app):
+    module = __import__(f"threadweaver.{app}", fromlist=["_"])
+    assert os.path.dirname(module.__file__) == os.path.join(ROOT, "apps", app)
+
+
+def test_every_package_folder_is_listed_for_the_wheel():
+    """A folder left out of pyproject.toml's list is left out of the wheel (``threadweaver.curate`` once was)."""
+    setuptools = tomllib.loads(Path(ROOT, "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {"threadweaver": "threadweaver", **setuptools["package-dir"]}
+    found = set()
+    for package, folder in folders.items():
+        for init in Path(ROOT, folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(Path(ROOT, folder)).parts
+            found.add(".".join((package, *parts)))
+    assert found == set(setuptools["packages"])

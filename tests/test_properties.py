@@ -6,9 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from trees import FMT, all_blocks, prompts, sequences
 
+from threadweaver.layout import render
 from threadweaver.requests import plan_requests
 from threadweaver.stats import latency_stats
-from threadweaver.tree import Text, parse, render
+from threadweaver.tree import Text, parse
 from threadweaver.trie import TokenTrie, trajectory_trie
 
 settings.register_profile("ci", max_examples=150, deadline=None)

@@ -4,8 +4,9 @@ import pytest
 
 from threadweaver.format import TAGS, Format, add_tags
 from threadweaver.kit.tokenizers import QWEN3_FIRST_SPECIAL_ID, QWEN3_SPECIAL_TOKENS
+from threadweaver.layout import render
 from threadweaver.requests import plan_requests
-from threadweaver.tree import Block, parse, parse_text, render
+from threadweaver.tree import Block, parse, parse_text
 
 QWEN3_PUBLISHED_IDS = {
     "<|endoftext|>": 151643,

@@ -162,3 +162,20 @@ def test_view_names_the_file_and_line_of_a_bad_row_and_writes_nothing(tmp_path):
     assert "Traceback" not in done.stderr
     done = subprocess.run([CLI, "view", str(path), str(path), str(path)], capture_output=True, text=True)
     assert done.returncode == 1 and "one file, or two side by side" in done.stderr
+
+
+@pytest.mark.parametrize("injected", [[10_000], "3", [True]], ids=["outside", "not a list", "not positions"])
+def test_view_and_stats_refuse_the_same_bad_injected_field(fmt, tmp_path, injected):
+    """Both read generate rows through one reader (threadweaver.decoded): one rule, one message."""
+    from threadweaver.report import file_stats
+
+    row, _ = decoded(fmt, GOOD)
+    row["injected"] = injected
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    reader = RowReader(None, fmt)
+    with pytest.raises(ValueError, match=r"line 1: field 'injected'") as from_view:
+        file_page([str(path)], reader)
+    with pytest.raises(ValueError, match=r"line 1: field 'injected'") as from_stats:
+        list(file_stats(str(path), reader))
+    assert str(from_view.value).endswith(str(from_stats.value))

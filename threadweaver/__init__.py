@@ -17,7 +17,7 @@ _EXPORTS = {
     "add_tags": "threadweaver.format",
     "parse": "threadweaver.tree",
     "parse_text": "threadweaver.tree",
-    "render": "threadweaver.tree",
+    "render": "threadweaver.layout",
     "TrajectoryFormatError": "threadweaver.tree",
     "plan_requests": "threadweaver.requests",
     "trajectory_trie": "threadweaver.trie",

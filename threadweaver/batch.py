@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from threadweaver.format import Format
-from threadweaver.jsonl import RowError, appending, read_jsonl
+from threadweaver.jsonl import RowError, appending, read_jsonl, row_name
 from threadweaver.orchestrator import Limits, Orchestrator, Trajectory
 from threadweaver.rows import RowReader
 from threadweaver.tree import tree_json
@@ -40,7 +40,7 @@ def read_jobs(path: str, tokenizer: Any, samples: int) -> Iterator[Job]:
     seen: set[str] = set()
     reader = RowReader(tokenizer)
     for line, row in read_jsonl(path):
-        row_id = str(row.get("id", f"line-{line}"))
+        row_id = row_name(row, line)
         if row_id in seen:
             raise RowError(line, f"duplicate id {row_id!r}; ids must be unique for resuming")
         seen.add(row_id)

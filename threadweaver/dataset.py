@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict
 
-from threadweaver.jsonl import write_jsonl
+from threadweaver.jsonl import write_json, write_jsonl
 from threadweaver.synth import SynthConfig, chat_row, make_rows
 
 FORMS = ("parallel", "sequential")
@@ -42,6 +41,5 @@ def write_synth(out: str, config: SynthConfig, n_train: int, n_validation: int, 
         "validation": n_validation,
         "config": asdict(config),
     }
-    with open(os.path.join(out, "recipe.json"), "w", encoding="utf-8") as f:
-        json.dump(recipe, f, indent=2)
+    write_json(os.path.join(out, "recipe.json"), recipe)
     return paths

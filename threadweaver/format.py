@@ -43,6 +43,21 @@ _JOIN_BEFORE = (OUTLINES_END, THREAD_END)
 _JOIN_AFTER = (THREAD, PARALLEL_END)
 
 
+def block_text(outlines: Sequence[str], threads: Sequence[str], lead: str = "") -> str:
+    """A parallel block as text: ``<Parallel>{lead}<Outlines><Outline>1:...</Outline>...</Outlines>``,
+    then ``<Thread>1:...</Thread>...`` and ``</Parallel>``: numbered as the orchestrator seeds a
+    thread (``k:``, then the text), nothing between the tags."""
+    return (
+        PARALLEL
+        + lead
+        + OUTLINES
+        + "".join(f"{OUTLINE}{k}:{text}{OUTLINE_END}" for k, text in enumerate(outlines, 1))
+        + OUTLINES_END
+        + "".join(f"{THREAD}{k}:{text}{THREAD_END}" for k, text in enumerate(threads, 1))
+        + PARALLEL_END
+    )
+
+
 class Codec(Protocol):
     """Text <-> token ids, with tags and special tokens kept as they are."""
 

@@ -17,6 +17,11 @@ class RowError(ValueError):
         self.line = line
 
 
+def row_name(row: dict, line: int) -> str:
+    """A row's id, or ``line-N`` for a row without one: how every command names a row."""
+    return str(row.get("id", f"line-{line}"))
+
+
 def read_jsonl(path: str) -> Iterator[tuple[int, dict]]:
     """(line number, row) per non-blank line; a line that is not a JSON object in UTF-8 raises :class:`RowError`."""
     with open(path, "rb") as f:

@@ -4,7 +4,7 @@ A block lies out as its head (``<Parallel>`` through ``</Outlines>``, generated)
 per thread, the injected ``<Thread>`` and seed ``"i:"``, the thread's body and its
 ``</Thread>`` (generated, unless the orchestrator closed the thread); then the injected
 ``</Parallel>``. :func:`spans` yields that layout in token order as typed spans, and
-everything that needs it consumes them: :func:`threadweaver.tree.render`, the
+everything that needs it consumes them: :func:`render`, the
 orchestrator's generated flags, :func:`threadweaver.stats.latency_stats`,
 :func:`threadweaver.requests.plan_requests` and :class:`threadweaver.trie.TokenTrie`.
 """
@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from threadweaver.format import TagIds
+from threadweaver.format import Format, TagIds
 from threadweaver.tree import Node, Text
 
 ThreadPath = tuple[tuple[int, int], ...]
@@ -95,3 +95,8 @@ def flat(
         ids.extend(span.ids)
         generated.extend([span.generated] * len(span.ids))
     return ids, generated
+
+
+def render(nodes: Sequence[Node], fmt: Format) -> list[int]:
+    """The exact token ids of a tree: ``render(parse(ids).nodes, fmt) == ids``."""
+    return flat(nodes, fmt.tags)[0]

@@ -31,10 +31,13 @@ from typing import Literal, get_args
 from threadweaver.cli_args import option
 from threadweaver.engine import Completion, Engine, EngineError, Sampling
 from threadweaver.format import Format
-from threadweaver.layout import ThreadPath, flat, spans, thread_name, thread_opening
+from threadweaver.layout import ThreadPath, flat, render, spans, thread_name, thread_opening
 from threadweaver.stats import LatencyStats, latency_stats
 from threadweaver.streaming import OrderedStream, Part
-from threadweaver.tree import DEFAULT_MAX_DEPTH, Block, Node, Text, Thread, TrajectoryFormatError, parse_head, render
+from threadweaver.tree import DEFAULT_MAX_DEPTH, Block, Node, Text, Thread, TrajectoryFormatError, parse_head
+
+MOST_THREADS = 16
+"""The most threads one block decodes at a time by default; curate proposes no wider block."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class Limits:
         "Run a block's threads at the same time; off runs the same requests one after another "
         "(same tokens under greedy decoding, sequential wall-clock and token latency).",
     )
-    max_threads: int = option(16, "Most threads in one block; more decode sequentially.")
+    max_threads: int = option(MOST_THREADS, "Most threads in one block; more decode sequentially.")
     max_depth: int = option(DEFAULT_MAX_DEPTH, "Deepest nesting of blocks; deeper ones decode sequentially.")
     max_tokens: int = option(8192, "Most generated tokens in one trajectory.")
     max_request_tokens: int = option(4096, "Most generated tokens in one request.")

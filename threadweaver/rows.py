@@ -21,12 +21,22 @@ A malformed row raises ``ValueError`` naming the field at fault.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from threadweaver.format import Format
 
 FIELDS = ("prompt_ids", "completion_ids", "token_ids", "messages", "prompt", "completion", "text")
 """Every field a row is read from; the rest of a row is its own business."""
+
+
+def chatml_turns(text: str) -> list[dict]:
+    """The turns of a conversation rendered in ChatML (``<|im_start|>role\n...<|im_end|>``, as
+    Qwen's templates write it), in order; the last may be unterminated."""
+    return [
+        {"role": m.group(1), "content": m.group(2)}
+        for m in re.finditer(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>|\Z)", text, re.S)
+    ]
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict], **template_kwargs) -> list[int]:

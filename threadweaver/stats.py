@@ -41,9 +41,10 @@ _UNNAMED_TAGS = TagIds(*[-1] * 10)
 """Counting needs the layout's lengths, not the tags' ids."""
 
 
-def speedup(total_tokens: float, critical_path_tokens: float) -> float:
-    """Generated tokens over critical-path tokens; 1.0 when nothing was generated."""
-    return total_tokens / critical_path_tokens if critical_path_tokens else 1.0
+def speedup(before: float, after: float) -> float:
+    """How many times ``after`` is shorter than ``before`` (generated tokens over critical-path
+    tokens, a baseline's wall-clock over a run's); 1.0 where ``after`` is 0."""
+    return before / after if after else 1.0
 
 
 @dataclass(frozen=True)

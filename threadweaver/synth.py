@@ -18,6 +18,7 @@ import random
 from dataclasses import dataclass
 
 from threadweaver.cli_args import option
+from threadweaver.format import block_text
 
 LABELS = "ABCDEFGH"
 
@@ -73,12 +74,7 @@ def make_problem(rng: random.Random, config: SynthConfig = SynthConfig()) -> Pro
         acc += s
     join_text = "".join(line + "\n" for line in joins)
     answer = str(acc)
-    outlines = "".join(f"<Outline>{i}:{c}</Outline>" for i, c in enumerate(labels, 1))
-    thread_text = "".join(f"<Thread>{i}:{t}</Thread>" for i, t in enumerate(threads, 1))
-    parallel = (
-        f"<think>\n<Parallel><Outlines>{outlines}</Outlines>{thread_text}</Parallel>\n"
-        f"{join_text}</think>\n\\boxed{{{answer}}}"
-    )
+    parallel = f"<think>\n{block_text(labels, threads)}\n{join_text}</think>\n\\boxed{{{answer}}}"
     sequential = "<think>\n" + "".join(t + "\n" for t in threads) + f"{join_text}</think>\n\\boxed{{{answer}}}"
     return Problem(prompt, answer, parallel, sequential)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
-from threadweaver.engine import Completion, Sampling
+from threadweaver.engine import Completion, Sampling, to_completion
 from threadweaver.format import Format
 
 
@@ -39,10 +39,8 @@ class ScriptedEngine:
         ids: list[int] = []
         for i, piece in enumerate(self.script[max(keys, key=len)].split("<EOS>")):
             ids += ([min(self.fmt.eos_ids)] if i else []) + self.fmt.encode(piece)
-        for i, token in enumerate(ids[:max_tokens]):
-            if token in stop_ids:
-                return Completion(tuple(ids[: i + 1]), "stop")
-        return Completion(tuple(ids[:max_tokens]), "length")
+        end = next((i + 1 for i, token in enumerate(ids[:max_tokens]) if token in stop_ids), max_tokens)
+        return to_completion(ids[:end], None, None, stop_ids, where="scripted engine")
 
 
 class StreamingScriptedEngine(ScriptedEngine):

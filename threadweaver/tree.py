@@ -12,7 +12,7 @@ text here. Strict parsing (training data) raises :class:`TrajectoryFormatError` 
 first fault. Lenient parsing (model outputs) never raises: a malformed block, a block
 nested deeper than ``max_depth`` and stray tags are kept as sequential text, and every
 fault is listed in ``faults`` (a failed block once, as text up to its fault). Both
-are lossless: ``render(parse(ids).nodes) == ids``.
+are lossless: :func:`threadweaver.layout.render` gives the ids back.
 """
 
 from __future__ import annotations
@@ -134,13 +134,6 @@ def parse_head(ids: Sequence[int], fmt: Format) -> tuple[Outline, ...]:
     if parser.pos != len(ids):
         raise TrajectoryFormatError(parser.fault_at(parser.pos, "tokens after </Outlines> in a block head"))
     return tuple(outlines)
-
-
-def render(nodes: Sequence[Node], fmt: Format) -> list[int]:
-    """The exact token ids of a tree (:mod:`threadweaver.layout` lays them out)."""
-    from threadweaver.layout import flat
-
-    return flat(nodes, fmt.tags)[0]
 
 
 def tree_json(nodes: Sequence[Node], fmt: Format) -> list[dict]:

@@ -8,10 +8,9 @@ layout, so transformers and vLLM load it without threadweaver.
 
 from __future__ import annotations
 
-import json
 import os
 
-from threadweaver.jsonl import RowError, read_jsonl
+from threadweaver.jsonl import RowError, read_jsonl, write_json
 from threadweaver.rows import RowReader, prompt_messages
 
 DEFAULTS = {
@@ -102,6 +101,5 @@ def train(model_dir: str, data: str, config) -> str:
     model.set_attn_implementation("sdpa")
     trainer.save_model(config.output_dir)
     tokenizer.save_pretrained(config.output_dir)
-    with open(os.path.join(config.output_dir, "log_history.json"), "w", encoding="utf-8") as f:
-        json.dump(trainer.state.log_history, f, indent=1)
+    write_json(os.path.join(config.output_dir, "log_history.json"), trainer.state.log_history)
     return config.output_dir

@@ -25,8 +25,8 @@ class EngineArgs:
         "each trajectory on one.",
     )
     served_model: str | None = option(None, "Model name on the vLLM server (default: the only one it serves).")
-    max_inflight: int = option(256, "Most requests in flight to a server.")
-    retries: int = option(4, "Retries with backoff on connection errors, 429 and 5xx.")
+    max_inflight: int = option(HTTPOptions.concurrency, "Most requests in flight to a server.")
+    retries: int = option(HTTPOptions.retries, "Retries with backoff on connection errors, 429 and 5xx.")
     api_key: str | None = option(None, "Bearer token for the server.")
 
 

@@ -8,7 +8,7 @@ logits (before temperature and top-p), as vLLM reports them by default.
 
 from __future__ import annotations
 
-from threadweaver.orchestrator import Completion
+from threadweaver.engine import Completion, to_completion
 
 from .batching import BatchingEngine, Request
 
@@ -68,7 +68,7 @@ class TransformersEngine(BatchingEngine):
         for row, request in enumerate(requests):
             new = generated[row].tolist()[: request.max_tokens]
             end = next((i for i, t in enumerate(new) if t in stops), None)
-            n, reason = (len(new), "length") if end is None else (end + 1, "stop")
-            logprobs = tuple(sampled[row][:n]) if self.logprobs else None
-            results.append(Completion(tuple(new[:n]), reason, logprobs))
+            n = len(new) if end is None else end + 1
+            logprobs = sampled[row][:n] if self.logprobs else None
+            results.append(to_completion(new[:n], None, None, stop, logprobs, where="transformers"))
         return results

@@ -69,7 +69,7 @@ class VLLMServerEngine(SessionKeyed):
     ) -> Completion:
         body = await self._body(prompt_ids, stop_ids, max_tokens, sampling)
         if body is None:
-            return Completion((), "length")
+            return to_completion((), "length", None, stop_ids, where=f"vLLM server at {self.client.base_url}")
         reply = await self.client.post("/v1/completions", body, self.headers)
         choice = reply["choices"][0]
         logprobs = (choice.get("logprobs") or {}).get("token_logprobs") if self.logprobs else None
@@ -81,7 +81,7 @@ class VLLMServerEngine(SessionKeyed):
         """The new token ids of each of the server's stream chunks, then the completion."""
         body = await self._body(prompt_ids, stop_ids, max_tokens, sampling)
         if body is None:
-            yield Completion((), "length")
+            yield to_completion((), "length", None, stop_ids, where=f"vLLM server at {self.client.base_url}")
             return
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         ids: list[int] = []

@@ -10,6 +10,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import fmean
 
+from threadweaver.stats import speedup
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -75,8 +77,8 @@ def table(runs: dict[str, dict[int, Problem]], labels: dict[str, str], reference
     rows = []
     for key, results in runs.items():
         means = dict(zip(MEASURES, (_mean(results, name) for name in MEASURES)))
-        token_speedup = _mean(ref, "total_tokens") / means["token_latency"]
-        rows.append(Row(labels[key], *means.values(), token_speedup, _mean(ref, "wall_s") / means["wall_s"]))
+        token_speedup = speedup(_mean(ref, "total_tokens"), means["token_latency"])
+        rows.append(Row(labels[key], *means.values(), token_speedup, speedup(_mean(ref, "wall_s"), means["wall_s"])))
     return rows
 
 
@@ -84,8 +86,8 @@ def per_problem_speedups(run: dict[int, Problem], reference: dict[int, Problem])
     """Per shared problem: ``tokens`` (reference total / token latency) and ``wall`` (reference wall / wall)."""
     shared = sorted(set(run) & set(reference))
     return {
-        "tokens": [reference[d].total_tokens / run[d].token_latency for d in shared],
-        "wall": [reference[d].wall_s / run[d].wall_s for d in shared],
+        "tokens": [speedup(reference[d].total_tokens, run[d].token_latency) for d in shared],
+        "wall": [speedup(reference[d].wall_s, run[d].wall_s) for d in shared],
     }
 
 

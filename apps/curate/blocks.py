@@ -11,19 +11,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, replace
 
-from threadweaver.format import (
-    OUTLINE,
-    OUTLINE_END,
-    OUTLINES,
-    OUTLINES_END,
-    PARALLEL,
-    PARALLEL_END,
-    TAGS,
-    THINK,
-    THINK_END,
-    THREAD,
-    THREAD_END,
-)
+from threadweaver.format import TAGS, THINK, THINK_END, block_text
 
 from .schemas import Edit, ProposedBlock
 from .traces import Trace
@@ -129,9 +117,7 @@ def assemble(trace: Trace, blocks: list[Block]) -> str:
     for block in blocks:
         pieces += trace.units[at : block.start]
         last = trace.units[block.stop - 1]
-        outlines = "".join(f"{OUTLINE}{i}:{o}{OUTLINE_END}" for i, o in enumerate(block.outlines, 1))
-        threads = "".join(f"{THREAD}{i}:{t}{THREAD_END}" for i, t in enumerate(block.threads, 1))
-        pieces.append(f"{PARALLEL}{OUTLINES}{outlines}{OUTLINES_END}{threads}{PARALLEL_END}")
+        pieces.append(block_text(block.outlines, block.threads))
         pieces.append(last[len(last.rstrip()) :])
         at = block.stop
     pieces += trace.units[at:]

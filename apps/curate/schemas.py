@@ -14,8 +14,9 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from threadweaver.orchestrator import MOST_THREADS
+
 MOST_UNITS = 4096
-MOST_THREADS = 16
 MOST_BLOCKS = 16
 MOST_EDITS = 16
 MOST_CHARS = 128

@@ -21,6 +21,7 @@ from threadweaver.cli_args import option
 from threadweaver.quickstart.compare import format_table, per_problem_speedups, problems, table
 from threadweaver.quickstart.evaluate import MODES, Endpoint, evaluate, served
 from threadweaver.quickstart.recipe import PGRPO_MODELS, PGRPO_RECIPE, RECIPE, Recipe, embedded_models, retrain
+from threadweaver.stats import speedup
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def _examples(results: dict, labels: dict[str, str], reference: str, count: int)
     fork_join = results["fork_join"]
     candidates = sorted(
         (d for d, p in fork_join.items() if p.trajectories[0]["stats"]["blocks"] > 0),
-        key=lambda d: results[reference][d].wall_s / fork_join[d].wall_s,
+        key=lambda d: speedup(results[reference][d].wall_s, fork_join[d].wall_s),
     )
     if not candidates or count <= 0:
         return []
@@ -141,11 +142,11 @@ def _examples(results: dict, labels: dict[str, str], reference: str, count: int)
             if key in results
         ]
         threads = results["fork_join"][doc].trajectories[0]["stats"]["threads_per_block"]
-        speedup = results[reference][doc].wall_s / fork_join[doc].wall_s
+        gain = speedup(results[reference][doc].wall_s, fork_join[doc].wall_s)
         examples.append(
             (
                 f"problem {doc}: {'+'.join(map(str, threads))} threads; fork-join wall-clock speedup "
-                f"{speedup:.2f}x over the {labels[reference]}",
+                f"{gain:.2f}x over the {labels[reference]}",
                 timelines,
             )
         )
@@ -197,7 +198,7 @@ def run(args: QuickstartArgs) -> dict:
     text = format_table(rows, labels[reference])
     print("\n" + text)
     if reference == "baseline":
-        gain = rows[1].wall_s / rows[0].wall_s
+        gain = speedup(rows[1].wall_s, rows[0].wall_s)
         print(
             f"fork-join is {gain:.2f}x faster in wall-clock than the same tokens with the threads run one after "
             "another: that is what concurrent threads buy on this server"

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 
 from threadweaver.cli_args import option
+from threadweaver.orchestrator import MOST_THREADS
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,8 @@ class CurateConfig:
     limit: int | None = option(None, "Curate only the first N traces.")
 
     def __post_init__(self):
-        if not 2 <= self.max_threads <= 16:
-            raise ValueError(f"max_threads must be 2..16, not {self.max_threads}")
+        if not 2 <= self.max_threads <= MOST_THREADS:
+            raise ValueError(f"max_threads must be 2..{MOST_THREADS}, not {self.max_threads}")
         if not 0 <= self.max_change <= 1:
             raise ValueError(f"max_change is a share (0..1), not {self.max_change}")
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from statistics import mean, quantiles
 
 from threadweaver.format import Format
-from threadweaver.jsonl import RowError
+from threadweaver.jsonl import RowError, row_name
 from threadweaver.reward import agrade, grade
 from threadweaver.stats import latency_stats
 from threadweaver.tree import TrajectoryFormatError, parse
@@ -72,7 +72,7 @@ def ingest(
         if isinstance(row, RowError):
             dropped.append(Outcome(f"line-{line}", line).drop("ingest", "unreadable", str(row)))
             continue
-        outcome = Outcome(str(row.get("id", f"line-{line}")), line)
+        outcome = Outcome(row_name(row, line), line)
         try:
             trace = to_trace(row, line, decode_prompt)
             _usable(trace, config)

@@ -26,15 +26,15 @@ import html
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib.resources import files
 
-from threadweaver.jsonl import RowError, read_jsonl
+from threadweaver.decoded import read_decoded
+from threadweaver.jsonl import RowError, read_jsonl, row_name
 from threadweaver.layout import spans
 from threadweaver.reward import grade
 from threadweaver.rows import RowReader
-from threadweaver.stats import latency_stats
-from threadweaver.tree import Node, parse, tree_json
+from threadweaver.tree import Node, tree_json
 from threadweaver.trie import trajectory_trie
 
 
@@ -137,38 +137,33 @@ class Reader:
     def row(self, row: dict, line: int, file: int) -> tuple[dict, str]:
         fmt, tags = self.fmt, self.fmt.tags
         prompt = row["prompt_ids"] if "prompt_ids" in row else self.reader.prompt(row)
-        ids = self.reader.trajectory(row)
+        decoded = read_decoded(row, self.reader)
+        ids, parsed, generated, closed, stats = (
+            decoded.ids,
+            decoded.parsed,
+            decoded.generated,
+            decoded.closed,
+            decoded.stats,
+        )
         text = fmt.decode(ids)
         if "token_ids" in row and isinstance(row.get("text"), str) and text != row["text"]:
             raise ValueError(
                 "its 'token_ids' decode to other text than its 'text' with this tokenizer: "
                 "give the model's tokenizer with --tokenizer"
             )
-        injected = row.get("injected")
-        parsed = parse(ids, fmt, strict=False, injected=injected)
-        generated = [True] * len(ids)
-        for position in injected or ():
-            if 0 <= position < len(ids):
-                generated[position] = False
-        layout = list(spans(parsed.nodes, tags))
-        closed = {s.path for s in layout if s.kind == "close" and not generated[s.start]}
-        concurrent = row.get("concurrent_threads", True) is not False
-        stats = latency_stats(parsed.nodes, tags, closed_threads=closed, concurrent_threads=concurrent)
-        if "degradations" in row:
-            faults = [{"position": d["position"], "kind": d["kind"], "text": d["text"]} for d in row["degradations"]]
-        else:
-            faults = [{"position": f.position, "kind": "format", "text": str(f)} for f in parsed.faults]
+        concurrent = decoded.concurrent
+        faults = [asdict(f) for f in decoded.faults]
         answer = row.get("answer")
         measured = "requests" in row
         requests = row["requests"] if measured else token_schedule(parsed.nodes, generated, tags)
         critical = sorted(range(len(requests))) if not concurrent else sorted(critical_requests(requests)[1])
-        trie = trajectory_trie(prompt, parsed.nodes, fmt, train_injected=injected is None, closed_threads=closed)
+        trie = trajectory_trie(prompt, parsed.nodes, fmt, train_injected=not decoded.recorded, closed_threads=closed)
         for token in {*prompt, *ids, *trie.input_ids}:
             self.piece(token)
         summary = {
             "file": file,
             "line": line,
-            "id": str(row.get("id", f"line {line}")),
+            "id": row_name(row, line),
             "sample": row.get("sample", 0),
             "correct": None if answer is None else grade(text, str(answer)).correct,
             "well_formed": not faults,

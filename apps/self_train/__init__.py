@@ -9,7 +9,6 @@ does not say which). Every step leaves its output in ``OUT``; a rerun skips the 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 
@@ -44,7 +43,7 @@ class SelfTrainArgs:
 def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_argv: list[str]) -> dict:
     """The round's summary (also in ``OUT/self_train.json``); ``sft_argv``: more ``sft`` flags."""
     from threadweaver.hf_collator import sft
-    from threadweaver.jsonl import read_jsonl, write_jsonl
+    from threadweaver.jsonl import read_jsonl, write_json, write_jsonl
     from threadweaver.kit.tokenizers import load_tokenizer
     from threadweaver.rows import RowReader
     from threadweaver.selection import select
@@ -65,8 +64,7 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
     summary = {"filter": report, "kept": len(kept), "mixed": len(mixed), "start": args.start}
     summary["model"] = model_dir if kept or mixed else None
     summary_path = os.path.join(args.out, "self_train.json")
-    with open(summary_path, "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1)
+    write_json(summary_path, summary)
     if summary["model"] is None:
         raise ValueError(f"nothing to train on: no sample of {generated} passed the filter (why: {summary_path})")
     if not os.path.exists(os.path.join(model_dir, "trainer_state.json")):

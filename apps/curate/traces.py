@@ -21,9 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from threadweaver.format import THINK, THINK_END
-from threadweaver.jsonl import RowError
-
-_LAST_USER_TURN = re.compile(r".*<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
+from threadweaver.jsonl import RowError, row_name
+from threadweaver.rows import chatml_turns
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ def to_trace(row: dict, line: int, decode_prompt: Callable[[list[int]], str] | N
         raise RowError(line, f"the response has no {THINK}...{THINK_END} reasoning to rewrite")
     lead, units = split_units(response[start + len(THINK) : end])
     final = response[end + len(THINK_END) :]
-    return Trace(str(row.get("id", f"line-{line}")), line, problem, lead, units, final, str(answer))
+    return Trace(row_name(row, line), line, problem, lead, units, final, str(answer))
 
 
 def _problem_and_response(row: dict, line: int, decode_prompt) -> tuple[str, str]:
@@ -89,10 +88,10 @@ def _problem_and_response(row: dict, line: int, decode_prompt) -> tuple[str, str
         )
     problem = _first(row, ("problem", "prompt", "question"))
     if problem is None and "prompt_ids" in row and decode_prompt is not None:
-        match = _LAST_USER_TURN.match(decode_prompt(row["prompt_ids"]))
-        if match is None:
+        users = [turn["content"] for turn in chatml_turns(decode_prompt(row["prompt_ids"])) if turn["role"] == "user"]
+        if not users:
             raise RowError(line, "'prompt_ids' decode to no user turn (<|im_start|>user ... <|im_end|>)")
-        problem = match.group(1)
+        problem = users[-1]
     if problem is None:
         raise RowError(line, "no problem: give 'messages', 'problem' (or 'prompt'/'question'), or 'prompt_ids'")
     response = _first(row, ("response", "completion", "text"))

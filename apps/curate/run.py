@@ -8,10 +8,10 @@ so rerunning the same command after a kill pays only for the calls that had not 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 
+from threadweaver.batch import run_sync
 from threadweaver.format import Format, add_tags
 from threadweaver.jsonl import read_rows, write_json, write_jsonl
 
@@ -60,7 +60,7 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
             await llm.close()
 
     try:
-        outcomes, usage = asyncio.run(main())
+        outcomes, usage = run_sync(main())
     finally:
         bar.close()
         cache.close()

@@ -97,7 +97,7 @@ def read_lm_eval_output(out: Path) -> dict:
     results["samples"] = {}
     for path in out.rglob(f"samples_*_{stamp}.jsonl"):
         task = path.name[len("samples_") : -len(f"_{stamp}.jsonl")]
-        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        rows = [row for _, row in read_jsonl(str(path))]
         results["samples"][task] = sorted(rows, key=lambda row: row["doc_id"])
     return results
 

@@ -1,9 +1,7 @@
 """Latency statistics over JSONL trajectory files (``threadweaver stats``).
 
-A row the orchestrator wrote (``threadweaver generate``, the lm-eval model's
-``trajectories=``) is read as it decoded it: its ``injected`` positions rebuild its tree,
-its ``concurrent_threads`` its critical path, and its recorded degradations are its
-faults, so the statistics equal the ones it recorded. Other rows are parsed as text.
+A row the orchestrator wrote is read as it decoded it (:mod:`threadweaver.decoded`), so
+the statistics equal the ones it recorded. Other rows are parsed as text.
 ``ref.longest`` in the table is the reference implementation's longest-thread count on
 the response (see :mod:`threadweaver.stats`).
 """
@@ -14,11 +12,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from statistics import mean
 
-from threadweaver.jsonl import RowError, read_jsonl
-from threadweaver.layout import spans
+from threadweaver.decoded import read_decoded
+from threadweaver.jsonl import RowError, read_jsonl, row_name
 from threadweaver.rows import RowReader
-from threadweaver.stats import LatencyStats, latency_stats, speedup
-from threadweaver.tree import TrajectoryFormatError, parse
+from threadweaver.stats import LatencyStats, speedup
+from threadweaver.tree import TrajectoryFormatError
 from threadweaver.wall_clock import WallClock, format_parts, mean_parts
 
 
@@ -48,22 +46,16 @@ def file_stats(path: str, reader: RowReader, *, strict: bool = False) -> Iterato
 def row_stats(row: dict, line: int, reader: RowReader, *, strict: bool = False) -> RowStats:
     """The statistics of one row's trajectory. A row the strict parse refuses raises
     :class:`TrajectoryFormatError`; a row with bad fields, :class:`RowError` naming its line."""
-    tags = reader.fmt.tags
     try:
-        ids, injected = reader.trajectory(row), _injected(row)
-        parsed = parse(ids, reader.fmt, strict=strict, injected=injected)
-        recorded = _recorded_degradations(row)
+        decoded = read_decoded(row, reader, strict=strict)
     except TrajectoryFormatError:
         raise
     except ValueError as err:
         raise RowError(line, str(err)) from None
     except RecursionError:
         raise RowError(line, "blocks nested too deep to read") from None
-    closed = {s.path for s in spans(parsed.nodes, tags) if s.kind == "close" and s.start in (injected or ())}
-    concurrent = row.get("concurrent_threads", True) is not False
-    stats = latency_stats(parsed.nodes, tags, closed_threads=closed, concurrent_threads=concurrent)
-    faults = recorded if recorded is not None else tuple(map(str, parsed.faults))
-    return RowStats(line, str(row.get("id", line)), stats, faults, _wall_clock(row, line))
+    faults = tuple(f.text for f in decoded.faults)
+    return RowStats(line, row_name(row, line), decoded.stats, faults, _wall_clock(row, line))
 
 
 def _wall_clock(row: dict, line: int) -> dict | None:
@@ -74,26 +66,6 @@ def _wall_clock(row: dict, line: int) -> dict | None:
     if not isinstance(clock, dict) or not all(isinstance(clock.get(n), int | float) for n in names):
         raise RowError(line, f"field 'wall_clock' must hold the numbers {', '.join(names)}")
     return clock
-
-
-def _injected(row: dict) -> set[int] | None:
-    if "injected" not in row:
-        return None
-    positions = row["injected"]
-    if not isinstance(positions, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in positions):
-        raise ValueError("field 'injected' must be a list of token positions")
-    return set(positions)
-
-
-def _recorded_degradations(row: dict) -> tuple[str, ...] | None:
-    if "degradations" not in row:
-        return None
-    recorded = row["degradations"]
-    if not isinstance(recorded, list) or not all(
-        isinstance(d, dict) and isinstance(d.get("text"), str) for d in recorded
-    ):
-        raise ValueError("field 'degradations' must be a list of {kind, path, position, detail, text}")
-    return tuple(d["text"] for d in recorded)
 
 
 def summary(rows: Iterable[RowStats]) -> dict:

@@ -1,0 +1,3 @@
+from threadweaver.cli import main
+
+main()

@@ -1,0 +1,32 @@
+"""A subcommand, declared once: its name, help, flags and the function that runs it."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+def no_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace], None]
+    arguments: Callable[[argparse.ArgumentParser], None] = no_arguments
+    """Adds the command's flags to its parser."""
+    epilog: str | None = None
+    own_flags: bool = False
+    """Flags it does not declare go to the command as ``args.rest`` (TRL's configs parse them)."""
+    own_help: bool = False
+    """``--help`` is the command's own (it prints every flag of the TRL config it fills)."""
+    vllm_flags: bool = False
+    """Flags after a lone ``--`` go to the vLLM server, as ``args.vllm_args``."""
+
+    def add_to(self, commands) -> None:
+        parser = commands.add_parser(self.name, help=self.help, epilog=self.epilog, add_help=not self.own_help)
+        self.arguments(parser)
+        parser.set_defaults(command=self)

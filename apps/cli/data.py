@@ -1,0 +1,311 @@
+"""The data commands: synth, stats, filter, convert, curate, self-train, view and kit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from threadweaver.cli_args import add_arguments, from_args
+from threadweaver.dataset import HELD_OUT_PROBLEMS, TRAIN_PROBLEMS
+from threadweaver.selection import FilterConfig
+from threadweaver.synth import SynthConfig
+
+from .command import Command
+
+
+def _synth_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--train", type=int, default=TRAIN_PROBLEMS, help=f"training problems (default: {TRAIN_PROBLEMS})")
+    p.add_argument(
+        "--validation", type=int, default=HELD_OUT_PROBLEMS, help=f"held-out problems (default: {HELD_OUT_PROBLEMS})"
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    add_arguments(p, SynthConfig)
+
+
+def _synth(args: argparse.Namespace) -> None:
+    from threadweaver.dataset import write_synth
+
+    paths = write_synth(args.out, from_args(SynthConfig, args), args.train, args.validation, args.seed)
+    for path in paths:
+        print(path)
+
+
+def _stats_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="JSONL rows with a 'token_ids', 'text' or 'messages' field")
+    p.add_argument(
+        "--tokenizer", default="synth", help="'synth' (default), 'qwen', or a tokenizer directory; used for text fields"
+    )
+    p.add_argument("--strict", action="store_true", help="stop at the first malformed row (training data)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (rows and summary)")
+    p.add_argument("--summary-only", action="store_true", help="print only the summary")
+
+
+def _stats(args: argparse.Namespace) -> None:
+    from tqdm import tqdm
+
+    from threadweaver.jsonl import RowError
+    from threadweaver.kit.tokenizers import load_tokenizer
+    from threadweaver.report import file_stats, format_summary, format_table, summary
+    from threadweaver.rows import RowReader
+
+    rows = file_stats(args.file, RowReader(load_tokenizer(args.tokenizer)), strict=args.strict)
+    try:
+        rows = list(tqdm(rows, desc="stats", unit=" rows", disable=args.json or not sys.stderr.isatty()))
+    except (RowError, OSError) as err:
+        sys.exit(f"threadweaver stats: {args.file}: {err}")
+    if args.json:
+        print(json.dumps({"rows": [r.as_dict() for r in rows], "summary": summary(rows)}))
+        return
+    if not args.summary_only:
+        print(format_table(rows))
+        print()
+    print(format_summary(summary(rows)))
+
+
+def _filter_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("generated", help="JSONL rows from `threadweaver generate --n K` on problems with an 'answer'")
+    p.add_argument("out", help="the kept rows (JSONL, as they are); the report goes to OUT.report.json")
+    p.add_argument("--tokenizer", default="synth", help="'synth' (default), 'qwen', or a tokenizer directory")
+    add_arguments(p, FilterConfig)
+
+
+def _filter(args: argparse.Namespace) -> None:
+    import os
+
+    from tqdm import tqdm
+
+    from threadweaver.jsonl import RowError, write_json, write_jsonl
+    from threadweaver.kit.tokenizers import load_tokenizer
+    from threadweaver.rows import RowReader
+    from threadweaver.selection import FilterConfig, format_report, select
+
+    if os.path.abspath(args.out) == os.path.abspath(args.generated):
+        sys.exit(f"threadweaver filter: OUT is the input file {args.generated}; name another")
+    try:
+        config = from_args(FilterConfig, args)
+    except ValueError as err:
+        sys.exit(f"threadweaver filter: {err}")
+
+    def bar(rows):
+        return tqdm(rows, desc="filter", unit=" rows", disable=not sys.stderr.isatty())
+
+    try:
+        kept, _, report = select(args.generated, RowReader(load_tokenizer(args.tokenizer)), config, bar)
+    except (RowError, OSError) as err:
+        sys.exit(f"threadweaver filter: {args.generated}: {err}")
+    write_jsonl(args.out, kept)
+    write_json(args.out + ".report.json", report)
+    print(format_report(report))
+    print(f"wrote {args.out} and {args.out}.report.json")
+
+
+def _convert_arguments(p: argparse.ArgumentParser) -> None:
+    from threadweaver.convert import SOURCES, ConvertConfig
+
+    p.add_argument("input", help="the peer's rows: JSONL, parquet (.parquet) or a JSON array (.json)")
+    p.add_argument("out", help="our chat rows (JSONL, for sft); the report goes to OUT.report.json")
+    p.add_argument("--from", dest="source", required=True, choices=SOURCES, help="the input's format")
+    p.add_argument("--tokenizer", default="qwen", help="'qwen' (default), 'synth', or a tokenizer directory")
+    add_arguments(p, ConvertConfig)
+
+
+def _convert(args: argparse.Namespace) -> None:
+    import os
+
+    from tqdm import tqdm
+
+    from threadweaver.convert import ConvertConfig, convert_file, format_report
+    from threadweaver.format import Format
+    from threadweaver.kit.tokenizers import load_tokenizer
+
+    def fail(message: str):
+        sys.exit(f"threadweaver convert: {' '.join(message.split())}")
+
+    if not os.path.isfile(args.input):
+        fail(f"{args.input}: no such file")
+    if os.path.abspath(args.out) == os.path.abspath(args.input):
+        fail(f"OUT is the input file {args.input}; name another")
+    try:
+        config = from_args(ConvertConfig, args)
+        fmt = Format.from_tokenizer(load_tokenizer(args.tokenizer))
+    except (ValueError, OSError) as err:
+        fail(str(err))
+
+    def bar(rows):
+        return tqdm(rows, desc="convert", unit=" rows", disable=not sys.stderr.isatty())
+
+    try:
+        report = convert_file(args.input, args.out, args.source, fmt, config, bar)
+    except (ValueError, OSError) as err:
+        fail(f"{args.input}: {err}")
+    print(format_report(report))
+    print(f"wrote {args.out} and {args.out}.report.json")
+
+
+def _curate_arguments(p: argparse.ArgumentParser) -> None:
+    from threadweaver.curate.config import CurateArgs, CurateConfig, LLMArgs
+
+    for config in (CurateArgs, LLMArgs, CurateConfig):
+        add_arguments(p, config)
+
+
+def _curate(args: argparse.Namespace) -> None:
+    from threadweaver.curate.config import CurateArgs, CurateConfig, LLMArgs
+    from threadweaver.curate.pipeline import format_report
+    from threadweaver.curate.run import format_estimate, run
+
+    try:
+        stats = run(*(from_args(c, args) for c in (CurateArgs, LLMArgs, CurateConfig)))
+    except (ValueError, OSError) as err:
+        sys.exit(f"threadweaver curate: {err}")
+    if stats.get("dry_run"):
+        print(format_estimate(stats))
+        return
+    print(format_report(stats))
+    print(f"wrote {args.out_dir}/train.jsonl, dropped.jsonl and report.json")
+
+
+def _self_train_arguments(p: argparse.ArgumentParser) -> None:
+    from threadweaver.orchestrator import Sampling
+    from threadweaver.self_train import SelfTrainArgs
+
+    add_arguments(p, SelfTrainArgs)
+    add_arguments(p, Sampling, defaults={"temperature": 0.6})
+    add_arguments(p, FilterConfig)
+
+
+def _self_train(args: argparse.Namespace) -> None:
+    import logging
+
+    from threadweaver.engine import EngineError, Sampling
+    from threadweaver.selection import format_report
+    from threadweaver.self_train import SelfTrainArgs, run
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        configs = [from_args(c, args) for c in (SelfTrainArgs, Sampling, FilterConfig)]
+        summary = run(*configs, args.rest)
+    except (ValueError, OSError, RuntimeError, EngineError) as err:
+        sys.exit(f"threadweaver self-train: {err}\nwhat is done is in {args.out}; rerun the same command to go on")
+    print(format_report(summary["filter"]))
+    print(f"trained on {summary['kept']} kept + {summary['mixed']} mixed rows: {summary['model']}")
+
+
+def _view_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "files", nargs="+", metavar="FILE", help="JSONL trajectories or training rows; two files side by side"
+    )
+    p.add_argument("--out", help="the page to write (default: FILE.html)")
+    p.add_argument("--tokenizer", default="synth", help="'synth' (default), 'qwen', or a tokenizer directory")
+    p.add_argument("--title", help="the page's title (default: the file names)")
+    p.add_argument("--serve", action="store_true", help="serve the page on loopback instead of writing it")
+    p.add_argument("--port", type=int, default=0, help="with --serve: the port (default: a free one)")
+
+
+def _view(args: argparse.Namespace) -> None:
+    from tqdm import tqdm
+
+    from threadweaver.kit.tokenizers import load_tokenizer
+    from threadweaver.rows import RowReader
+    from threadweaver.view import file_page
+
+    def bar(rows, path):
+        return tqdm(rows, desc=f"reading {path}", unit=" rows", disable=not sys.stderr.isatty())
+
+    if len(args.files) > 2:
+        sys.exit("threadweaver view: one file, or two side by side")
+    try:
+        html = file_page(args.files, RowReader(load_tokenizer(args.tokenizer)), args.title, progress=bar)
+    except (ValueError, OSError) as err:
+        sys.exit(f"threadweaver view: {err}")
+    if args.serve:
+        return _serve_page(html, args.port)
+    out = args.out or args.files[0] + ".html"
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(html)
+    print(out)
+
+
+def _serve_page(html: str, port: int) -> None:
+    """Serve one page on loopback until Ctrl-C."""
+    import http.server
+
+    body = html.encode()
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the standard library's name)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", port), Page) as server:
+        print(f"http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C stops)", flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+
+
+def _kit_arguments(p: argparse.ArgumentParser) -> None:
+    from threadweaver.kit.models import TinyQwen3Config
+
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--tokenizer", choices=("synth", "qwen"), default="synth", help="which tokenizer (default: synth)")
+    p.add_argument("--model", action=argparse.BooleanOptionalAction, default=True, help="also save a tiny model")
+    add_arguments(p, TinyQwen3Config)
+
+
+def _kit(args: argparse.Namespace) -> None:
+    from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
+    from threadweaver.kit.tokenizers import qwen_tokenizer, synth_tokenizer
+
+    tokenizer = qwen_tokenizer() if args.tokenizer == "qwen" else synth_tokenizer()
+    tokenizer.save_pretrained(args.out)
+    if args.model:
+        tiny_qwen3(tokenizer, from_args(TinyQwen3Config, args)).save_pretrained(args.out)
+    print(args.out)
+
+
+DATA_COMMANDS = (
+    Command(
+        "synth", "write the synthetic task's train/validation splits (JSONL, chat messages)", _synth, _synth_arguments
+    ),
+    Command("stats", "token-latency statistics of trajectories in a JSONL file", _stats, _stats_arguments),
+    Command(
+        "filter",
+        "keep a model's correct, well-formed, parallel trajectories to train on (stage 2 of the data)",
+        _filter,
+        _filter_arguments,
+    ),
+    Command(
+        "convert",
+        "bring a peer's parallel dataset into our format (Multiverse, reference, NPR)",
+        _convert,
+        _convert_arguments,
+    ),
+    Command(
+        "curate",
+        "rewrite sequential reasoning traces into parallel SFT data with an LLM (stage 1 of the data)",
+        _curate,
+        _curate_arguments,
+    ),
+    Command(
+        "self-train",
+        "sample a model on problems, keep its correct parallel trajectories and fine-tune on them "
+        "(stage 2 of the data; more flags go to sft)",
+        _self_train,
+        _self_train_arguments,
+        own_flags=True,
+    ),
+    Command(
+        "view", "one self-contained HTML page to read trajectories and inspect the tree mask", _view, _view_arguments
+    ),
+    Command("kit", "save the embedded tokenizer (and a tiny random Qwen3) to a directory", _kit, _kit_arguments),
+)

@@ -1,0 +1,159 @@
+"""The model and server commands: sft, pgrpo, serve, proxy, generate and quickstart."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from threadweaver.cli_args import add_arguments, from_args
+
+from .command import Command
+
+
+def _sft(args: argparse.Namespace) -> None:
+    import logging
+
+    from threadweaver.hf_collator import sft
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        out = sft.main(args.rest)
+    except ValueError as err:
+        sys.exit(f"threadweaver sft: {err}")
+    print(f"saved model and tokenizer to {out}")
+
+
+def _pgrpo(args: argparse.Namespace) -> None:
+    from threadweaver.trl_pgrpo import command
+
+    try:
+        out = command.main(args.rest)
+    except (ValueError, TypeError) as err:
+        sys.exit(f"threadweaver pgrpo: {err}")
+    print(f"saved model and tokenizer to {out}")
+
+
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    from threadweaver.orchestrator import Limits
+    from threadweaver.vllm_orchestrator.serve import ServeArgs
+
+    add_arguments(p, ServeArgs)
+    add_arguments(p, Limits, exclude=("branching",))
+
+
+def _serve(args: argparse.Namespace) -> None:
+    from threadweaver.orchestrator import Limits
+    from threadweaver.vllm_orchestrator.serve import ServeArgs, serve_until_stopped
+
+    try:
+        limits = from_args(Limits, args, branching=True)
+        serve_until_stopped(from_args(ServeArgs, args), args.vllm_args, limits)
+    except RuntimeError as err:
+        sys.exit(f"threadweaver serve: {err}")
+
+
+def _proxy_arguments(p: argparse.ArgumentParser) -> None:
+    from threadweaver.orchestrator import Limits
+    from threadweaver.vllm_orchestrator.proxy import ProxyArgs
+
+    add_arguments(p, ProxyArgs)
+    add_arguments(p, Limits, exclude=("branching",))
+
+
+def _proxy(args: argparse.Namespace) -> None:
+    from threadweaver.orchestrator import Limits
+    from threadweaver.vllm_orchestrator.proxy import ProxyArgs, serve_proxy
+
+    try:
+        serve_proxy(from_args(ProxyArgs, args), from_args(Limits, args, branching=True))
+    except (ValueError, OSError) as err:
+        sys.exit(f"threadweaver proxy: {err}")
+
+
+def _generate_arguments(p: argparse.ArgumentParser) -> None:
+    from threadweaver.orchestrator import Limits, Sampling
+    from threadweaver.vllm_orchestrator.engines import EngineArgs
+    from threadweaver.vllm_orchestrator.generate import GenerateArgs
+
+    for config in (GenerateArgs, EngineArgs, Limits, Sampling):
+        add_arguments(p, config)
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from threadweaver.engine import EngineError
+    from threadweaver.jsonl import RowError
+    from threadweaver.orchestrator import Limits, Sampling
+    from threadweaver.vllm_orchestrator.engines import EngineArgs
+    from threadweaver.vllm_orchestrator.generate import GenerateArgs, run
+
+    try:
+        progress = run(*(from_args(config, args) for config in (GenerateArgs, EngineArgs, Limits, Sampling)))
+    except RowError as err:
+        sys.exit(f"threadweaver generate: {args.problems}: {err}")
+    except (EngineError, ValueError, OSError) as err:
+        sys.exit(
+            f"threadweaver generate: {err}\nfinished trajectories are in {args.out}; rerun the same command to resume"
+        )
+    if not progress.done:
+        print(f"nothing to decode: every trajectory is already in {args.out}")
+        return
+    print(
+        f"decoded {progress.done} trajectories into {args.out}: mean speedup {progress.mean_speedup:.2f}x, "
+        f"{progress.tokens_per_s:.0f} generated tokens/s, {progress.degraded_by_kind()}\n"
+        f"mean wall-clock per trajectory: {progress.wall_clock()}"
+    )
+
+
+def _quickstart_arguments(p: argparse.ArgumentParser) -> None:
+    from threadweaver.quickstart import QuickstartArgs
+
+    add_arguments(p, QuickstartArgs)
+
+
+def _quickstart(args: argparse.Namespace) -> None:
+    from threadweaver.quickstart import QuickstartArgs, run
+
+    try:
+        run(from_args(QuickstartArgs, args))
+    except (ValueError, RuntimeError, FileNotFoundError) as err:
+        sys.exit(f"threadweaver quickstart: {err}")
+
+
+MODEL_COMMANDS = (
+    # Their flags are the fields of the TRL configs they fill, parsed when the command runs.
+    Command(
+        "sft",
+        "fine-tune a model on trajectories with TRL's SFTTrainer and tree attention (--help: every flag)",
+        _sft,
+        own_flags=True,
+        own_help=True,
+    ),
+    Command(
+        "pgrpo",
+        "P-GRPO: reinforce correct and faster fork-join reasoning with TRL (the paper's defaults)",
+        _pgrpo,
+        own_flags=True,
+        own_help=True,
+    ),
+    Command(
+        "serve",
+        "start a vLLM server set up for fork-join decoding; prints its URL",
+        _serve,
+        _serve_arguments,
+        epilog="Flags after a lone -- go to the vLLM server as they are.",
+        vllm_flags=True,
+    ),
+    Command(
+        "proxy",
+        "serve fork-join chat and completion routes in front of a vLLM or SGLang server",
+        _proxy,
+        _proxy_arguments,
+    ),
+    Command("generate", "decode JSONL problems into JSONL trajectories (resumable)", _generate, _generate_arguments),
+    Command(
+        "quickstart",
+        "serve, evaluate and compare the embedded ThreadWeaver model and its sequential baseline with vLLM and lm_eval",
+        _quickstart,
+        _quickstart_arguments,
+    ),
+)
