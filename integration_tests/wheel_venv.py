@@ -1,40 +1,42 @@
-"""What ``pip install threadweaver[...]`` gives a user, without an index: this repo's wheel
-unpacked into a fresh venv's site-packages (what pip does with a pure wheel), and the
-running venv's packages on a plain path (the hosts, but none of its ``.pth`` files, so
-the editable install stays out)."""
+"""What ``pip install threadweaver[...]`` gives a user, without an index: the sdist built from
+this checkout and the wheel built from that sdist, each with build isolation (as ``pip install``
+and ``python -m build`` do), the wheel installed by pip (not editable) into a fresh venv, with
+the running venv's packages on a plain path (the hosts, but none of its ``.pth`` files, so the
+editable install stays out)."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import sysconfig
-import zipfile
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
 
+@functools.cache
+def built() -> tuple[Path, Path]:
+    """(the sdist, the wheel built from it): once per test process. Build isolation fetches
+    setuptools from the package index, as a user's build does."""
+    out = Path(tempfile.mkdtemp(prefix="threadweaver-dist-"))
+    done = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(REPO)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [sdist] = out.glob("threadweaver-*.tar.gz")
+    [wheel] = out.glob("threadweaver-*.whl")
+    return sdist, wheel
+
+
 def wheel_venv(tmp_path: Path) -> tuple[Path, Path]:
     """(the fresh venv's python, its site-packages)."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            str(REPO),
-            "-w",
-            str(tmp_path / "wheel"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    [wheel] = (tmp_path / "wheel").glob("threadweaver-*.whl")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    _, wheel = built()
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
     python = tmp_path / "venv" / "bin" / "python"
+    install = [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--disable-pip-version-check", wheel]
+    subprocess.run(install, check=True, capture_output=True)
     site = Path(
         subprocess.run(
             [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -43,6 +45,5 @@ def wheel_venv(tmp_path: Path) -> tuple[Path, Path]:
             text=True,
         ).stdout.strip()
     )
-    zipfile.ZipFile(wheel).extractall(site)
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return python, site

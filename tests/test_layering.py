@@ -136,3 +136,31 @@ def test_every_package_folder_is_a_layer():
     """Nothing lies outside the three folders, and each application is a package there."""
     assert {"cli", "quickstart", "curate", "convert", "view", "self_train"} <= set(APPS)
     assert not set(APPS) & set(PLUGINS)
+
+
+def test_every_third_party_import_is_a_declared_dependency():
+    """What the package imports, lazily too, is in pyproject.toml's dependencies or an extra
+    (``packaging``, imported by the host checks, once was not)."""
+    import sys
+    from importlib.metadata import packages_distributions
+
+    import tomllib
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [
+        *project["dependencies"],
+        *(r for extra in project["optional-dependencies"].values() for r in extra),
+    ]
+    declared = {canonicalize_name(Requirement(r).name) for r in requirements}
+    provides = packages_distributions()
+    undeclared = {}
+    for name, imported, _ in EDGES:
+        root = imported.split(".")[0]
+        if root in sys.stdlib_module_names or root in ("threadweaver", "__future__"):
+            continue
+        distributions = {canonicalize_name(d) for d in provides.get(root, [root])}
+        if not distributions & declared:
+            undeclared.setdefault(root, name)
+    assert undeclared == {}

@@ -6,6 +6,7 @@ import os
 import sys
 
 from threadweaver.lmeval_tasks import discovery
+from threadweaver.lmeval_tasks.pth import PTH_LINE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,14 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "path":
         print(discovery.TASKS_DIR)
     elif args.action == "install":
-        if not target.exists() or target.read_text() != discovery.PTH_LINE:
-            target.write_text(discovery.PTH_LINE)
+        if not target.exists() or target.read_text() != PTH_LINE:
+            target.write_text(PTH_LINE)
         print(f"installed {target}")
     elif args.action == "remove":
         target.unlink(missing_ok=True)
         print(f"removed {target}")
     else:
-        state = "installed" if target.exists() and target.read_text() == discovery.PTH_LINE else "not installed"
+        state = "installed" if target.exists() and target.read_text() == PTH_LINE else "not installed"
         switched_off = os.environ.get("THREADWEAVER_LMEVAL_AUTOLOAD", "1") == "0"
         print(f"{target}: {state}" + (" (switched off by THREADWEAVER_LMEVAL_AUTOLOAD=0)" if switched_off else ""))
         return 0 if state == "installed" else 1

@@ -34,18 +34,11 @@ from types import ModuleType
 
 from threadweaver.hosts import check_host
 
+from .pth import PTH_NAME
+
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 MODEL_NAME = "threadweaver"
 MODEL_TARGET = "threadweaver.lmeval_tasks.model:ThreadWeaverLM"
-PTH_NAME = "threadweaver-lmeval.pth"
-
-
-def pth_line(autoload_source: str) -> str:
-    """The ``.pth`` line: run the start-up hook's source in a namespace of its own (``setup.py`` ships it)."""
-    return f"import sys; exec({autoload_source!r}, {{'__name__': 'threadweaver_lmeval_startup'}})\n"
-
-
-PTH_LINE = pth_line((Path(__file__).resolve().parent / "autoload.py").read_text())
 
 
 def register_model(_module: ModuleType | None = None) -> None:
