@@ -5,16 +5,20 @@ The routes themselves run on a real vLLM server in integration_tests/test_openai
 
 import asyncio
 import json
+import re
+from dataclasses import replace
 
 import pytest
 from orchestrator_scripts import GOOD, NESTED, PROMPT
 
-from threadweaver.engine import EngineError
+from threadweaver.engine import EngineError, RequestRefused
 from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.testing import ScriptedEngine
 from threadweaver.vllm_orchestrator.openai_api import (
+    Admission,
     APIError,
     ServerSettings,
+    answer,
     decode,
     parse_request,
     reply,
@@ -183,3 +187,140 @@ def test_any_other_failure_is_a_500_that_names_it(fmt):
         asyncio.run(decode(request, Dead(), fmt))
     assert caught.value.status == 500
     assert "EngineCore died" in events("chat", request, Dead(), fmt)[-2]["error"]["message"]
+
+
+class VocabTokenizer(CharTokenizer):
+    """The test tokenizer with a vocabulary size, as a Hugging Face tokenizer has."""
+
+    def __len__(self):
+        return 300
+
+
+OPERATOR = ServerSettings(limits=Limits(max_tokens=40, max_threads=4, timeout_s=30.0, concurrent_threads=False))
+
+
+def request_with(fmt, settings=OPERATOR, **body):
+    full = {"prompt": PROMPT, "threadweaver": True, **body}
+    return parse_request(full, "completion", VocabTokenizer(fmt), settings)
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (
+            {"threadweaver": {"max_tokens": 1_000_000_000}},
+            "threadweaver.max_tokens: 1000000000 is above this server's ceiling of 40",
+        ),
+        (
+            {"threadweaver": {"max_threads": 1_000_000}},
+            "threadweaver.max_threads: 1000000 is above this server's ceiling of 4",
+        ),
+        (
+            {"threadweaver": {"timeout_s": None}},
+            "threadweaver.timeout_s: no limit is above this server's ceiling of 30.0",
+        ),
+        ({"threadweaver": {"timeout_s": 60}}, "threadweaver.timeout_s: 60.0 is above this server's ceiling of 30.0"),
+        ({"threadweaver": {"concurrent_threads": True}}, "threadweaver.concurrent_threads: this server has it off"),
+        ({"max_tokens": 100_000}, "'max_tokens': 100000 is above this server's ceiling of 40"),
+        ({"max_completion_tokens": 41}, "'max_completion_tokens': 41 is above this server's ceiling of 40"),
+    ],
+)
+def test_the_operators_limits_are_ceilings_a_request_cannot_raise(fmt, body, message):
+    with pytest.raises(APIError, match=re.escape(message)) as caught:
+        request_with(fmt, **body)
+    assert caught.value.status == 400
+
+
+def test_a_request_may_ask_for_less_than_the_ceilings(fmt):
+    asked = request_with(fmt, threadweaver={"max_threads": 2, "timeout_s": 5, "branching": False}, max_tokens=10)
+    assert asked.limits == replace(OPERATOR.limits, max_threads=2, timeout_s=5.0, branching=False, max_tokens=10)
+    assert request_with(fmt).limits == OPERATOR.limits  # nothing asked: the operator's own
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"threadweaver": {"max_threads": -5}}, "max_threads must be a whole number of at least 1, not -5"),
+        ({"threadweaver": {"max_depth": 0}}, "max_depth must be a whole number of at least 1, not 0"),
+        ({"threadweaver": {"timeout_s": -1}}, "timeout_s must be more than 0 seconds"),
+        ({"max_tokens": -1}, "'max_tokens': max_tokens must be a whole number of at least 1, not -1"),
+        ({"max_tokens": 0}, "'max_tokens': max_tokens must be a whole number of at least 1, not 0"),
+        ({"prompt": [10_000]}, "'prompt' holds token id 10000, outside the vocabulary (0..299)"),
+        ({"prompt": [-1, 5]}, "'prompt' holds token id -1"),
+        ({"prompt": [True]}, "'prompt' must be one string or one list of token ids"),
+    ],
+)
+def test_values_out_of_range_are_a_400_naming_the_field(fmt, body, message):
+    with pytest.raises(APIError, match=re.escape(message)) as caught:
+        request_with(fmt, ServerSettings(), **body)
+    assert caught.value.status == 400
+
+
+def test_a_one_token_prompt_is_a_prompt(fmt):
+    assert request_with(fmt, ServerSettings(), prompt=[5]).prompt_ids == [5]
+    assert request_with(fmt, ServerSettings(), prompt=[[5, 6]]).prompt_ids == [5, 6]
+
+
+def test_a_prompt_over_the_models_context_is_a_400(fmt):
+    short = replace(ServerSettings(), max_model_len=len(fmt.encode(PROMPT)))
+    with pytest.raises(APIError, match="the prompt is 2 tokens, and the model's context is 2") as caught:
+        request_with(fmt, short)
+    assert caught.value.status == 400
+
+
+class Template(CharTokenizer):
+    chat_template = "{{ messages[0].content }}"
+
+    def apply_chat_template(self, messages, **kwargs):
+        raise LookupError("'dict object' has no attribute 'content'")  # what jinja says, in another class
+
+
+def test_messages_the_chat_template_cannot_render_are_a_400(fmt):
+    body = {"messages": [{"role": "user"}], "threadweaver": True}
+    with pytest.raises(APIError, match="cannot apply the chat template to 'messages': LookupError") as caught:
+        parse_request(body, "chat", Template(fmt), ServerSettings())
+    assert caught.value.status == 400
+
+
+class Refusing:
+    async def generate(self, *args):
+        raise RequestRefused("HTTP 400: this model's maximum context length is 2048 tokens")
+
+
+def test_a_request_the_engine_refuses_is_a_400(fmt):
+    request = request_with(fmt, ServerSettings())
+    with pytest.raises(APIError, match="the engine refused a request of the trajectory: HTTP 400") as caught:
+        asyncio.run(decode(request, Refusing(), fmt))
+    assert caught.value.status == 400
+
+
+def test_beyond_the_most_trajectories_at_once_a_request_is_a_429(fmt):
+    settings, admission = ServerSettings(max_trajectories=1), Admission(1)
+    body = {"prompt": PROMPT, "threadweaver": True}
+    tokenizer = VocabTokenizer(fmt)
+
+    async def two_at_once():
+        slow = ScriptedEngine(fmt, GOOD, 0.05)
+        first = asyncio.create_task(answer(body, "completion", tokenizer, settings, slow, fmt, "m", admission))
+        await asyncio.sleep(0.01)
+        with pytest.raises(APIError, match="at most 1 fork-join trajectories at once") as caught:
+            await answer(body, "completion", tokenizer, settings, slow, fmt, "m", admission)
+        assert caught.value.status == 429 and caught.value.body()["error"]["type"] == "RateLimitError"
+        await first
+        assert admission.running == 0  # the reply was sent: the slot is free again
+        stream = await answer({**body, "stream": True}, "completion", tokenizer, settings, slow, fmt, "m", admission)
+        assert admission.running == 1  # held while the stream is read
+        events = [event async for event in stream]
+        assert events[-1] == "data: [DONE]\n\n" and admission.running == 0
+        unread = await answer({**body, "stream": True}, "completion", tokenizer, settings, slow, fmt, "m", admission)
+        await unread.aclose()  # a client gone before the first event
+        assert admission.running == 0
+
+    asyncio.run(two_at_once())
+
+
+def test_the_most_trajectories_at_once_travel_to_the_server_process_too():
+    settings = ServerSettings(max_trajectories=3)
+    assert ServerSettings.from_env(settings.env()) == settings
+    with pytest.raises(ValueError, match="THREADWEAVER_MAX_TRAJECTORIES must be a whole number"):
+        ServerSettings.from_env({"THREADWEAVER_MAX_TRAJECTORIES": "many"})

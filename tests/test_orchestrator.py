@@ -201,3 +201,52 @@ def test_an_engine_error_in_the_main_sequence_ends_the_trajectory(fmt):
         "main sequence: the engine failed (ConnectionError: server went away); the sequence stopped there",
     )
     assert t.token_ids == tuple(fmt.encode(WELL_FORMED.removesuffix(" done")))
+
+
+def test_max_requests_ends_the_trajectory_as_a_token_limit_would(fmt):
+    """GOOD makes 4 requests (head, two threads, continuation); at 2 the second thread cannot start."""
+    t, engine = decode(fmt, GOOD, Limits(max_requests=2))
+    assert len(t.requests) == len(engine.calls) == 2
+    assert "thread 2: stopped by the max_requests limit; the thread was closed" in map(str, t.degradations)
+    assert t.finish_reason == "length" and (0, 2) in {p[-1] for p in t.closed_threads}
+    assert isinstance(parse(t.token_ids, fmt, strict=False).nodes[1], Block)  # the block was closed
+
+
+class Counting(ScriptedEngine):
+    """A scripted engine that records the most requests it ever had in flight."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.now = self.most = 0
+
+    async def generate(self, *args):
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            return await super().generate(*args)
+        finally:
+            self.now -= 1
+
+
+@pytest.mark.parametrize("inflight, most", [(64, 2), (1, 1)])
+def test_max_concurrent_requests_bounds_one_trajectorys_requests_in_flight(fmt, inflight, most):
+    engine = Counting(fmt, GOOD, 0.02)
+    t = asyncio.run(Orchestrator(engine, fmt, Limits(max_concurrent_requests=inflight)).run(fmt.encode(PROMPT)))
+    assert engine.most == most
+    assert t.token_ids == tuple(fmt.encode(WELL_FORMED) + [EOS]) and not t.degradations
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("max_threads", -5), ("max_threads", 0), ("max_depth", 0), ("max_tokens", -1), ("max_request_tokens", 0)]
+    + [
+        ("max_requests", 0),
+        ("max_concurrent_requests", 0),
+        ("max_tokens", 2.5),
+        ("max_tokens", True),
+        ("timeout_s", -1.0),
+    ],
+)
+def test_limits_out_of_range_are_refused_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        Limits(**{field: value})

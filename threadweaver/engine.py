@@ -66,6 +66,10 @@ class EngineError(RuntimeError):
     """The engine could not serve a request; the message says why and what to check."""
 
 
+class RequestRefused(EngineError):
+    """The engine refused a request as invalid (a 4xx: a prompt over the model's context, say)."""
+
+
 def to_completion(
     token_ids: Sequence[int],
     finish_reason: str | None,

@@ -58,6 +58,26 @@ class Limits:
         "Once threads 1..j of a block (j >= 2) are done while others still decode, send their text "
         "as a one-token request, so the continuation after the join finds it in the prefix cache.",
     )
+    max_requests: int = option(1024, "Most engine requests one trajectory may make; then it ends as at max_tokens.")
+    max_concurrent_requests: int = option(
+        64, "Most requests of one trajectory in flight at once; more wait their turn."
+    )
+
+    def __post_init__(self):
+        counts = (
+            "max_threads",
+            "max_depth",
+            "max_tokens",
+            "max_request_tokens",
+            "max_requests",
+            "max_concurrent_requests",
+        )
+        for name in counts:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a whole number of at least 1, not {value!r}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be more than 0 seconds (or none), not {self.timeout_s!r}")
 
 
 @dataclass(frozen=True)
@@ -160,8 +180,10 @@ def trajectory_text(trajectory: Trajectory, fmt: Format) -> str:
 class _Stop(Exception):
     """No request may start: a limit or the deadline was reached."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, limit: str | None = None):
         self.reason = reason
+        self.limit = limit or reason
+        """The limit's name, for the record (``max_requests`` ends a sequence as ``"length"``)."""
 
 
 @dataclass
@@ -258,6 +280,8 @@ class _Run:
         self.streams_live = streaming and self.deadline is None and not orchestrator.degrade_on_engine_error
         self.warmups: set[asyncio.Task] = set()
         self.warmups_sent = 0
+        self.requests_sent = 0
+        self.inflight = asyncio.Semaphore(limits.max_concurrent_requests)
 
     def degrade(self, kind: DegradationKind, path, offset: int, detail: str, block: int | None = None) -> None:
         self.degradations.append(Degradation(kind, path, offset, detail, block))
@@ -272,23 +296,27 @@ class _Run:
         max_tokens = min(limits.max_request_tokens, self.budget)
         if max_tokens <= 0:
             raise _Stop("length")
-        started = time.monotonic()
-        if live is not None and hasattr(self.engine, "stream"):
-            call = self.streamed(context, stop, max_tokens, live)
-        else:
-            call = self.engine.generate(context, sorted(stop), max_tokens, self.sampling)
-        if self.deadline is None:
-            try:
-                completion = await call
-            except Exception as err:
-                self.engine_failed(err, path, at)
-        else:
-            try:
-                completion = await asyncio.wait_for(call, max(self.deadline - started, 0.0))
-            except asyncio.TimeoutError:
-                raise _Stop("timeout") from None
-            except Exception as err:
-                self.engine_failed(err, path, at)
+        if self.requests_sent >= limits.max_requests:
+            raise _Stop("length", "max_requests")
+        self.requests_sent += 1
+        async with self.inflight:
+            started = time.monotonic()
+            if live is not None and hasattr(self.engine, "stream"):
+                call = self.streamed(context, stop, max_tokens, live)
+            else:
+                call = self.engine.generate(context, sorted(stop), max_tokens, self.sampling)
+            if self.deadline is None:
+                try:
+                    completion = await call
+                except Exception as err:
+                    self.engine_failed(err, path, at)
+            else:
+                try:
+                    completion = await asyncio.wait_for(call, max(self.deadline - started, 0.0))
+                except asyncio.TimeoutError:
+                    raise _Stop("timeout") from None
+                except Exception as err:
+                    self.engine_failed(err, path, at)
         tokens = tuple(completion.token_ids[:max_tokens])
         self.budget -= len(tokens)
         waited = completion.first_token_s
@@ -369,7 +397,7 @@ class _Run:
         text_start = 0  # where ``text`` starts in ``out``
         emitted = 0  # how much of ``text`` is in ``part`` (all of it is final, but a trailing stop token)
         blocks = 0
-        ended = "stop"
+        ended, limit = "stop", None
         last = None
         while True:
             part.add(text[emitted:])  # going on: what the sequence has is final
@@ -383,7 +411,7 @@ class _Run:
             try:
                 completion = await self.request(context + tuple(out), frozenset(stop), path, len(out), live)
             except _Stop as halt:
-                ended = halt.reason
+                ended, limit = halt.reason, halt.limit
                 break
             tokens = list(completion.token_ids)
             out.extend(tokens)
@@ -434,7 +462,7 @@ class _Run:
             if ended == "error":
                 self.degrade("engine_error", path, len(out), "closed after the engine error")
             elif ended != "stop":
-                detail = f"stopped by the {ended} limit; the thread was closed"
+                detail = f"stopped by the {limit or ended} limit; the thread was closed"
                 self.degrade("closed_by_limit", path, len(out), detail)
         return _Decoded(nodes, ended)
 

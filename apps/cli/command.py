@@ -20,7 +20,8 @@ class Command:
     """Adds the command's flags to its parser."""
     epilog: str | None = None
     own_flags: bool = False
-    """Flags it does not declare go to the command as ``args.rest`` (TRL's configs parse them)."""
+    """Flags it does not declare go to the command as ``args.rest`` (TRL's configs parse them; serve hands
+    them to vLLM)."""
     own_help: bool = False
     """``--help`` is the command's own (it prints every flag of the TRL config it fills)."""
     vllm_flags: bool = False

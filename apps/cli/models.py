@@ -47,8 +47,8 @@ def _serve(args: argparse.Namespace) -> None:
 
     try:
         limits = from_args(Limits, args, branching=True)
-        serve_until_stopped(from_args(ServeArgs, args), args.vllm_args, limits)
-    except RuntimeError as err:
+        serve_until_stopped(from_args(ServeArgs, args), [*args.rest, *args.vllm_args], limits)
+    except (RuntimeError, ValueError) as err:
         sys.exit(f"threadweaver serve: {err}")
 
 
@@ -140,7 +140,9 @@ MODEL_COMMANDS = (
         "start a vLLM server set up for fork-join decoding; prints its URL",
         _serve,
         _serve_arguments,
-        epilog="Flags after a lone -- go to the vLLM server as they are.",
+        epilog="Every other flag goes to the vLLM server as it is (--api-key, --tensor-parallel-size, ...); "
+        "so does everything after a lone --.",
+        own_flags=True,
         vllm_flags=True,
     ),
     Command(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator, Sequence
 
-from threadweaver.engine import EngineError
+from threadweaver.engine import EngineError, RequestRefused
 from threadweaver.orchestrator import Completion, Sampling
 
 from .wire import vllm_completion, vllm_sampling_params
@@ -51,6 +51,7 @@ class AsyncLLMEngine:
         self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
     ) -> AsyncIterator[tuple[int, ...] | Completion]:
         """The new token ids of each step as vLLM produces them, then the completion."""
+        from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -70,6 +71,8 @@ class AsyncLLMEngine:
             raise EngineError(
                 "vLLM's engine core died (EngineDeadError): the log above it says why; the engine must be restarted"
             ) from None
+        except VLLMClientError as err:  # the request's fault (a prompt over the context): vLLM's own 4xx
+            raise RequestRefused(f"vLLM refused the request: {err}") from None
         yield vllm_completion(final, stop_ids, self.logprobs, where="vLLM AsyncLLM")
 
     async def aclose(self) -> None:

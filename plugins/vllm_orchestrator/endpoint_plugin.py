@@ -8,7 +8,9 @@ request of a trajectory leaves the process and its threads share the prefix cach
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' parameter types, imported in attach_router.
-from .openai_api import ROUTES, APIError, ServerSettings, answer
+import dataclasses
+
+from .openai_api import ROUTES, Admission, APIError, ServerSettings, answer
 
 
 class ThreadWeaverEndpoint:
@@ -17,6 +19,7 @@ class ThreadWeaverEndpoint:
 
     def __init__(self) -> None:
         self.settings = ServerSettings.from_env()
+        self.admission = Admission(self.settings.max_trajectories)
         self.engine = self.tokenizer = self.fmt = self.model = None
 
     def attach_router(self, app) -> None:
@@ -40,7 +43,9 @@ class ThreadWeaverEndpoint:
                 if self.engine is None:
                     raise APIError("the threadweaver plugin has no engine on this server", status=501)
                 model = body.get("model") or self.model
-                out = await answer(body, ROUTES[path], self.tokenizer, self.settings, self.engine, self.fmt, model)
+                out = await answer(
+                    body, ROUTES[path], self.tokenizer, self.settings, self.engine, self.fmt, model, self.admission
+                )
                 if isinstance(out, dict):
                     return JSONResponse(out)
                 return StreamingResponse(out, media_type="text/event-stream")
@@ -69,3 +74,4 @@ class ThreadWeaverEndpoint:
         self.fmt = Format.from_tokenizer(self.tokenizer)
         self.model = (args.served_model_name or [args.model])[0]
         self.engine = AsyncLLMEngine(engine_client)
+        self.settings = dataclasses.replace(self.settings, max_model_len=engine_client.model_config.max_model_len)

@@ -68,6 +68,11 @@ def _server_engine(args: EngineArgs, url: str, options: HTTPOptions):
     return SGLangEngine(url, options=options)
 
 
+async def model_context(engine) -> int | None:
+    """The model's context in tokens where the server says (vLLM), else None (SGLang)."""
+    return await engine.model_context() if hasattr(engine, "model_context") else None
+
+
 async def tokenizer_source(engine, given: str | None) -> str | None:
     """``given``, else the model the server reports it loaded (vLLM), else None."""
     if given:

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from threadweaver.cli_args import option
-from threadweaver.engine import EngineError
+from threadweaver.engine import EngineError, RequestRefused
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,8 @@ class JSONClient:
     def _refused(self, status: int, body: str, method: str, path: str, attempt: int) -> str:
         """Why a request is retried (429, 5xx); any other status, or the last try, raises."""
         if status not in _RETRIED_STATUS or attempt >= self.options.retries:
-            raise EngineError(
+            error = RequestRefused if 400 <= status < 500 and status not in _RETRIED_STATUS else EngineError
+            raise error(
                 f"{self.what} at {self.base_url} answered {method} {path} with HTTP {status}: {_server_message(body)}"
             )
         return f"HTTP {status}: {_server_message(body)}"

@@ -4,7 +4,10 @@ A request asks for fork-join decoding with the field ``"threadweaver"``: ``true`
 object of :class:`~threadweaver.orchestrator.Limits` fields for this request (with the
 ``openai`` SDK: ``extra_body={"threadweaver": {"max_threads": 4}}``); ``false`` asks for a
 plain reply. Without the field a request is plain, unless the server makes fork-join its
-default (``THREADWEAVER_FORK_JOIN=default``). The reply is an ordinary OpenAI reply whose
+default (``THREADWEAVER_FORK_JOIN=default``). The operator's limits are ceilings: a request
+may ask for less (a smaller number, a switch turned off), never more; a field above its
+ceiling is a 400 naming the field and the ceiling. Beyond the operator's most trajectories
+at once (``THREADWEAVER_MAX_TRAJECTORIES``) a fork-join request gets a 429. The reply is an ordinary OpenAI reply whose
 text is the whole trajectory, tags included; ``usage.completion_tokens`` counts every token
 generated in every request, and the field ``threadweaver`` holds the latency stats, the
 requests (as ``threadweaver generate`` records them) and the problems the orchestrator
@@ -24,7 +27,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, fields, replace
 
 from threadweaver.cli_args import value_type
-from threadweaver.engine import EngineError
+from threadweaver.engine import EngineError, RequestRefused
 from threadweaver.format import Format
 from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, trajectory_text
 from threadweaver.rows import chat_prompt_ids, plain_ids
@@ -36,7 +39,9 @@ FIELD = "threadweaver"
 DEFAULT_ENV = "THREADWEAVER_FORK_JOIN"
 """``default``: requests without the field are decoded fork-join too."""
 LIMITS_ENV = "THREADWEAVER_LIMITS"
-"""A JSON object of :class:`Limits` fields: the server's limits (a request's own override them)."""
+"""A JSON object of :class:`Limits` fields: the server's limits, each a ceiling for a request's own."""
+MAX_TRAJECTORIES_ENV = "THREADWEAVER_MAX_TRAJECTORIES"
+"""The most fork-join trajectories the server decodes at once (unset: no limit)."""
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 
 
@@ -48,7 +53,9 @@ class APIError(Exception):
         self.status = status
 
     def body(self) -> dict:
-        kind = "BadRequestError" if self.status < 500 else "InternalServerError"
+        kind = {429: "RateLimitError"}.get(
+            self.status, "BadRequestError" if self.status < 500 else "InternalServerError"
+        )
         return {"error": {"message": str(self), "type": kind, "param": None, "code": self.status}}
 
 
@@ -63,14 +70,59 @@ def _typed(name: str, value, hint):
     return hint(value)
 
 
-def limits_from(values: dict, base: Limits, where: str) -> Limits:
-    """``base`` with the :class:`Limits` fields in ``values``; an unknown or mistyped field is named."""
+def _limit_values(values: dict, where: str) -> dict:
+    """The :class:`Limits` fields in ``values``, typed; an unknown or mistyped field is named."""
     hints = typing.get_type_hints(Limits)
     known = {f.name for f in fields(Limits)}
     unknown = sorted(set(values) - known)
     if unknown:
         raise APIError(f"unknown {where} field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    return replace(base, **{name: _typed(f"{where}.{name}", value, hints[name]) for name, value in values.items()})
+    return {name: _typed(f"{where}.{name}", value, hints[name]) for name, value in values.items()}
+
+
+def _limits(base: Limits, values: dict, where: str) -> Limits:
+    try:
+        return replace(base, **values)
+    except ValueError as err:  # out of range
+        raise APIError(f"{where}: {err}") from None
+
+
+def limits_from(values: dict, base: Limits, where: str) -> Limits:
+    """``base`` with the :class:`Limits` fields in ``values`` (the operator's own settings)."""
+    return _limits(base, _limit_values(values, where), where)
+
+
+def capped_limits(values: dict, ceilings: Limits, where: str) -> Limits:
+    """A request's limits: the operator's ``ceilings`` where it says nothing, and its own where
+    they ask for less. A number above its ceiling, no timeout under a server's timeout, or a
+    switch the server has off turned on is a 400 naming the field and the ceiling."""
+    asked = _limit_values(values, where)
+    for name, value in asked.items():
+        ceiling = getattr(ceilings, name)
+        if isinstance(ceiling, bool):
+            if value and not ceiling:
+                raise APIError(f"{where}.{name}: this server has it off, and a request may not turn it on")
+        elif ceiling is not None and (value is None or value > ceiling):
+            asked_for = "no limit" if value is None else repr(value)
+            raise APIError(f"{where}.{name}: {asked_for} is above this server's ceiling of {ceiling}")
+    return _limits(ceilings, asked, where)
+
+
+class Admission:
+    """How many fork-join trajectories run now; beyond ``most``, a request is a 429."""
+
+    def __init__(self, most: int | None):
+        self.most, self.running = most, 0
+
+    def enter(self) -> None:
+        if self.most is not None and self.running >= self.most:
+            raise APIError(
+                f"this server decodes at most {self.most} fork-join trajectories at once; try again shortly", 429
+            )
+        self.running += 1
+
+    def leave(self) -> None:
+        self.running -= 1
 
 
 @dataclass(frozen=True)
@@ -79,6 +131,15 @@ class ServerSettings:
 
     fork_join_default: bool = False
     limits: Limits = Limits()
+    """The ceilings of every request's limits."""
+    max_trajectories: int | None = None
+    """The most fork-join trajectories decoded at once; beyond, a 429."""
+    max_model_len: int | None = None
+    """The model's context, where the server knows it: a longer prompt is a 400, as vLLM's own."""
+
+    def __post_init__(self):
+        if self.max_trajectories is not None and self.max_trajectories < 1:
+            raise ValueError(f"max_trajectories must be at least 1, not {self.max_trajectories}")
 
     @classmethod
     def from_env(cls, environ=os.environ) -> ServerSettings:
@@ -89,8 +150,11 @@ class ServerSettings:
             values = json.loads(environ.get(LIMITS_ENV) or "{}")
         except json.JSONDecodeError as err:
             raise ValueError(f"{LIMITS_ENV} is not a JSON object: {err}") from None
+        most = environ.get(MAX_TRAJECTORIES_ENV) or None
+        if most is not None and not most.isdigit():
+            raise ValueError(f"{MAX_TRAJECTORIES_ENV} must be a whole number, not {most!r}")
         try:
-            return cls(default == "default", limits_from(values, Limits(), LIMITS_ENV))
+            return cls(default == "default", limits_from(values, Limits(), LIMITS_ENV), most and int(most))
         except APIError as err:
             raise ValueError(str(err)) from None
 
@@ -98,7 +162,12 @@ class ServerSettings:
         """The environment that gives a server process these settings."""
         changed = {f.name: getattr(self.limits, f.name) for f in fields(Limits)}
         changed = {k: v for k, v in changed.items() if v != getattr(Limits(), k)}
-        return {DEFAULT_ENV: "default" if self.fork_join_default else "on-request", LIMITS_ENV: json.dumps(changed)}
+        most = "" if self.max_trajectories is None else str(self.max_trajectories)
+        return {
+            DEFAULT_ENV: "default" if self.fork_join_default else "on-request",
+            LIMITS_ENV: json.dumps(changed),
+            MAX_TRAJECTORIES_ENV: most,
+        }
 
     def wants_fork_join(self, body: dict) -> bool:
         value = body.get(FIELD)
@@ -135,23 +204,23 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
             raise APIError("'messages' must be a non-empty list")
         try:
             prompt_ids = chat_prompt_ids(tokenizer, messages)
-        except (ValueError, TypeError, KeyError) as err:
-            raise APIError(f"cannot apply the chat template to 'messages': {err}") from None
+        except Exception as err:  # the template's own errors too (jinja's UndefinedError): the messages' fault
+            raise APIError(f"cannot apply the chat template to 'messages': {type(err).__name__}: {err}") from None
     else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            prompt_ids = plain_ids(tokenizer, prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            prompt_ids = list(prompt)
-        else:
-            raise APIError("'prompt' must be one string or one list of token ids with fork-join")
+        prompt_ids = _prompt_ids(body.get("prompt"), tokenizer)
+    if settings.max_model_len is not None and len(prompt_ids) >= settings.max_model_len:
+        raise APIError(
+            f"the prompt is {len(prompt_ids)} tokens, and the model's context is {settings.max_model_len}: "
+            "no room to generate"
+        )
     value = body.get(FIELD)
-    limits = limits_from(value if isinstance(value, dict) else {}, settings.limits, FIELD)
-    budget = body.get("max_completion_tokens") or body.get("max_tokens")
-    if budget is not None:
-        limits = replace(limits, max_tokens=_typed("'max_tokens'", budget, int))
+    limits = capped_limits(value if isinstance(value, dict) else {}, settings.limits, FIELD)
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    if body.get(name) is not None:
+        budget, ceiling = _typed(f"'{name}'", body[name], int), settings.limits.max_tokens
+        if budget > ceiling:
+            raise APIError(f"'{name}': {budget} is above this server's ceiling of {ceiling}")
+        limits = _limits(limits, {"max_tokens": budget}, f"'{name}'")
     sampling = Sampling(
         temperature=_number(body, "temperature", Sampling.temperature),
         top_p=_number(body, "top_p", Sampling.top_p),
@@ -165,6 +234,23 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
     return ForkJoinRequest(prompt_ids, limits, sampling, tuple(s for s in stop if s))
 
 
+def _prompt_ids(prompt, tokenizer) -> list[int]:
+    """A completion request's prompt: one string or one list of token ids (alone or in a list of one)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return plain_ids(tokenizer, prompt)
+    if not (
+        isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        raise APIError("'prompt' must be one string or one list of token ids with fork-join")
+    vocabulary = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+    outside = next((t for t in prompt if t < 0 or (vocabulary is not None and t >= vocabulary)), None)
+    if outside is not None:
+        raise APIError(f"'prompt' holds token id {outside}, outside the vocabulary (0..{(vocabulary or 1) - 1})")
+    return list(prompt)
+
+
 def _number(body: dict, name: str, default: float) -> float:
     value = body.get(name)
     return default if value is None else _typed(f"'{name}'", value, float)
@@ -175,6 +261,8 @@ async def decode(request: ForkJoinRequest, engine, fmt: Format, on_tokens=None) 
     try:
         orchestrator = Orchestrator(engine, fmt, request.limits, request.sampling)
         trajectory = await orchestrator.run(request.prompt_ids, on_tokens=on_tokens)
+    except RequestRefused as err:
+        raise APIError(f"the engine refused a request of the trajectory: {err}", status=400) from None
     except EngineError as err:
         raise APIError(f"the engine failed during fork-join decoding: {err}", status=500) from None
     except (
@@ -220,13 +308,57 @@ def reply(route: str, request: ForkJoinRequest, trajectory: Trajectory, fmt: For
 
 
 async def answer(
-    body: dict, route: str, tokenizer, settings: ServerSettings, engine, fmt: Format, model: str
+    body: dict,
+    route: str,
+    tokenizer,
+    settings: ServerSettings,
+    engine,
+    fmt: Format,
+    model: str,
+    admission: Admission | None = None,
 ) -> dict | AsyncIterator[str]:
-    """A fork-join request's reply: its JSON body, or (``stream``) its server-sent events."""
+    """A fork-join request's reply: its JSON body, or (``stream``) its server-sent events.
+
+    ``admission`` holds a slot from the request's admission until its reply is sent or its
+    stream ends (read to the end, closed, or dropped when the client goes)."""
     request = parse_request(body, route, tokenizer, settings)
+    admission = admission or Admission(None)
+    admission.enter()
     if body.get("stream"):
-        return stream_reply(route, request, engine, fmt, model)
-    return reply(route, request, await decode(request, engine, fmt), fmt, model)
+        return _Held(stream_reply(route, request, engine, fmt, model), admission)
+    try:
+        return reply(route, request, await decode(request, engine, fmt), fmt, model)
+    finally:
+        admission.leave()
+
+
+class _Held:
+    """An event stream that gives its admission slot back once, however it ends."""
+
+    def __init__(self, events: AsyncIterator[str], admission: Admission):
+        self.events, self.admission, self.held = events, admission, True
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> str:
+        try:
+            return await self.events.__anext__()
+        except BaseException:  # the end, a failure, or the client gone (cancelled)
+            self.release()
+            raise
+
+    async def aclose(self) -> None:
+        self.release()
+        await self.events.aclose()
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.admission.leave()
+
+    def __del__(self) -> None:  # a stream nobody read
+        self.release()
 
 
 def _event(data: dict | str) -> str:

