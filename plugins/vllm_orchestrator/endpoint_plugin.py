@@ -8,6 +8,7 @@ request of a trajectory leaves the process and its threads share the prefix cach
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' parameter types, imported in attach_router.
+import asyncio
 import dataclasses
 
 from .openai_api import ROUTES, Admission, APIError, ServerSettings, answer
@@ -24,7 +25,7 @@ class ThreadWeaverEndpoint:
 
     def attach_router(self, app) -> None:
         from fastapi import Request
-        from fastapi.responses import JSONResponse, StreamingResponse
+        from fastapi.responses import JSONResponse, Response, StreamingResponse
         from fastapi.routing import APIRoute
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
@@ -43,9 +44,14 @@ class ThreadWeaverEndpoint:
                 if self.engine is None:
                     raise APIError("the threadweaver plugin has no engine on this server", status=501)
                 model = body.get("model") or self.model
-                out = await answer(
-                    body, ROUTES[path], self.tokenizer, self.settings, self.engine, self.fmt, model, self.admission
+                out = await until_disconnected(
+                    answer(
+                        body, ROUTES[path], self.tokenizer, self.settings, self.engine, self.fmt, model, self.admission
+                    ),
+                    raw_request,
                 )
+                if out is None:  # the client left: its trajectory was cancelled, and there is nobody to answer
+                    return Response(status_code=499)
                 if isinstance(out, dict):
                     return JSONResponse(out)
                 return StreamingResponse(out, media_type="text/event-stream")
@@ -75,3 +81,24 @@ class ThreadWeaverEndpoint:
         self.model = (args.served_model_name or [args.model])[0]
         self.engine = AsyncLLMEngine(engine_client)
         self.settings = dataclasses.replace(self.settings, max_model_len=engine_client.model_config.max_model_len)
+
+
+async def until_disconnected(work, raw_request):
+    """``work``'s result, or None, with ``work`` cancelled, if the client disconnects first.
+
+    The pattern of vLLM's own ``with_cancellation`` (the body is read already, so the next
+    message is the disconnect); a stream, once returned, listens for it itself."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(raw_request))
+    done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        gone.cancel()
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return None
+
+
+async def _disconnect(raw_request) -> None:
+    while (await raw_request.receive())["type"] != "http.disconnect":
+        pass

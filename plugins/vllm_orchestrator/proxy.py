@@ -7,8 +7,10 @@ and every other path, is passed to the backend as it is, streamed back as it com
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass
 
 from threadweaver.cli_args import option
@@ -62,8 +64,9 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         state["tokenizer"] = AutoTokenizer.from_pretrained(source)
         state["fmt"] = Format.from_tokenizer(state["tokenizer"])
         state["engine"] = engine
-        context = await model_context(engine)
-        state["settings"] = dataclasses.replace(state["settings"], max_model_len=context)
+        if args.model is None:  # the backend's model card was read: it says the context too
+            context = await model_context(engine)
+            state["settings"] = dataclasses.replace(state["settings"], max_model_len=context)
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
         state["session"] = aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=None))
 
@@ -113,17 +116,20 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             )
             if isinstance(out, dict):
                 return web.json_response(out)
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             try:
-                response = web.StreamResponse(
-                    headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-                )
                 await response.prepare(request)
                 async for event in out:
                     await response.write(event.encode())
                 await response.write_eof()
-                return response
+            except ConnectionResetError:  # aiohttp's "Cannot write to closing transport" too
+                client_left()
+            except asyncio.CancelledError:  # the client left and aiohttp cancelled this handler
+                client_left()
+                raise
             finally:
                 await out.aclose()
+            return response
         except APIError as err:
             return web.json_response(err.body(), status=err.status)
 
@@ -139,10 +145,15 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
     return app
 
 
+def client_left() -> None:
+    print("threadweaver proxy: a client left mid-stream; its trajectory was stopped", file=sys.stderr, flush=True)
+
+
 def serve_proxy(args: ProxyArgs, limits: Limits = Limits()) -> None:
     from aiohttp import web
 
     def announce(_) -> None:
         print(f"http://{args.host}:{args.port} (fork-join in front of {args.backend}; Ctrl-C stops)", flush=True)
 
-    web.run_app(proxy_app(args, limits), host=args.host, port=args.port, print=announce)
+    # A client that leaves cancels its handler, so its trajectory stops and frees the engine.
+    web.run_app(proxy_app(args, limits), host=args.host, port=args.port, print=announce, handler_cancellation=True)
