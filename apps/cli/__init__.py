@@ -42,4 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     if passthrough and not command.vllm_flags:
         parser.error("only `threadweaver serve` passes flags after --")
     args.rest, args.vllm_args = rest, passthrough
-    command.run(args)
+    try:
+        command.run(args)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP where a server is running (serve.VLLMServer)
+        sys.exit(f"threadweaver {command.name}: stopped")

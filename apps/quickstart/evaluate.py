@@ -74,9 +74,16 @@ def served(models: dict[str, str], log_dir: Path, dtype: str) -> Iterator[dict[s
     with ExitStack() as stack:
         for server in servers.values():
             stack.callback(server.stop)
-        with ThreadPoolExecutor(len(servers) or 1) as pool:
+        pool = ThreadPoolExecutor(len(servers) or 1)
+        try:
             for future in [pool.submit(server.start) for server in servers.values()]:
                 future.result()
+        except BaseException:  # a failed start, or the command stopped: the others stop now, not once up
+            for server in servers.values():
+                server.stop()
+            raise
+        finally:
+            pool.shutdown()
         yield {name: Endpoint("vllm", base_url=server.url) for name, server in servers.items()}
 
 

@@ -14,11 +14,14 @@ to the vLLM server as it is (``--api-key``, ``--tensor-parallel-size``, ...).
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -119,6 +122,33 @@ def plugin_allowlist(environ) -> str:
     return ",".join(dict.fromkeys([*names, "threadweaver"]))
 
 
+_RUNNING: set[VLLMServer] = set()
+"""Servers this process started and has not stopped: stopped at exit, whatever else happens."""
+
+
+def _stop_running() -> None:
+    for server in list(_RUNNING):
+        server.stop()
+
+
+def _interrupt_on_signal(signum, _frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@functools.cache
+def _stop_on_exit() -> None:
+    """Once per process: stop every server still running at exit, and let SIGTERM and SIGHUP (a
+    job scheduler, ``timeout``, a closed terminal) unwind the program as Ctrl-C does, where
+    nothing else handles them, so each ``with VLLMServer(...)`` stops its server. A server
+    runs in a process group of its own, so without this it would outlive a killed command."""
+    atexit.register(_stop_running)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            signal.signal(signum, _interrupt_on_signal)
+
+
 class VLLMServer:
     """A vLLM server process: ``with VLLMServer(args) as server: server.url``.
 
@@ -135,9 +165,13 @@ class VLLMServer:
         self.command = server_command(args, self.port, list(extra))
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
+        self.stopping = False
+        """Set by :meth:`stop`: a start still under way (in another thread) stops at once."""
+        _stop_on_exit()
 
     def start(self) -> VLLMServer:
         check_host("vllm")
+        self.stopping = False
         env = dict(os.environ)
         env["VLLM_PLUGINS"] = plugin_allowlist(env)
         env.update(ServerSettings(self.args.fork_join_default, self.limits, self.args.max_trajectories).env())
@@ -151,9 +185,12 @@ class VLLMServer:
             self.process = subprocess.Popen(
                 self.command, stdout=out or sys.stderr, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
+            _RUNNING.add(self)
         finally:
             if out:
                 out.close()
+        if self.stopping:  # stopped while this thread was starting it
+            self.stop()
         try:
             self._wait_ready()
         except BaseException:
@@ -187,6 +224,8 @@ class VLLMServer:
 
     def stop(self, timeout: float = 30) -> None:
         """SIGTERM to the server's process group (vLLM's engine core is a child), then SIGKILL."""
+        self.stopping = True
+        _RUNNING.discard(self)
         if self.process is None or self.process.poll() is not None:
             return
         os.killpg(self.process.pid, signal.SIGTERM)

