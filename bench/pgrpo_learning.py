@@ -41,7 +41,7 @@ def evaluate(model, tokenizer, fmt, problems: list[dict], temperature: float, sa
     golds = [p["answer"] for p in problems for _ in range(samples)]
     return {
         "accuracy": fmean(grade(trajectory_text(t, fmt), g).correct for t, g in zip(trajectories, golds)),
-        "well_formed": fmean(not t.degraded for t in trajectories),
+        "well_formed": fmean(t.well_formed for t in trajectories),
         "parallel": fmean(t.stats.blocks > 0 for t in trajectories),
         "critical_path_tokens": fmean(t.stats.critical_path_tokens for t in trajectories),
         "total_tokens": fmean(t.stats.total_tokens for t in trajectories),

@@ -144,7 +144,7 @@ def main() -> None:
     print(
         f"{len(trajectories)} rollouts in {time.perf_counter() - started:.0f} s: "
         f"{sum(t.stats.blocks > 0 for t in trajectories)} with a parallel block, "
-        f"{sum(t.degraded for t in trajectories)} degraded, "
+        f"{sum(not t.well_formed for t in trajectories)} degraded, "
         f"{statistics.fmean(t.stats.total_tokens for t in trajectories):.0f} generated tokens each"
     )
     rows = [trie_row(t, fmt) for t in trajectories]

@@ -18,7 +18,7 @@ METRICS = (
     "threadweaver/parallel_usage",
     "threadweaver/critical_path_tokens",
     "threadweaver/total_tokens",
-    "threadweaver/format_valid",
+    "threadweaver/well_formed",
     "rewards/correctness/mean",
     "rewards/acceleration/mean",
 )

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 DATA = Path(__file__).parent / "data" / "lmeval"
 BENCHMARKS = ["tw_aime24", "tw_aime25", "tw_amc23", "tw_math500", "tw_minerva", "tw_olympiadbench"]
-METRICS = ["acc", "token_latency", "total_tokens", "speedup", "parallel_activation", "format_valid", "stats_measured"]
+METRICS = ["acc", "token_latency", "total_tokens", "speedup", "parallel_activation", "well_formed", "stats_measured"]
 GOLD = {
     "tw_aime24": ["1", "16", "1456"],
     "tw_aime25": ["20", "986", "330"],
@@ -100,7 +100,7 @@ def test_benchmark_task_reads_its_schema_prompts_and_grades(benchmark, qwen_kit,
         assert prompt.startswith(problem)
         metrics = task.process_results(doc, [[f"<think>\nwork</think>\n\\boxed{{{right}}}", "\\boxed{999999}"]])
         assert metrics["acc"] == 0.5, (doc["gold"], right)
-        assert metrics["stats_measured"] == 0.0 and metrics["speedup"] == 1.0 and metrics["format_valid"] == 1.0
+        assert metrics["stats_measured"] == 0.0 and metrics["speedup"] == 1.0 and metrics["well_formed"] == 1.0
     if benchmark == "tw_olympiadbench":
         assert "more than one answer" in task.doc_to_text(docs[0])
         assert "more than one answer" not in task.doc_to_text(docs[1])
@@ -206,7 +206,7 @@ def test_tw_synth_token_stats_are_the_orchestrators_own(synth_runs, synth_proble
         assert sample["total_tokens"] == row["stats"]["total_tokens"]
         assert sample["speedup"] == pytest.approx(row["stats"]["speedup"])
         assert sample["parallel_activation"] == float(row["stats"]["blocks"] > 0)
-        assert sample["format_valid"] == float(not row["degradations"])
+        assert sample["well_formed"] == float(not row["degradations"])
         assert sample["stats_measured"] == 1.0
     assert sum(s["parallel_activation"] for s in samples) >= 5
     mean = results["results"]["tw_synth"]["token_latency,avg"]

@@ -36,7 +36,7 @@ def test_table_and_summary(quickstart):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["problems"] == 3 and summary["reference"] == "baseline"
     fork_join, serial, baseline = (summary["rows"][k] for k in ("fork_join", "one_after_another", "baseline"))
-    assert fork_join["format_valid"] == 1.0 and fork_join["token_latency"] < fork_join["total_tokens"]
+    assert fork_join["well_formed"] == 1.0 and fork_join["token_latency"] < fork_join["total_tokens"]
     assert serial["token_latency"] == serial["total_tokens"] == fork_join["total_tokens"]
     assert baseline["token_speedup"] == baseline["wall_speedup"] == 1.0
     assert fork_join["token_speedup"] == pytest.approx(baseline["total_tokens"] / fork_join["token_latency"])

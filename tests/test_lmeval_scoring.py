@@ -89,7 +89,7 @@ def test_measured_counts_are_used_as_recorded(qwen):
         "total_tokens": 50.0,
         "speedup": 2.5,
         "parallel_activation": 1.0,
-        "format_valid": 0.0,
+        "well_formed": 0.0,
         "stats_measured": 1.0,
         **{f"degraded_{kind}": float(kind == "eos_in_thread") for kind in DEGRADATION_KINDS},
     }
@@ -112,21 +112,21 @@ def test_unmeasured_responses_are_tokenised_and_say_so(qwen):
     assert metrics["token_latency"] == (stats.critical_path_tokens + n) / 2
     assert metrics["total_tokens"] == (stats.total_tokens + n) / 2
     assert metrics["speedup"] == pytest.approx((stats.speedup + 1.0) / 2)
-    assert metrics["parallel_activation"] == 0.5 and metrics["format_valid"] == 1.0
+    assert metrics["parallel_activation"] == 0.5 and metrics["well_formed"] == 1.0
 
 
 def test_a_malformed_response_counts_as_sequential_and_invalid(qwen):
     measured.use_tokenizer(qwen)
     broken = "<think>\n<Parallel><Outlines><Outline>1: a</Outline></Outlines><Thread>1: x</Parallel>\\boxed{7}"
     metrics = scoring.process_results({"gold": "7"}, [broken])
-    assert metrics["format_valid"] == 0.0 and metrics["acc"] == 1.0
+    assert metrics["well_formed"] == 0.0 and metrics["acc"] == 1.0
 
 
 def test_without_any_tokenizer_token_metrics_are_nan_and_accuracy_still_counts():
     with pytest.warns(RuntimeWarning, match="THREADWEAVER_TOKENIZER"):
         metrics = scoring.process_results({"gold": "7"}, ["\\boxed{7}"])
     assert metrics["acc"] == 1.0 and metrics["stats_measured"] == 0.0
-    assert all(math.isnan(metrics[m]) for m in ("token_latency", "total_tokens", "speedup", "format_valid"))
+    assert all(math.isnan(metrics[m]) for m in ("token_latency", "total_tokens", "speedup", "well_formed"))
 
 
 def test_tokenizer_named_by_the_environment_wins_over_the_metadata_hint(monkeypatch, tmp_path, qwen):

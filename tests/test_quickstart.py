@@ -34,7 +34,7 @@ def test_problems_join_samples_to_trajectories_by_prompt():
             "doc_id": 3,
             "arguments": {"gen_args_0": {"arg_0": "Q3"}},
             "acc": 1.0,
-            "format_valid": 1.0,
+            "well_formed": 1.0,
             "parallel_activation": 1.0,
             "token_latency": 10,
             "total_tokens": 12,

@@ -30,7 +30,11 @@ def test_nested_blocks_count_their_longest_thread(fmt):
     head = 1 + 1 + 2 * (1 + 2 + 1) + 1  # 11 tokens, both levels
     inner_critical = head + max(6, 1) + 1
     assert s.critical_path_tokens == head + max(inner_critical + 1 + 1, 4 + 1)
+    assert s.critical_sequences == ((), ((0, 1),), ((0, 1), (0, 1)))  # thread 1, inside it thread 1.1
     assert s.max_depth == 2 and s.threads_per_block == (2, 2)
+    one_after_another = latency_stats(parse(fmt.encode(text), fmt).nodes, concurrent_threads=False)
+    assert one_after_another.critical_sequences == ((), ((0, 1),), ((0, 1), (0, 1)), ((0, 1), (0, 2)), ((0, 2),))
+    assert one_after_another.critical_path_tokens == one_after_another.total_tokens
     # The reference's flat scan: the inner </Thread> ends the outer thread 1 (22 tokens: "1:", the
     # inner head, its <Thread> as text and "1:aaaaaa"); "<Thread>2:b</Thread>" is the outer block's
     # thread 2, and the inner </Parallel> closes the outer block (10 + 4 tags + 22). The rest is
@@ -41,3 +45,4 @@ def test_nested_blocks_count_their_longest_thread(fmt):
 def test_sequential_output_has_speedup_one(fmt):
     s = latency_stats(parse(fmt.encode("just text"), fmt).nodes)
     assert (s.total_tokens, s.critical_path_tokens, s.speedup, s.blocks) == (9, 9, 1.0, 0)
+    assert s.critical_sequences == ((),)

@@ -89,7 +89,7 @@ class BatchProgress:
         self.done += 1
         self.generated_tokens += trajectory.stats.total_tokens
         self.speedup_sum += trajectory.stats.speedup
-        self.degraded += trajectory.degraded
+        self.degraded += not trajectory.well_formed
         self.kinds.update(trajectory.degradation_kinds)
 
     @property

@@ -35,7 +35,6 @@ class DecodedRow:
     """Whether the row says which tokens were injected (an orchestrator wrote it)."""
     closed: frozenset[ThreadPath]
     """The threads whose ``</Thread>`` the orchestrator closed."""
-    concurrent: bool
     stats: LatencyStats
     faults: tuple[RowFault, ...]
     """The recorded degradations, or the parse's faults."""
@@ -56,7 +55,7 @@ def read_decoded(row: dict, reader: RowReader, *, strict: bool = False) -> Decod
     stats = latency_stats(parsed.nodes, tags, closed_threads=closed, concurrent_threads=concurrent)
     recorded = _recorded_degradations(row)
     faults = recorded if recorded is not None else tuple(RowFault(f.position, "format", str(f)) for f in parsed.faults)
-    return DecodedRow(ids, parsed, generated, injected is not None, closed, concurrent, stats, faults)
+    return DecodedRow(ids, parsed, generated, injected is not None, closed, stats, faults)
 
 
 def _injected(row: dict, length: int) -> set[int] | None:

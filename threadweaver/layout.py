@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from threadweaver.format import Format, TagIds
-from threadweaver.tree import Node, Text
+from threadweaver.tree import Block, Node, Text
 
 ThreadPath = tuple[tuple[int, int], ...]
 """(block index, thread number) per level, from the top down: ``()`` is the main sequence,
@@ -67,22 +67,48 @@ def spans(nodes: Sequence[Node], tags: TagIds, closed_threads: Collection[Thread
             position += len(node.head)
             for thread in node.threads:
                 thread_path = (*path, (block_index, thread.number))
-                yield Span("open", (tags.thread,), thread_path, False, position)
+                yield Span("open", thread_open(tags), thread_path, False, position)
                 yield Span("seed", thread.seed, thread_path, False, position + 1)
                 position += 1 + len(thread.seed)
                 yield from walk(thread.body, thread_path)
-                yield Span("close", (tags.thread_end,), thread_path, thread_path not in closed_threads, position)
+                yield Span("close", thread_close(tags), thread_path, thread_path not in closed_threads, position)
                 position += 1
-            yield Span("join", (tags.parallel_end,), path, False, position)
+            yield Span("join", block_join(tags), path, False, position)
             position += 1
             block_index += 1
 
     yield from walk(nodes, ())
 
 
+def thread_open(tags: TagIds) -> tuple[int, ...]:
+    """A thread's ``open`` span: ``<Thread>``, injected."""
+    return (tags.thread,)
+
+
+def thread_close(tags: TagIds) -> tuple[int, ...]:
+    """A thread's ``close`` span: ``</Thread>``, generated unless the orchestrator closed it."""
+    return (tags.thread_end,)
+
+
+def block_join(tags: TagIds) -> tuple[int, ...]:
+    """A block's ``join`` span: ``</Parallel>``, injected."""
+    return (tags.parallel_end,)
+
+
 def thread_opening(tags: TagIds, seed: tuple[int, ...]) -> tuple[int, ...]:
-    """What the orchestrator injects to open a thread: ``<Thread>`` and the seed."""
-    return (tags.thread, *seed)
+    """What the orchestrator injects to open a thread: its ``open`` and ``seed`` spans."""
+    return (*thread_open(tags), *seed)
+
+
+def block_tail(block: Block, tags: TagIds, *, joined: bool = True) -> list[int]:
+    """The layout of ``block`` after its head: each thread opened, seeded, its body and closed,
+    then the join (without it where not ``joined``: the context of a join still to come)."""
+    ids: list[int] = []
+    for span in spans([block], tags):
+        if not span.path and (span.kind == "head" or (span.kind == "join" and not joined)):
+            continue
+        ids.extend(span.ids)
+    return ids
 
 
 def flat(

@@ -31,10 +31,28 @@ from typing import Literal, get_args
 from threadweaver.cli_args import option
 from threadweaver.engine import Completion, Engine, EngineError, Sampling
 from threadweaver.format import Format
-from threadweaver.layout import ThreadPath, flat, render, spans, thread_name, thread_opening
+from threadweaver.layout import (
+    ThreadPath,
+    block_join,
+    block_tail,
+    flat,
+    spans,
+    thread_close,
+    thread_name,
+    thread_opening,
+)
 from threadweaver.stats import LatencyStats, latency_stats
 from threadweaver.streaming import OrderedStream, Part
-from threadweaver.tree import DEFAULT_MAX_DEPTH, Block, Node, Text, Thread, TrajectoryFormatError, parse_head
+from threadweaver.tree import (
+    DEFAULT_MAX_DEPTH,
+    Block,
+    Node,
+    Text,
+    Thread,
+    TrajectoryFormatError,
+    closes_thread,
+    parse_head,
+)
 
 MOST_THREADS = 16
 """The most threads one block decodes at a time by default; curate proposes no wider block."""
@@ -161,8 +179,9 @@ class Trajectory:
     or the token budget, and their one token is dropped."""
 
     @property
-    def degraded(self) -> bool:
-        return bool(self.degradations)
+    def well_formed(self) -> bool:
+        """Decoded without degrading: the name every report uses for this share."""
+        return not self.degradations
 
     @property
     def degradation_kinds(self) -> frozenset[DegradationKind]:
@@ -431,13 +450,12 @@ class _Run:
                     nodes.append(Text(tuple(text[:head_start])))
                 text, emitted = [], 0
                 nodes.append(node)
-                rendered = render([node], fmt)[len(node.head) :]
-                out.extend(rendered)
+                out.extend(block_tail(node, tags))
                 text_start = len(out)
                 blocks += 1
                 continue
             if in_thread and last == tags.thread_end:
-                if _open_threads(text[:-1], tags) > 0:
+                if not closes_thread(text[:-1], tags):
                     continue  # closes a thread the model wrote itself in degraded text
                 text.pop()
                 break
@@ -505,7 +523,7 @@ class _Run:
             if warmed < j < len(finished):
                 warmed = j
                 block = Block(head, outlines[:j], tuple(finished[:j]))
-                self.warm(context + tuple(render([block], self.o.fmt)[len(head) : -1]))  # without </Parallel>
+                self.warm(context + tuple(block_tail(block, tags, joined=False)))
 
         async def thread(i: int, outline, thread_part: Part) -> _Decoded:
             seed = self.o.fmt.seed(outline.number)
@@ -513,7 +531,7 @@ class _Run:
             thread_part.add(opening)
             path_ = (*path, (block_index, outline.number))
             decoded = await self.sequence(context + opening, path_, depth + 1, thread_part)
-            thread_part.add((tags.thread_end,))
+            thread_part.add(thread_close(tags))
             thread_part.close()
             if limits.warm_join and limits.concurrent_threads:
                 finished[i] = Thread(outline.number, seed, tuple(decoded.nodes))
@@ -524,7 +542,7 @@ class _Run:
             decoded = await asyncio.gather(*(thread(i, o, p) for i, (o, p) in enumerate(threads)))
         else:
             decoded = [await thread(i, o, p) for i, (o, p) in enumerate(threads)]
-        part.add((tags.parallel_end,))
+        part.add(block_join(tags))
         threads = tuple(Thread(o.number, self.o.fmt.seed(o.number), tuple(d.nodes)) for o, d in zip(outlines, decoded))
         return Block(head, outlines, threads), head_start
 
@@ -547,7 +565,3 @@ class _Live:
             ids, self.held = ids[:cut], True
         self.part.add(ids)
         self.count += len(ids)
-
-
-def _open_threads(text: list[int], tags) -> int:
-    return text.count(tags.thread) - text.count(tags.thread_end)

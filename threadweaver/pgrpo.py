@@ -117,7 +117,7 @@ def rollout_metrics(trajectories: Sequence[Trajectory], correct: Sequence[bool] 
 
     ``acceleration_ratio`` is total generated tokens over the critical path per trajectory
     (1.0 for a sequential one); ``parallel_usage`` the share with at least one block;
-    ``format_valid`` the share that decoded without degrading; ``degraded/<kind>`` the share with
+    ``well_formed`` the share that decoded without degrading; ``degraded_<kind>`` the share with
     a degradation of that kind (:data:`threadweaver.orchestrator.DEGRADATION_KINDS`).
     """
     if not trajectories:
@@ -128,8 +128,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory], correct: Sequence[bool] 
         "parallel_usage": fmean(s.blocks > 0 for s in stats),
         "critical_path_tokens": fmean(s.critical_path_tokens for s in stats),
         "total_tokens": fmean(s.total_tokens for s in stats),
-        "format_valid": fmean(not t.degraded for t in trajectories),
-        **{f"degraded/{kind}": fmean(kind in t.degradation_kinds for t in trajectories) for kind in DEGRADATION_KINDS},
+        "well_formed": fmean(t.well_formed for t in trajectories),
+        **{f"degraded_{kind}": fmean(kind in t.degradation_kinds for t in trajectories) for kind in DEGRADATION_KINDS},
     }
     if correct is not None:
         metrics["correct_rate"] = fmean(map(bool, correct))

@@ -9,6 +9,8 @@ Definitions (all counts are of trajectory tokens; the prompt is not counted):
   root-to-leaf chain through the fork-join tree. A block contributes its head
   (``<Parallel>`` through ``</Outlines>``) plus its longest thread, where a thread is
   its body (nested blocks by the same rule) plus its ``</Thread>``.
+* ``critical_sequences``: the sequences whose generated tokens make that chain, ``()`` for
+  the main one, then thread paths in trajectory order (of equal threads, the first).
 * ``speedup``: ``total_tokens / critical_path_tokens``; 1.0 for a sequential output.
 
 A ``</Thread>`` the orchestrator injected to close a thread (``closed_threads``) is not
@@ -60,6 +62,8 @@ class LatencyStats:
     max_depth: int
     reference_longest_thread: int | None
     reference_total_tokens: int
+    critical_sequences: tuple[ThreadPath, ...] = ((),)
+    """The sequences on the critical path: ``()`` (the main one), then thread paths in trajectory order."""
 
     @property
     def speedup(self) -> float:
@@ -84,33 +88,32 @@ def latency_stats(
     """The statistics of a tree; ``tags`` (the format's tag ids) adds ``reference_longest_thread``."""
     total = injected = thread_tokens = max_depth = 0
     threads_per_block: list[int] = []
-    critical = [0]
-    """Critical-path tokens of each open sequence, innermost last."""
-    blocks: list[list[int]] = []
+    critical = [_Chain(0, [()])]
+    """The critical path of each open sequence, innermost last."""
+    blocks: list[tuple[int, _Chain]] = []
     """Per open block: its index in ``threads_per_block``, and its threads' critical path."""
     for span in spans(nodes, _UNNAMED_TAGS, closed_threads):
         n = len(span.ids)
         if span.generated:
             total += n
-            critical[-1] += n
+            critical[-1].tokens += n
             thread_tokens += n if span.path else 0
         else:
             injected += n
         if span.kind == "head":
             max_depth = max(max_depth, len(span.path) + 1)
-            blocks.append([len(threads_per_block), 0])
+            blocks.append((len(threads_per_block), _Chain(0, [])))
             threads_per_block.append(0)
         elif span.kind == "open":
             threads_per_block[blocks[-1][0]] += 1
-            critical.append(0)
+            critical.append(_Chain(0, [span.path]))
         elif span.kind == "close":
-            thread = critical.pop()
-            blocks[-1][1] = max(blocks[-1][1], thread) if concurrent_threads else blocks[-1][1] + thread
+            blocks[-1][1].take(critical.pop(), longest=concurrent_threads)
         elif span.kind == "join":
-            critical[-1] += blocks.pop()[1]
+            critical[-1].extend(blocks.pop()[1])
     return LatencyStats(
         total_tokens=total,
-        critical_path_tokens=critical[0],
+        critical_path_tokens=critical[0].tokens,
         injected_tokens=injected,
         thread_tokens=thread_tokens,
         blocks=len(threads_per_block),
@@ -118,7 +121,27 @@ def latency_stats(
         max_depth=max_depth,
         reference_longest_thread=None if tags is None else reference_longest(flat(nodes, tags)[0], tags),
         reference_total_tokens=total + injected,
+        critical_sequences=tuple(critical[0].sequences),
     )
+
+
+@dataclass
+class _Chain:
+    """A critical path under construction: its generated tokens and the sequences they come from."""
+
+    tokens: int
+    sequences: list[ThreadPath]
+
+    def take(self, thread: _Chain, longest: bool) -> None:
+        """A block's path with one more thread: the longest (the first of equals), or all of them."""
+        if not longest:
+            self.extend(thread)
+        elif not self.sequences or thread.tokens > self.tokens:
+            self.tokens, self.sequences = thread.tokens, thread.sequences
+
+    def extend(self, after: _Chain) -> None:
+        self.tokens += after.tokens
+        self.sequences.extend(after.sequences)
 
 
 def reference_longest(ids: Sequence[int], tags: TagIds) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from threadweaver.format import Format
+from threadweaver.format import Format, TagIds
 
 DEFAULT_MAX_DEPTH = 3
 
@@ -136,6 +136,12 @@ def parse_head(ids: Sequence[int], fmt: Format) -> tuple[Outline, ...]:
     return tuple(outlines)
 
 
+def closes_thread(text: Sequence[int], tags: TagIds) -> bool:
+    """Whether a ``</Thread>`` after ``text`` (a thread's sequential tokens) ends the thread,
+    rather than a ``<Thread>`` the model wrote in that text itself."""
+    return text.count(tags.thread) <= text.count(tags.thread_end)
+
+
 def tree_json(nodes: Sequence[Node], fmt: Format) -> list[dict]:
     """A readable JSON form of a tree: decoded text, outlines and threads, nested."""
     out = []
@@ -215,7 +221,7 @@ class _Parser:
                 continue
             if token == tags.thread_end and thread is not None:
                 injected = self.injected
-                if injected is None or self.pos in injected or text.count(tags.thread) <= text.count(tags.thread_end):
+                if injected is None or self.pos in injected or closes_thread(text, tags):
                     break
             if token in self.structural:
                 self.fault(self.pos, "tag outside the place the format allows it (a parallel block)")

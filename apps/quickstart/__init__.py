@@ -137,7 +137,7 @@ def _examples(results: dict, labels: dict[str, str], reference: str, count: int)
     examples = []
     for doc in picks:
         timelines = [
-            Timeline(labels[key], results[key][doc].trajectories[0], concurrent=key != "one_after_another")
+            Timeline(labels[key], results[key][doc].trajectories[0])
             for key in ("fork_join", "one_after_another", "baseline")
             if key in results
         ]

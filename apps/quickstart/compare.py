@@ -17,7 +17,7 @@ from threadweaver.stats import speedup
 class Problem:
     doc_id: int
     acc: float
-    format_valid: float
+    well_formed: float
     parallel_activation: float
     """The share of this problem's trajectories with a parallel block."""
     token_latency: float
@@ -27,7 +27,7 @@ class Problem:
     trajectories: tuple[dict, ...] = field(default=(), repr=False)
 
 
-MEASURES = ("acc", "format_valid", "parallel_activation", "token_latency", "total_tokens", "wall_s")
+MEASURES = ("acc", "well_formed", "parallel_activation", "token_latency", "total_tokens", "wall_s")
 """What a problem's result and a table row hold, in this order."""
 
 
@@ -51,7 +51,7 @@ def problems(samples: list[dict], trajectories: list[dict]) -> dict[int, Problem
 class Row:
     label: str
     acc: float
-    format_valid: float
+    well_formed: float
     parallel_activation: float
     token_latency: float
     total_tokens: float
@@ -107,7 +107,7 @@ def format_table(rows: list[Row], reference_label: str) -> str:
         (
             r.label,
             f"{r.acc:.1%}",
-            f"{r.format_valid:.1%}",
+            f"{r.well_formed:.1%}",
             f"{r.parallel_activation:.0%}",
             f"{r.token_latency:.1f}",
             f"{r.total_tokens:.1f}",

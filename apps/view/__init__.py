@@ -24,7 +24,6 @@ import base64
 import gzip
 import html
 import json
-from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from importlib.resources import files
@@ -45,31 +44,13 @@ class Timeline:
     label: str
     row: dict
     """A trajectory row as ``threadweaver generate`` writes it."""
-    concurrent: bool = True
-    """False: the threads ran one after another, so every request is on the critical path."""
 
 
-def critical_requests(requests: list[dict]) -> tuple[int, set[int]]:
-    """(tokens, request indices) of the critical path: each sequence's own requests plus, per
-    block, the thread with the longest critical path (the first of equals)."""
-    paths = [tuple(map(tuple, r["thread_path"])) for r in requests]
-    children: dict[tuple, dict[int, list[tuple]]] = defaultdict(lambda: defaultdict(list))
-    for path in dict.fromkeys(paths):
-        for depth in range(1, len(path) + 1):
-            parent, child = path[: depth - 1], path[:depth]
-            if child not in children[parent][child[-1][0]]:
-                children[parent][child[-1][0]].append(child)
-
-    def walk(path: tuple) -> tuple[int, set[int]]:
-        own = {i for i, p in enumerate(paths) if p == path}
-        tokens = sum(requests[i]["completion_tokens"] for i in own)
-        for block in sorted(children[path]):
-            best = max((walk(child) for child in sorted(children[path][block])), key=lambda c: c[0])
-            tokens += best[0]
-            own |= best[1]
-        return tokens, own
-
-    return walk(())
+def critical_requests(requests: list[dict], stats: dict) -> list[int]:
+    """The indices of the requests on the critical path: those of the sequences the latency
+    stats put on it (:attr:`threadweaver.stats.LatencyStats.critical_sequences`)."""
+    sequences = {tuple(map(tuple, path)) for path in stats["critical_sequences"]}
+    return [i for i, r in enumerate(requests) if tuple(map(tuple, r["thread_path"])) in sequences]
 
 
 def token_schedule(nodes: Sequence[Node], generated: Sequence[bool], tags) -> list[dict]:
@@ -151,12 +132,11 @@ class Reader:
                 "its 'token_ids' decode to other text than its 'text' with this tokenizer: "
                 "give the model's tokenizer with --tokenizer"
             )
-        concurrent = decoded.concurrent
         faults = [asdict(f) for f in decoded.faults]
         answer = row.get("answer")
         measured = "requests" in row
         requests = row["requests"] if measured else token_schedule(parsed.nodes, generated, tags)
-        critical = sorted(range(len(requests))) if not concurrent else sorted(critical_requests(requests)[1])
+        critical = critical_requests(requests, stats.as_dict())
         trie = trajectory_trie(prompt, parsed.nodes, fmt, train_injected=not decoded.recorded, closed_threads=closed)
         for token in {*prompt, *ids, *trie.input_ids}:
             self.piece(token)
@@ -243,12 +223,11 @@ def timelines_page(groups: Iterable[tuple[str, list[Timeline]]], title: str, int
         entries = []
         for t in timelines:
             requests = t.row["requests"]
-            critical = range(len(requests)) if not t.concurrent else critical_requests(requests)[1]
             entries.append(
                 {
                     "label": t.label,
                     "requests": requests,
-                    "critical": sorted(critical),
+                    "critical": critical_requests(requests, t.row["stats"]),
                     "measured": True,
                     "wall_s": t.row.get("wall_s"),
                     "stats": t.row["stats"],

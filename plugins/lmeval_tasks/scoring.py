@@ -4,7 +4,7 @@
 * ``token_latency``: generated tokens on the critical path; ``total_tokens``: all
   generated tokens; ``speedup``: their ratio, per response.
 * ``parallel_activation``: responses with at least one parallel block.
-* ``format_valid``: responses the orchestrator decoded without degrading.
+* ``well_formed``: responses the orchestrator decoded without degrading.
 * ``stats_measured``: 1 where the token counts are the orchestrator's own, 0 where the
   response was tokenised here (another backend, or lm-eval's response cache).
 * ``degraded_<kind>``: responses in which the orchestrator met a degradation of that kind
@@ -27,7 +27,7 @@ HIGHER_IS_BETTER = {
     "total_tokens": False,
     "speedup": True,
     "parallel_activation": True,
-    "format_valid": True,
+    "well_formed": True,
     "stats_measured": True,
     **{f"degraded_{kind}": False for kind in DEGRADATION_KINDS},
 }
@@ -53,7 +53,7 @@ def response_metrics(response: str, gold: str) -> dict[str, float]:
         "total_tokens": float(stats.total_tokens),
         "speedup": stats.speedup,
         "parallel_activation": float(stats.blocks > 0),
-        "format_valid": float(well_formed),
+        "well_formed": float(well_formed),
         **{f"degraded_{kind}": math.nan if kinds is None else float(kind in kinds) for kind in DEGRADATION_KINDS},
     }
 

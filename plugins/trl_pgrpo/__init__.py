@@ -7,7 +7,7 @@ mask, and the correctness + acceleration rewards (:func:`pgrpo_rewards`).
 
 from threadweaver.hosts import check_host
 
-check_host("trl")
+check_host("trl")  # before TRL is imported: an unsupported TRL is refused with the range, not a deep AttributeError
 
 from threadweaver.trl_pgrpo.config import PGRPOConfig  # noqa: E402
 from threadweaver.trl_pgrpo.rewards import pgrpo_rewards  # noqa: E402

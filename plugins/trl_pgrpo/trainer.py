@@ -8,6 +8,9 @@ log-prob vLLM sampled it with, for TRL's importance-sampling correction. Any
 :class:`~threadweaver.orchestrator.Engine` may be passed as ``engine=`` instead, e.g. a
 vLLM or SGLang server whose weights the caller keeps in sync.
 
+What it takes from GRPOTrainer beyond its public API is listed in
+:mod:`threadweaver.trl_pgrpo.trl_internals`.
+
 Training: each trajectory is ONE row, its trie split after the prompt
 (:func:`threadweaver.pgrpo.trie_row`). TRL sees the trie after the prompt as the
 "completion" and ``env_mask`` marks the tokens the model sampled in that very context.
@@ -28,16 +31,14 @@ from trl.data_utils import is_conversational
 
 from threadweaver.batch import decode_many, run_sync
 from threadweaver.hf_collator import use_tree_attention
-from threadweaver.hosts import supported_range
 from threadweaver.orchestrator import Engine, Orchestrator, Sampling, Trajectory, trajectory_text
 from threadweaver.pgrpo import TrieRow, rollout_metrics, sampling_logprobs, trie_row
 from threadweaver.rows import RowReader
 from threadweaver.trl_pgrpo.config import PGRPOConfig
 from threadweaver.trl_pgrpo.rewards import GOLD_COLUMN, is_correct, pgrpo_rewards
+from threadweaver.trl_pgrpo.trl_internals import replace_step_metric, with_completions
 from threadweaver.trl_pgrpo.vllm_sync import use_vllm_reload
 
-GENERATE_RESULT = "prompt_ids completion_ids tool_mask completions logprobs extra_fields images tool_images".split()
-"""What ``GRPOTrainer._generate`` returns, in order (TRL 1.16)."""
 TREE_KEYS = ("tree_parent", "tree_position", "tree_end")
 """Per completion token of a row: its parent's row index, its trie depth, the end of its subtree."""
 
@@ -149,15 +150,11 @@ class PGRPOTrainer(GRPOTrainer):
     def _generate(self, prompts: list):
         """TRL's generation step, with each rollout's own text as its completion (not the trie's tokens)."""
         result = super()._generate(prompts)
-        if len(result) != len(GENERATE_RESULT):
-            raise RuntimeError(
-                f"TRL's GRPOTrainer._generate returned {len(result)} values, not the {GENERATE_RESULT} "
-                f"of the TRL versions PGRPOTrainer supports ({supported_range('trl')})"
-            )
-        out = dict(zip(GENERATE_RESULT, result))
         texts = [trajectory_text(t, self.fmt) for t in self._trajectories]
         conversational = is_conversational({"prompt": prompts[0]})
-        out["completions"] = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+        result = with_completions(
+            result, [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+        )
         # TRL reads truncation off a row's last token, which in a trie ends a branch: redo it per trajectory.
         self._gathered = gather_object([_without_tokens(t) for t in self._trajectories])
         ended = [t.stats.total_tokens for t in self._gathered if t.finish_reason == "stop"] or [0]
@@ -168,10 +165,8 @@ class PGRPOTrainer(GRPOTrainer):
             "completions/min_terminated_length": min(ended),
             "completions/max_terminated_length": max(ended),
         }.items():
-            if not metrics.get(name):
-                raise RuntimeError(f"TRL logged no {name} this step; PGRPOTrainer supports {supported_range('trl')}")
-            metrics[name][-1] = value  # this step's value, as TRL just appended it
-        return tuple(out.values())
+            replace_step_metric(metrics, name, value)
+        return result
 
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict:
         try:

@@ -2,7 +2,9 @@
 
 ``threadweaver``: fork-join rollouts. ``threadweaver_sequential``: the paper's baseline,
 the same loop with branching off (one plain request per trajectory, same rows and reward).
-Safe to import more than once and in every process. A verl outside the supported range
+Registering is this module's import: verl 0.9.1 (``verl/__init__.py``) imports every
+module of the ``verl.plugins`` entry-point group and calls nothing in it, so importing is
+the one seam it offers. Safe to import more than once and in every process. A verl outside the supported range
 leaves ``import verl`` working and says why the loops are missing.
 """
 

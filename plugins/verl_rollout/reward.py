@@ -50,5 +50,5 @@ def compute_score(
         "total_tokens": float(total),
         "parallel": float(info.get(PREFIX + "blocks", 0) > 0),
         "well_formed": float(info.get(PREFIX + "well_formed", True)),
-        **{f"degraded/{kind}": float(kind in kinds) for kind in DEGRADATION_KINDS},
+        **{f"degraded_{kind}": float(kind in kinds) for kind in DEGRADATION_KINDS},
     }

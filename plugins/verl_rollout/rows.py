@@ -37,7 +37,7 @@ def trajectory_fields(trajectory: Trajectory, fmt: Format) -> dict[str, Any]:
         PREFIX + "total_tokens": stats.total_tokens,
         PREFIX + "critical_path_tokens": stats.critical_path_tokens,
         PREFIX + "blocks": stats.blocks,
-        PREFIX + "well_formed": not trajectory.degraded,
+        PREFIX + "well_formed": trajectory.well_formed,
         PREFIX + "degradations": "; ".join(map(str, trajectory.degradations)),
         PREFIX + "degradation_kinds": ",".join(sorted(trajectory.degradation_kinds)),
         PREFIX + "finish_reason": trajectory.finish_reason,
