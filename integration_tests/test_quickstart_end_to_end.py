@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,20 @@ def test_one_after_another_decodes_the_same_tokens_sequentially(quickstart):
         assert row["token_ids"] == forked["token_ids"]
         threads = [r for r in row["requests"] if r["thread_path"]]
         assert all(b["started"] >= a["ended"] for a, b in zip(threads, threads[1:]))
+
+
+def test_a_page_of_the_two_trajectory_files_grades_every_row_as_lm_eval_did(quickstart, tmp_path):
+    out, _ = quickstart
+    files = [str(out / key / "trajectories.jsonl") for key in ("fork_join", "one_after_another")]
+    page = tmp_path / "both.html"
+    run_cli("view", *files, "--out", str(page))
+    data = re.search(r'<script id="data" type="application/json">(.*?)</script>', page.read_text(), re.S).group(1)
+    rows = json.loads(data.replace("<\\/", "</"))["rows"]
+    assert len(rows) == 6 and all(isinstance(row["correct"], bool) for row in rows)
+    summary = json.loads((out / "summary.json").read_text())
+    for file, key in enumerate(("fork_join", "one_after_another")):
+        graded = [row["correct"] for row in rows if row["file"] == file]
+        assert sum(graded) / len(graded) == pytest.approx(summary["rows"][key]["acc"])
 
 
 def test_plot_is_a_png(quickstart):

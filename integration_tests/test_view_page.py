@@ -296,6 +296,25 @@ def test_two_files_side_by_side_give_the_differences_per_row(browser, data):
     assert rects and all("critical" in r.get_attribute("class") for r in rects)  # one after another: all critical
 
 
+def test_every_header_is_aligned_as_its_column_and_files_are_named_once(browser, data):
+    open_page(browser, data["out"] / "two.html")
+    for table in ("pairs", "rows"):
+        aligned = browser.execute_script(
+            "const table = document.getElementById(arguments[0]);"
+            "const row = table.querySelector('tbody tr');"
+            "return [...table.querySelectorAll('thead th')]"
+            ".map((th, i) => [getComputedStyle(th).textAlign, getComputedStyle(row.cells[i]).textAlign]);",
+            table,
+        )
+        assert [header for header, _ in aligned] == [cell for _, cell in aligned], table
+        assert "right" in {cell for _, cell in aligned}
+    assert set(column(browser, "file")) == {"A"}  # not a long path on every row
+    choose(browser, "filter-file", "1")
+    wait_until(browser, lambda d: set(column(d, "file")) == {"B"})
+    legend = browser.find_element("id", "files").text
+    assert f"A: {data['out'] / 'fork_join.jsonl'}" in legend and f"B: {data['out'] / 'serial.jsonl'}" in legend
+
+
 def test_the_quickstart_timelines_come_from_the_same_renderer(browser, data, tmp_path):
     fmt = data["fmt"]
     forked, trajectory = decode(fmt, NESTED)

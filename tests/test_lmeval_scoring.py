@@ -161,3 +161,17 @@ def test_tw_synth_holds_out_what_threadweaver_synth_writes_with_its_defaults(tmp
     generated = data.load(**kwargs)["test"]
     assert len(written) == len(generated) == 200
     assert [row["messages"] for row in written] == generated["messages"]
+
+
+def test_the_trajectories_file_records_the_gold_answer_and_lm_evals_grade():
+    from lm_eval.api.instance import Instance
+
+    from threadweaver.lmeval_tasks.model import _graded
+
+    def request(doc):
+        return Instance("generate_until", doc, ("problem", {}), 0, ("tw_synth", 0, 1))
+
+    assert _graded(request({"gold": "7"}), PARALLEL) == {"answer": "7", "correct": True}
+    assert _graded(request({"gold": "8"}), PARALLEL) == {"answer": "8", "correct": False}
+    assert scoring.process_results({"gold": "8"}, [PARALLEL])["acc"] == 0.0  # the same grade lm-eval reports
+    assert _graded(request({"question": "a task of another suite"}), PARALLEL) == {}

@@ -180,3 +180,11 @@ def test_view_and_stats_refuse_the_same_bad_injected_field(fmt, tmp_path, inject
     with pytest.raises(ValueError, match=r"line 1: field 'injected'") as from_stats:
         list(file_stats(str(path), reader))
     assert str(from_view.value).endswith(str(from_stats.value))
+
+
+def test_a_recorded_grade_is_shown_as_it_is(fmt):
+    """lm-eval's trajectories rows carry the grade lm-eval computed on the response it scored."""
+    row, _ = decoded(fmt, GOOD, answer="42")
+    assert Reader(RowReader(None, fmt)).row(row, 1, 0)[0]["correct"] is False  # graded here against the text
+    row["correct"] = True
+    assert Reader(RowReader(None, fmt)).row(row, 1, 0)[0]["correct"] is True

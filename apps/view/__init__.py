@@ -133,7 +133,6 @@ class Reader:
                 "give the model's tokenizer with --tokenizer"
             )
         faults = [asdict(f) for f in decoded.faults]
-        answer = row.get("answer")
         measured = "requests" in row
         requests = row["requests"] if measured else token_schedule(parsed.nodes, generated, tags)
         critical = critical_requests(requests, stats.as_dict())
@@ -145,7 +144,7 @@ class Reader:
             "line": line,
             "id": row_name(row, line),
             "sample": row.get("sample", 0),
-            "correct": None if answer is None else grade(text, str(answer)).correct,
+            "correct": _correct(row, text),
             "well_formed": not faults,
             "kinds": sorted({f["kind"] for f in faults}),
             "speedup": round(stats.speedup, 4),
@@ -173,6 +172,13 @@ class Reader:
             },
         }
         return summary, _compress(details)
+
+
+def _correct(row: dict, text: str) -> bool | None:
+    """The grade the row records (lm-eval's, in its trajectories file), else the answer's against the text."""
+    if isinstance(row.get("correct"), bool):
+        return row["correct"]
+    return None if row.get("answer") is None else grade(text, str(row["answer"])).correct
 
 
 def page(payload: dict) -> str:

@@ -92,11 +92,14 @@ function renderGroups() {
 const state = { sortKey: null, descending: false, shown: 0, rows: [] };
 const KIND_VALUES = [...new Set(DATA.rows.flatMap((r) => r.kinds))].sort();
 const DROP_VALUES = [...new Set(DATA.rows.map((r) => r.drop).filter(Boolean))].sort();
+const FILE_LABELS = DATA.files.map((_, i) => String.fromCharCode(65 + i));
+/** Files are A and B in the tables (paths are long); the legend above them says which is which. */
+
 const FILTERS = ["filter-file", "filter-correct", "filter-format", "filter-kind", "filter-blocks", "filter-drop"];
 
 function cell(row, key) {
   const v = row[key];
-  if (key === "file") return esc(DATA.files[v] || v);
+  if (key === "file") return `<span title="${esc(DATA.files[v] || "")}">${FILE_LABELS[v]}</span>`;
   if (key === "correct") return v === null ? "–" : v ? '<span class="yes">yes</span>' : '<span class="no">no</span>';
   if (key === "well_formed") return v ? '<span class="yes">yes</span>' : '<span class="no">no</span>';
   if (key === "kinds" || key === "threads") return esc(v.join(", ") || "–");
@@ -134,7 +137,7 @@ function filtered() {
 }
 
 const COLUMNS = [...document.querySelectorAll("#rows th")].map((th) => th.dataset.key);
-const NUMERIC = new Set(["sample", "speedup", "critical", "total", "blocks"]);
+const NUMERIC = new Set([...document.querySelectorAll("#rows th.num")].map((th) => th.dataset.key));
 
 function renderTable() {
   state.rows = filtered();
@@ -155,7 +158,8 @@ function more() {
 function setUpTable() {
   if (!DATA.rows.length) return;
   $("table-view").hidden = false;
-  DATA.files.forEach((name, i) => $("filter-file").insertAdjacentHTML("beforeend", `<option value="${i}">${esc(name)}</option>`));
+  DATA.files.forEach((name, i) => $("filter-file").insertAdjacentHTML("beforeend", `<option value="${i}">${FILE_LABELS[i]}: ${esc(name)}</option>`));
+  $("files").innerHTML = DATA.files.map((name, i) => `<b>${FILE_LABELS[i]}</b>: ${esc(name)}`).join("; ");
   KIND_VALUES.forEach((kind) => $("filter-kind").insertAdjacentHTML("beforeend", `<option value="${esc(kind)}">${esc(kind)}</option>`));
   DROP_VALUES.forEach((reason) => $("filter-drop").insertAdjacentHTML("beforeend", `<option value="${esc(reason)}">${esc(reason)}</option>`));
   $("filter-drop").parentElement.hidden = !DROP_VALUES.length;

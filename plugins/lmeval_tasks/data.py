@@ -33,6 +33,10 @@ def file_env(benchmark: str) -> str:
     return f"THREADWEAVER_{benchmark.upper()}_FILE"
 
 
+GOLD_COLUMN = "gold"
+"""The column every tw_* document gets: the answer its responses are graded against."""
+
+
 def gold_answer(value) -> str:
     """A benchmark's answer field as one answer string."""
     if isinstance(value, bool):
@@ -143,4 +147,4 @@ def load(
     else:
         raise ValueError(f"{benchmark}: no hub dataset and no local file; set {file_env(benchmark)}")
     _check(rows, where, [problem_field, answer_field])
-    return datasets.DatasetDict({"test": rows.map(lambda row: {"gold": gold_answer(row[answer_field])})})
+    return datasets.DatasetDict({"test": rows.map(lambda row: {GOLD_COLUMN: gold_answer(row[answer_field])})})

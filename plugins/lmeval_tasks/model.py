@@ -27,6 +27,8 @@ from threadweaver.rows import RowReader, plain_ids
 from threadweaver.vllm_orchestrator.engines import EngineArgs, make_engine, tokenizer_source
 
 from . import measured
+from .data import GOLD_COLUMN
+from .scoring import is_correct
 
 check_host("lm_eval")
 
@@ -178,7 +180,7 @@ class ThreadWeaverLM(LM):
             if append is not None:
                 row_id, sample = str(indices[position]), samples[position]
                 row = trajectory_row(trajectory, self.fmt, wall_s, limits, id=row_id, sample=sample)
-                append({**row, "context": contexts[position]})
+                append({**row, "context": contexts[position], **_graded(requests[position], text)})
             out[indices[position]] = text
             self.cache_hook.add_partial("generate_until", requests[position].args, text)
             progress.add(trajectory)
@@ -197,3 +199,13 @@ class ThreadWeaverLM(LM):
         if hasattr(getattr(self, "engine", None), "aclose"):
             with contextlib.suppress(Exception):  # at interpreter exit the loop may be gone
                 run_sync(self.engine.aclose())
+
+
+def _graded(request, response: str) -> dict:
+    """The gold answer and lm-eval's grade of ``response``, for a document of a tw_* task (others have no
+    gold column: nothing)."""
+    doc = getattr(request, "doc", None)
+    if not isinstance(doc, dict) or doc.get(GOLD_COLUMN) is None:
+        return {}
+    gold = str(doc[GOLD_COLUMN])
+    return {"answer": gold, "correct": is_correct(response, gold)}

@@ -20,6 +20,7 @@ from threadweaver.orchestrator import DEGRADATION_KINDS
 from threadweaver.reward import grade
 
 from . import measured
+from .data import GOLD_COLUMN
 
 HIGHER_IS_BETTER = {
     "acc": True,
@@ -42,7 +43,7 @@ def response_metrics(response: str, gold: str) -> dict[str, float]:
         tokenizer = measured.fallback_tokenizer()
         if tokenizer is not None:
             found = measured.count_tokens(response, tokenizer)
-    metrics = {"acc": float(grade(response, gold).correct), "stats_measured": float(is_measured)}
+    metrics = {"acc": float(is_correct(response, gold)), "stats_measured": float(is_measured)}
     if found is None:
         _warn_no_tokenizer()
         return {**metrics, **{m: math.nan for m in HIGHER_IS_BETTER if m not in metrics}}
@@ -58,10 +59,15 @@ def response_metrics(response: str, gold: str) -> dict[str, float]:
     }
 
 
+def is_correct(response: str, gold: str) -> bool:
+    """``acc`` of one response: also what the model records in its trajectories file."""
+    return grade(response, gold).correct
+
+
 def process_results(doc: dict, results: list) -> dict[str, float]:
     """Mean of each metric over the document's responses (one per repeat)."""
     responses = results[0] if len(results) == 1 and isinstance(results[0], list) else results
-    per_response = [response_metrics(r, doc["gold"]) for r in responses]
+    per_response = [response_metrics(r, doc[GOLD_COLUMN]) for r in responses]
     return {m: sum(p[m] for p in per_response) / len(per_response) for m in HIGHER_IS_BETTER}
 
 
