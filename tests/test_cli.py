@@ -1,5 +1,6 @@
 """The threadweaver command line, run as a user runs it (the installed console script)."""
 
+import asyncio
 import json
 import os
 import subprocess
@@ -70,3 +71,65 @@ def test_quickstart_pgrpo_rows_refuse_other_models(tmp_path, other):
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "--pgrpo compares the embedded models" in result.stderr
     assert not (tmp_path / "train").exists()  # refused before any training
+
+
+ENGLISH = (
+    "Two checks.<Parallel><Outlines><Outline>1: the first</Outline><Outline>2: the second</Outline></Outlines>"
+    '<Thread>1: "a" is fine</Thread><Thread>2: so is "b"</Thread></Parallel> Both hold.'
+)
+
+
+def english_rows(path, **recorded):
+    messages = [{"role": "user", "content": "Check both."}, {"role": "assistant", "content": ENGLISH}]
+    row = {"id": "e1", "messages": messages}
+    path.write_text(json.dumps({**row, **recorded}) + "\n")
+    return path
+
+
+def test_synth_rows_record_the_tokenizer_they_are_written_for(data):
+    rows = [json.loads(line) for line in (data / "parallel" / "train.jsonl").read_text().splitlines()]
+    assert {row["tokenizer"] for row in rows} == {"synth"}
+
+
+def test_stats_and_view_read_rows_with_the_tokenizer_the_rows_record(tmp_path):
+    """curate and convert write Qwen-tokenised text: the readers need no --tokenizer for it."""
+    path = english_rows(tmp_path / "curated.jsonl", tokenizer="qwen")
+    stats = json.loads(run("stats", str(path), "--json").stdout)
+    assert stats["summary"]["rows"] == 1 and stats["summary"]["well_formed_ratio"] == 1.0
+    assert stats["rows"][0]["critical_path_tokens"] < stats["rows"][0]["total_tokens"]
+    assert run("view", str(path), "--out", str(tmp_path / "page.html")).returncode == 0
+
+
+def test_rows_that_record_no_tokenizer_get_a_message_that_names_the_choices(tmp_path):
+    path = english_rows(tmp_path / "rows.jsonl")
+    for command in ("stats", "view"):
+        result = run(command, str(path), check=False)
+        assert result.returncode != 0 and "Traceback" not in result.stderr
+        assert "records no 'tokenizer' and was read with 'synth'" in result.stderr
+        assert "--tokenizer qwen, a tokenizer directory or hub id" in result.stderr
+    assert run("stats", str(path), "--tokenizer", "qwen").returncode == 0
+
+
+def test_two_files_written_with_different_tokenizers_ask_for_one(tmp_path, data):
+    path = english_rows(tmp_path / "curated.jsonl", tokenizer="qwen")
+    result = run("view", str(path), str(data / "parallel" / "validation.jsonl"), check=False)
+    assert result.returncode != 0 and "written with different tokenizers" in result.stderr
+    assert "records 'qwen'" in result.stderr and "records 'synth'" in result.stderr
+
+
+def test_generated_rows_record_the_tokenizer_by_its_directory(tmp_path, monkeypatch):
+    from orchestrator_scripts import GOOD, PROMPT
+
+    from threadweaver.batch import trajectory_row
+    from threadweaver.format import Format
+    from threadweaver.kit.tokenizers import load_tokenizer, qwen_tokenizer
+    from threadweaver.orchestrator import Limits, Orchestrator
+    from threadweaver.testing import ScriptedEngine
+
+    qwen_tokenizer().save_pretrained(tmp_path / "model")
+    monkeypatch.chdir(tmp_path)  # a relative directory is recorded as an absolute one
+    fmt = Format.from_tokenizer(load_tokenizer("model"))
+    trajectory = asyncio.run(Orchestrator(ScriptedEngine(fmt, GOOD), fmt).run(fmt.encode(PROMPT)))
+    row = trajectory_row(trajectory, fmt, 0.0, Limits(), id="r")
+    assert row["tokenizer"] == str(tmp_path / "model")
+    assert load_tokenizer(row["tokenizer"]).get_vocab() == qwen_tokenizer().get_vocab()

@@ -22,7 +22,7 @@ from typing import Any
 from threadweaver.format import Format
 from threadweaver.jsonl import RowError, appending, read_jsonl, row_name
 from threadweaver.orchestrator import Limits, Orchestrator, Trajectory
-from threadweaver.rows import RowReader
+from threadweaver.rows import RowReader, tokenizer_field
 from threadweaver.tree import tree_json
 from threadweaver.wall_clock import format_parts, mean_parts, wall_clock
 
@@ -56,6 +56,7 @@ def trajectory_row(trajectory: Trajectory, fmt: Format, wall_s: float, limits: L
     """A finished trajectory as a JSONL row: ``head`` (its id, sample, ...), then what the orchestrator recorded."""
     return {
         **head,
+        **tokenizer_field(fmt),
         "concurrent_threads": limits.concurrent_threads,
         "text": fmt.decode(trajectory.token_ids),
         "prompt_ids": list(trajectory.prompt_ids),

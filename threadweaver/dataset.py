@@ -6,6 +6,7 @@ import os
 from dataclasses import asdict
 
 from threadweaver.jsonl import write_json, write_jsonl
+from threadweaver.rows import TOKENIZER_FIELD
 from threadweaver.synth import SynthConfig, chat_row, make_rows
 
 FORMS = ("parallel", "sequential")
@@ -32,7 +33,7 @@ def write_synth(out: str, config: SynthConfig, n_train: int, n_validation: int, 
     for form in FORMS:
         for split, rows in splits.items():
             path = os.path.join(out, form, f"{split}.jsonl")
-            write_jsonl(path, (chat_row(row, form) for row in rows))
+            write_jsonl(path, ({**chat_row(row, form), TOKENIZER_FIELD: "synth"} for row in rows))
             paths.append(path)
     recipe = {
         "task": "threadweaver.synth",

@@ -10,6 +10,7 @@ where the orchestrator never generates any.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import astuple, dataclass, fields
@@ -138,8 +139,18 @@ class Format:
     inside a thread they are malformed.
     """
 
-    def __init__(self, codec: Codec, tags: TagIds, eos_ids: Iterable[int] = (), unk_id: int | None = None):
+    def __init__(
+        self,
+        codec: Codec,
+        tags: TagIds,
+        eos_ids: Iterable[int] = (),
+        unk_id: int | None = None,
+        tokenizer_name: str | None = None,
+    ):
         self.codec = codec
+        self.tokenizer_name = tokenizer_name
+        """What loads the tokenizer back (``synth``, ``qwen``, a directory or hub id), where it says:
+        the rows written with this format record it (:data:`threadweaver.rows.TOKENIZER_FIELD`)."""
         self.tags = tags
         self.eos_ids = frozenset(eos_ids)
         self.unk_id = unk_id
@@ -160,7 +171,10 @@ class Format:
         tags = TagIds.from_lookup(vocab.get)
         eos = [vocab[t] for t in eos_tokens if t in vocab]
         unk = getattr(tokenizer, "unk_token", None) or ("<unk>" if hasattr(tokenizer, "token_to_id") else None)
-        return cls(codec, tags, eos, vocab.get(unk) if unk else None)
+        name = getattr(tokenizer, "name_or_path", None) or None
+        if name is not None and os.path.isdir(name):
+            name = os.path.abspath(name)
+        return cls(codec, tags, eos, vocab.get(unk) if unk else None, name)
 
     def tag_name(self, token_id: int) -> str | None:
         return self.tags.name(token_id)

@@ -28,6 +28,28 @@ from threadweaver.format import Format
 
 FIELDS = ("prompt_ids", "completion_ids", "token_ids", "messages", "prompt", "completion", "text")
 """Every field a row is read from; the rest of a row is its own business."""
+TOKENIZER_FIELD = "tokenizer"
+"""What every command that writes rows records in each: the tokenizer it used
+(:attr:`threadweaver.format.Format.tokenizer_name`); the commands that read rows load it by default."""
+
+
+def recorded_tokenizer(path: str) -> str | None:
+    """The tokenizer the first row of a JSONL file records (None: it records none, or cannot be read
+    here; the reader that follows names what is wrong with it)."""
+    from threadweaver.jsonl import read_jsonl
+
+    try:
+        for _, row in read_jsonl(path):
+            name = row.get(TOKENIZER_FIELD)
+            return name if isinstance(name, str) and name else None
+    except (ValueError, OSError):
+        return None
+    return None
+
+
+def tokenizer_field(fmt: Format) -> dict:
+    """``{"tokenizer": name}`` for a row written with ``fmt``; nothing where the tokenizer has no name."""
+    return {} if fmt.tokenizer_name is None else {TOKENIZER_FIELD: fmt.tokenizer_name}
 
 
 def chatml_turns(text: str) -> list[dict]:

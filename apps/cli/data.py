@@ -13,6 +13,38 @@ from threadweaver.synth import SynthConfig
 
 from .command import Command
 
+TOKENIZER_HELP = (
+    "'synth', 'qwen', a tokenizer directory or hub id (default: the tokenizer the rows record, "
+    "as every command that writes rows does; else 'synth')"
+)
+
+
+def row_reader(spec: str | None, files: list[str], command: str):
+    """The reader of ``files`` and a hint for its errors: ``--tokenizer`` where given, else the tokenizer
+    the rows record, else ``synth`` (then the hint names the other choices)."""
+    from threadweaver.kit.tokenizers import load_tokenizer
+    from threadweaver.rows import TOKENIZER_FIELD, RowReader, recorded_tokenizer
+
+    hint = ""
+    if spec is None:
+        recorded = {path: recorded_tokenizer(path) for path in files}
+        named = {name for name in recorded.values() if name is not None}
+        if len(named) > 1:
+            sides = "; ".join(f"{path} records {name!r}" for path, name in recorded.items())
+            sys.exit(
+                f"threadweaver {command}: the files were written with different tokenizers ({sides}): pass --tokenizer"
+            )
+        spec = named.pop() if named else "synth"
+        if spec == "synth" and not any(recorded.values()):
+            hint = (
+                f" ({', '.join(files)} records no '{TOKENIZER_FIELD}' and was read with 'synth', the embedded "
+                "models' tokenizer: pass --tokenizer qwen, a tokenizer directory or hub id)"
+            )
+    try:
+        return RowReader(load_tokenizer(spec)), hint
+    except (OSError, ValueError) as err:
+        sys.exit(f"threadweaver {command}: cannot load the tokenizer {spec!r}: {err}")
+
 
 def _synth_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory")
@@ -34,9 +66,7 @@ def _synth(args: argparse.Namespace) -> None:
 
 def _stats_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="JSONL rows with a 'token_ids', 'text' or 'messages' field")
-    p.add_argument(
-        "--tokenizer", default="synth", help="'synth' (default), 'qwen', or a tokenizer directory; used for text fields"
-    )
+    p.add_argument("--tokenizer", help=TOKENIZER_HELP)
     p.add_argument("--strict", action="store_true", help="stop at the first malformed row (training data)")
     p.add_argument("--json", action="store_true", help="print one JSON object (rows and summary)")
     p.add_argument("--summary-only", action="store_true", help="print only the summary")
@@ -46,15 +76,14 @@ def _stats(args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
     from threadweaver.jsonl import RowError
-    from threadweaver.kit.tokenizers import load_tokenizer
     from threadweaver.report import file_stats, format_summary, format_table, summary
-    from threadweaver.rows import RowReader
 
-    rows = file_stats(args.file, RowReader(load_tokenizer(args.tokenizer)), strict=args.strict)
+    reader, hint = row_reader(args.tokenizer, [args.file], "stats")
+    rows = file_stats(args.file, reader, strict=args.strict)
     try:
         rows = list(tqdm(rows, desc="stats", unit=" rows", disable=args.json or not sys.stderr.isatty()))
     except (RowError, OSError) as err:
-        sys.exit(f"threadweaver stats: {args.file}: {err}")
+        sys.exit(f"threadweaver stats: {args.file}: {err}{hint}")
     if args.json:
         print(json.dumps({"rows": [r.as_dict() for r in rows], "summary": summary(rows)}))
         return
@@ -67,7 +96,7 @@ def _stats(args: argparse.Namespace) -> None:
 def _filter_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("generated", help="JSONL rows from `threadweaver generate --n K` on problems with an 'answer'")
     p.add_argument("out", help="the kept rows (JSONL, as they are); the report goes to OUT.report.json")
-    p.add_argument("--tokenizer", default="synth", help="'synth' (default), 'qwen', or a tokenizer directory")
+    p.add_argument("--tokenizer", help=TOKENIZER_HELP)
     add_arguments(p, FilterConfig)
 
 
@@ -77,8 +106,6 @@ def _filter(args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
     from threadweaver.jsonl import RowError, write_json, write_jsonl
-    from threadweaver.kit.tokenizers import load_tokenizer
-    from threadweaver.rows import RowReader
     from threadweaver.selection import FilterConfig, format_report, select
 
     if os.path.abspath(args.out) == os.path.abspath(args.generated):
@@ -91,10 +118,11 @@ def _filter(args: argparse.Namespace) -> None:
     def bar(rows):
         return tqdm(rows, desc="filter", unit=" rows", disable=not sys.stderr.isatty())
 
+    reader, hint = row_reader(args.tokenizer, [args.generated], "filter")
     try:
-        kept, _, report = select(args.generated, RowReader(load_tokenizer(args.tokenizer)), config, bar)
+        kept, _, report = select(args.generated, reader, config, bar)
     except (RowError, OSError) as err:
-        sys.exit(f"threadweaver filter: {args.generated}: {err}")
+        sys.exit(f"threadweaver filter: {args.generated}: {err}{hint}")
     write_jsonl(args.out, kept)
     write_json(args.out + ".report.json", report)
     print(format_report(report))
@@ -198,7 +226,7 @@ def _view_arguments(p: argparse.ArgumentParser) -> None:
         "files", nargs="+", metavar="FILE", help="JSONL trajectories or training rows; two files side by side"
     )
     p.add_argument("--out", help="the page to write (default: FILE.html)")
-    p.add_argument("--tokenizer", default="synth", help="'synth' (default), 'qwen', or a tokenizer directory")
+    p.add_argument("--tokenizer", help=TOKENIZER_HELP)
     p.add_argument("--title", help="the page's title (default: the file names)")
     p.add_argument("--serve", action="store_true", help="serve the page on loopback instead of writing it")
     p.add_argument("--port", type=int, default=0, help="with --serve: the port (default: a free one)")
@@ -207,8 +235,6 @@ def _view_arguments(p: argparse.ArgumentParser) -> None:
 def _view(args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
-    from threadweaver.kit.tokenizers import load_tokenizer
-    from threadweaver.rows import RowReader
     from threadweaver.view import file_page
 
     def bar(rows, path):
@@ -216,10 +242,11 @@ def _view(args: argparse.Namespace) -> None:
 
     if len(args.files) > 2:
         sys.exit("threadweaver view: one file, or two side by side")
+    reader, hint = row_reader(args.tokenizer, args.files, "view")
     try:
-        html = file_page(args.files, RowReader(load_tokenizer(args.tokenizer)), args.title, progress=bar)
+        html = file_page(args.files, reader, args.title, progress=bar)
     except (ValueError, OSError) as err:
-        sys.exit(f"threadweaver view: {err}")
+        sys.exit(f"threadweaver view: {err}{hint}")
     if args.serve:
         return _serve_page(html, args.port)
     out = args.out or args.files[0] + ".html"

