@@ -58,3 +58,37 @@ def test_splits_are_disjoint_and_reproducible():
 def test_bad_config_is_named():
     with pytest.raises(ValueError, match="min_terms"):
         SynthConfig(min_terms=5, max_terms=2)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_shopping_problems_are_right_and_well_formed_on_a_real_tokenizer(seed, qwen):
+    from threadweaver.shopping import NAMES
+
+    fmt = Format.from_tokenizer(qwen)
+    config = SynthConfig(task="shopping", min_terms=2, max_terms=len(NAMES))
+    p = make_problem(random.Random(seed), config)
+    bought = [(int(n), int(price)) for n, price in re.findall(r"(\d+) \w+ at (\d+) dollars? each", p.prompt)]
+    assert int(p.answer) == sum(n * price for n, price in bought)
+    (block,) = [n for n in parse_text(p.parallel, fmt).nodes if isinstance(n, Block)]  # strict
+    assert len(block.threads) == len(bought) // 2 == p.prompt.count(" buys ")
+    assert grade(p.parallel, p.answer).correct and grade(p.sequential, p.answer).correct
+    stripped = re.sub(r"<Parallel><Outlines>.*?</Outlines>|<Thread>\d+: |</Parallel>\n", "", p.parallel)
+    assert stripped.replace("</Thread>", "\n") == p.sequential  # the same content, one bill after another
+
+
+def test_shopping_with_three_or_four_people_has_a_critical_path_a_third_shorter(qwen):
+    fmt = Format.from_tokenizer(qwen)
+    rng = random.Random(0)
+    problems = [make_problem(rng, SynthConfig(task="shopping")) for _ in range(50)]
+    sequential = sum(latency_stats(parse_text(p.sequential, fmt).nodes).total_tokens for p in problems)
+    critical = sum(latency_stats(parse_text(p.parallel, fmt).nodes).critical_path_tokens for p in problems)
+    assert sequential / critical > 1.3
+
+
+def test_every_task_bounds_its_sub_questions_alike():
+    from threadweaver.shopping import NAMES
+    from threadweaver.synth import LABELS
+
+    assert len(NAMES) == len(LABELS)
+    with pytest.raises(ValueError, match="task must be one of digits, shopping"):
+        SynthConfig(task="poems")

@@ -29,11 +29,13 @@ def synth_splits(config: SynthConfig, n_train: int, n_validation: int, seed: int
 def write_synth(out: str, config: SynthConfig, n_train: int, n_validation: int, seed: int) -> list[str]:
     """``out/{parallel,sequential}/{train,validation}.jsonl`` and ``out/recipe.json``."""
     splits = synth_splits(config, n_train, n_validation, seed)
+    # digit strings are written for the embedded models' tokenizer; sentences for any model's
+    recorded = {TOKENIZER_FIELD: "synth"} if config.task == "digits" else {}
     paths = []
     for form in FORMS:
         for split, rows in splits.items():
             path = os.path.join(out, form, f"{split}.jsonl")
-            write_jsonl(path, ({**chat_row(row, form), TOKENIZER_FIELD: "synth"} for row in rows))
+            write_jsonl(path, ({**chat_row(row, form), **recorded} for row in rows))
             paths.append(path)
     recipe = {
         "task": "threadweaver.synth",

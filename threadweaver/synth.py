@@ -1,6 +1,7 @@
-"""A synthetic task whose solutions are naturally parallel, learnable by a tiny model.
+"""Synthetic tasks whose solutions are naturally parallel: ``digits`` here, learnable by a tiny
+model, and ``shopping`` (:mod:`threadweaver.shopping`), in English for pretrained models.
 
-A problem gives ``k`` labelled sums of two numbers and asks for their total::
+A digits problem gives ``k`` labelled sums of two numbers and asks for their total::
 
     A=482+390 B=123+567 C=555+111
     A+B+C=?
@@ -19,15 +20,25 @@ from dataclasses import dataclass
 
 from threadweaver.cli_args import option
 from threadweaver.format import block_text
+from threadweaver.shopping import shopping_problem
 
 LABELS = "ABCDEFGH"
 
 
+TASKS = ("digits", "shopping")
+
+
 @dataclass(frozen=True)
 class SynthConfig:
-    min_terms: int = option(3, "Fewest labelled sums (threads) per problem.")
-    max_terms: int = option(4, "Most labelled sums (threads) per problem.")
-    digits: int = option(3, "Digits of each operand.")
+    task: str = option(
+        "digits",
+        "'digits': labelled sums of digit strings, for the embedded tiny models; 'shopping': a word problem "
+        "in English (each person's bill, then the total), for pretrained language models.",
+        choices=TASKS,
+    )
+    min_terms: int = option(3, "Fewest sub-questions (threads) per problem: labelled sums, or people.")
+    max_terms: int = option(4, "Most sub-questions (threads) per problem: labelled sums, or people.")
+    digits: int = option(3, "Digits of each operand (the digits task).")
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_terms <= self.max_terms <= len(LABELS):
@@ -36,6 +47,8 @@ class SynthConfig:
             )
         if self.digits < 1:
             raise ValueError(f"digits must be >= 1, got {self.digits}")
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, not {self.task!r}")
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,8 @@ def column_sum(a: int, b: int) -> str:
 
 def make_problem(rng: random.Random, config: SynthConfig = SynthConfig()) -> Problem:
     k = rng.randint(config.min_terms, config.max_terms)
+    if config.task == "shopping":
+        return Problem(*shopping_problem(rng, k))
     low, high = 10 ** (config.digits - 1), 10**config.digits - 1
     pairs = [(rng.randint(low, high), rng.randint(low, high)) for _ in range(k)]
     labels = LABELS[:k]
