@@ -389,6 +389,9 @@ def test_the_command_line_writes_out_and_the_report(tmp_path, capsys):
     }
     assert report["config"] == {"max_depth": 3, "keep_sequential": True, "text_field": None}
     assert f"wrote {out}" in capsys.readouterr().out
+    assert written[0]["tokenizer"] == "qwen"
+    cli(["view", str(out), "--out", str(tmp_path / "page.html")])  # no --tokenizer: the rows say qwen
+    assert "b6f1" in (tmp_path / "page.html").read_text()
 
 
 @pytest.mark.parametrize("problem", ["missing", "corrupt_parquet", "same_file", "not_json_array"])
@@ -406,3 +409,17 @@ def test_a_bad_input_file_is_a_one_line_error_naming_it(tmp_path, problem):
     message = str(exit_.value.code)
     assert message.startswith("threadweaver convert: ") and str(path) in message and "\n" not in message
     assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "out.jsonl.tmp").exists()
+
+
+def test_rows_without_the_published_field_say_that_text_field_reads_another(tmp_path, fmt, capsys):
+    rows = [{"id": f"r{k}", "text": qwen_text()} for k in range(2)]  # the chat under another name
+    source = jsonl(tmp_path / "ref.jsonl", rows)
+    report = convert_file(source, str(tmp_path / "out.jsonl"), "reference", fmt)
+    assert report["dropped"] == {"no_text": 2}
+    assert report["dropped_rows"][0]["detail"] == "field 'qwen_text' is missing, not text (the row has 'id', 'text')"
+    assert (
+        "dropped, no_text            2 (no text in field 'qwen_text'; --text-field NAME reads another field)"
+        in format_report(report)
+    )
+    cli(["convert", source, str(tmp_path / "again.jsonl"), "--from", "reference", "--text-field", "text"])
+    assert "converted            2" in capsys.readouterr().out

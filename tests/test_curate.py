@@ -7,6 +7,15 @@ the replies and in the transport each end in their reason code, and nothing cras
 
 import json
 import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from contextlib import closing
 from dataclasses import replace
 
 import pytest
@@ -17,7 +26,15 @@ from threadweaver.curate import pipeline, prompts
 from threadweaver.curate.blocks import Block, Refused, apply_edits, assemble, extract
 from threadweaver.curate.config import CurateArgs, CurateConfig, LLMArgs
 from threadweaver.curate.run import run, target_format
-from threadweaver.curate.schemas import Edit, ProposedBlock, Segmentation, Span, json_schema
+from threadweaver.curate.schemas import (
+    MOST_UNITS,
+    Edit,
+    ProposedBlock,
+    Segmentation,
+    Span,
+    json_schema,
+    segmentation_schema,
+)
 from threadweaver.curate.traces import split_units, to_trace
 from threadweaver.jsonl import read_jsonl, write_jsonl
 from threadweaver.synth import chat_row, make_rows
@@ -186,8 +203,18 @@ def test_the_command_writes_rows_sft_reads_and_says_what_it_did(tmp_path, capsys
     from threadweaver.rows import RowReader
 
     reader = RowReader(load_tokenizer("qwen"))
-    for _, row in read_jsonl(str(tmp_path / "out" / "train.jsonl")):
-        assert reader.trajectory(row)
+    rows = [row for _, row in read_jsonl(str(tmp_path / "out" / "train.jsonl"))]
+    for row in rows:
+        assert reader.trajectory(row) and row["tokenizer"] == "qwen"
+    capsys.readouterr()
+    main(["stats", str(tmp_path / "out" / "train.jsonl"), "--json"])  # no --tokenizer: the rows say qwen
+    counted = [r["total_tokens"] for r in json.loads(capsys.readouterr().out)["rows"]]
+    from threadweaver.report import file_stats
+
+    with_qwen = [r.stats.total_tokens for r in file_stats(str(tmp_path / "out" / "train.jsonl"), reader)]
+    synth = RowReader(load_tokenizer("synth"))
+    with_synth = [r.stats.total_tokens for r in file_stats(str(tmp_path / "out" / "train.jsonl"), synth)]
+    assert counted == with_qwen != with_synth  # Qwen's tokens, not the synth tokenizer's characters
 
 
 @pytest.mark.parametrize(
@@ -196,6 +223,7 @@ def test_the_command_writes_rows_sft_reads_and_says_what_it_did(tmp_path, capsys
         (["missing.jsonl", "out", "--model", "m"], "No such file"),
         (["t.jsonl", "out"], "--model NAME"),
         (["t.jsonl", "out", "--model", "m", "--max-threads", "1"], "max_threads must be 2..16"),
+        (["t.jsonl", "out", "--model", "m", "--max-units", "5001"], "max_units must be 2..4096"),
     ],
 )
 def test_bad_commands_say_what_is_wrong_in_one_line(tmp_path, monkeypatch, argv, message):
@@ -241,6 +269,10 @@ def test_generate_rows_give_their_problem_from_the_prompt_ids():
     }
     trace = to_trace(row, 1, fmt.decode)
     assert (trace.problem, trace.units, trace.final, trace.answer) == ("A=1+2\nA=?", ("A=1+2\n",), "\n\\boxed{3}", "3")
+    # the system turn stays in the prompt; the record of the sequential trajectory does not follow
+    assert trace.prompt == ({"role": "system", "content": "x"}, {"role": "user", "content": "A=1+2\nA=?"})
+    record = {"sample": 0, "token_ids": [1], "tree": {}, "stats": {}, "finish_reason": "stop", "tokenizer": "qwen"}
+    assert to_trace({**row, **record}, 1, fmt.decode).fields == {"sample": 0}
 
 
 def test_extract_and_edits_check_what_code_can_check():
@@ -283,3 +315,159 @@ def test_the_schemas_are_strict_and_bounded():
     assert "$defs" not in json.dumps(schema) and schema["additionalProperties"] is False
     span = schema["properties"]["blocks"]["items"]["properties"]["threads"]["items"]
     assert span["required"] == ["first", "last"] and span["properties"]["first"]["maximum"] == 4096
+
+
+# ---- issue 38 ----
+
+
+def test_max_units_is_one_bound_for_the_schema_sent_and_the_reply_checked():
+    assert CurateConfig(max_units=MOST_UNITS).max_units == MOST_UNITS
+    with pytest.raises(ValueError, match=f"max_units must be 2..{MOST_UNITS}"):
+        CurateConfig(max_units=MOST_UNITS + 1)
+    schema = segmentation_schema(MOST_UNITS, 4)  # the largest trace --max-units lets in
+    span = schema["properties"]["blocks"]["items"]["properties"]["threads"]["items"]["properties"]
+    top = span["last"]["maximum"]
+    reply = {"blocks": [{"threads": [{"first": top - 1, "last": top - 1}, {"first": top, "last": top}]}]}
+    assert Segmentation.model_validate(reply)  # what the schema sent allows, validation allows
+
+
+class Corrected(StandIn):
+    """The stand-in, except that told why its reply was refused it answers right (as an LLM often
+    does); ``told`` keeps what it was told."""
+
+    def __init__(self, faults):
+        super().__init__(faults)
+        self.told: list[str] = []
+        self.reasked = threading.local()  # a thread per request
+
+    def fault_for(self, user):
+        return None if self.reasked.on else super().fault_for(user)
+
+    def reply(self, body):
+        self.reasked.on = len(body["messages"]) > 2
+        if self.reasked.on:
+            with self.lock:
+                self.told.append(body["messages"][-1]["content"])
+        return super().reply(body)
+
+
+@pytest.mark.parametrize("fault", ["off_by_one", "overlap"])
+def test_bad_spans_are_asked_again_with_the_exact_complaint(tmp_path, fault):
+    rows, sequential = sequential_rows(3)
+    stand_in = Corrected({rows[1]["prompt"]: fault})
+    stats, kept, dropped = curate(tmp_path, sequential, stand_in)
+    assert set(kept) == {r["id"] for r in rows} and not dropped
+    assert kept[rows[1]["id"]]["messages"][1]["content"] == rows[1]["parallel"]
+    assert stand_in.answered["segment"] == 3 + 1 and stats["tokens"]["segment"]["failures"] == 0
+    trace = to_trace(sequential[1], 2)
+    first, second = [k for k, unit in enumerate(trace.units, 1) if unit[1] == "=" and unit[0] in "ABCDEFGH"][:2]
+    (told,) = stand_in.told
+    if fault == "off_by_one":  # thread 2 shifted down a unit
+        complaint = (
+            f"thread 2 starts at unit {second + 1}, but thread 1 ends at unit {first}: no thread has unit {second}"
+        )
+    else:  # thread 2 starts where thread 1 does
+        complaint = f"thread 2 starts at unit {first}, but thread 1 ends at unit {first}: both have unit {first}"
+    assert complaint in told and f"thread 2 must start at unit {first + 1}" in told
+
+
+def test_bad_spans_asked_again_in_vain_drop_the_trace_at_extract(tmp_path):
+    rows, sequential = sequential_rows(2)
+    stand_in = StandIn({rows[0]["prompt"]: "off_by_one"})  # it repeats the fault when asked again
+    _, kept, dropped = curate(tmp_path, sequential, stand_in)
+    assert set(kept) == {rows[1]["id"]} and stand_in.answered["segment"] == 2 + 1
+    assert [(d["stage"], d["reason"]) for d in dropped] == [("extract", "thread_gap"), ("extract", "no_block")]
+
+
+def cached(path) -> int:
+    """Replies in a call cache that another process may be writing (0 before it exists)."""
+    if not path.exists():
+        return 0
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            return db.execute("SELECT COUNT(*) FROM replies").fetchone()[0]
+    except sqlite3.OperationalError:  # locked, or no table yet
+        return 0
+
+
+def test_ctrl_c_says_in_one_line_that_a_rerun_resumes_and_the_rerun_asks_nothing_twice(tmp_path):
+    rows, sequential = sequential_rows(4)
+    write_jsonl(str(tmp_path / "sequential.jsonl"), sequential)  # where curate() reads it again
+    out = tmp_path / "out"
+    held = StandIn({rows[2]["prompt"]: "timeout"}, timeout_sleep_s=60)  # one trace waits on its segment reply
+    command = [
+        os.path.join(os.path.dirname(sys.executable), "threadweaver"),
+        "curate",
+        str(tmp_path / "sequential.jsonl"),
+    ]
+    with stand_in_server(held) as url:
+        process = subprocess.Popen(
+            [*command, str(out), "--base-url", url, "--model", FAST.model, "--tokenizer", "synth"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while cached(out / "calls.sqlite") < 3 * 3 and time.monotonic() < deadline:  # the other three replied
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode != 0
+    assert stderr.count("\n") == 1 and re.match(r"threadweaver curate: stopped after \d of 4 traces", stderr)
+    assert "rerun the same command to resume" in stderr and str(out / "calls.sqlite") in stderr
+    assert cached(out / "calls.sqlite") == 9 and not (out / "train.jsonl").exists()
+    again = StandIn()
+    _, kept, _ = curate(tmp_path, None, again)
+    assert len(kept) == 4 and again.answered == {"segment": 1, "decouple": 1, "outline": 1}
+
+
+def test_chat_rows_keep_their_system_turn_and_fields(tmp_path):
+    rows, sequential = sequential_rows(2)
+    system = {"role": "system", "content": "Think step by step."}
+    chat = {**sequential[0], "source": "synth", "difficulty": 3}
+    chat["messages"] = [system, *chat["messages"]]
+    flat = {"id": rows[1]["id"], "problem": rows[1]["prompt"], "response": rows[1]["sequential"]}
+    flat |= {"answer": rows[1]["answer"], "source": "flat", "tags": ["a"]}
+    _, kept, _ = curate(tmp_path, [chat, flat], StandIn())
+    first, second = kept[rows[0]["id"]], kept[rows[1]["id"]]
+    assert first["messages"][:2] == [system, {"role": "user", "content": rows[0]["prompt"]}]
+    assert first["messages"][2] == {"role": "assistant", "content": rows[0]["parallel"]}
+    assert (first["source"], first["difficulty"]) == ("synth", 3)
+    assert second == {
+        "id": rows[1]["id"],
+        "source": "flat",
+        "tags": ["a"],
+        "messages": [
+            {"role": "user", "content": rows[1]["prompt"]},
+            {"role": "assistant", "content": rows[1]["parallel"]},
+        ],
+        "answer": rows[1]["answer"],
+        "tokenizer": "synth",  # the one curate tokenised with, for the readers
+    }
+
+
+def test_when_no_trace_reaches_the_server_the_command_fails_naming_its_url(tmp_path):
+    write_jsonl(str(tmp_path / "t.jsonl"), sequential_rows(2)[1])
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    argv = ["curate", str(tmp_path / "t.jsonl"), str(tmp_path / "out"), "--base-url", url, "--model", "m"]
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--tokenizer", "synth", "--max-retries", "0"])
+    message = str(exit_.value.code)
+    assert message.startswith("threadweaver curate: nothing curated") and "\n" not in message
+    assert url in message and "2 connection" in message
+    dropped = [row for _, row in read_jsonl(str(tmp_path / "out" / "dropped.jsonl"))]
+    assert [d["reason"] for d in dropped] == ["connection"] * 2 and all(url in d["detail"] for d in dropped)
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["kept"] == 0
+
+
+def test_deepseek_r1_responses_without_an_opening_think_are_curated(tmp_path):
+    rows, sequential = sequential_rows(2)
+    r1 = [
+        {**row, "messages": [row["messages"][0], {"role": "assistant", "content": row["messages"][1]["content"][7:]}]}
+        for row in sequential
+    ]
+    assert not r1[0]["messages"][1]["content"].startswith("<think>")
+    _, kept, dropped = curate(tmp_path, r1, StandIn())
+    assert not dropped and [kept[r["id"]]["messages"][1]["content"] for r in rows] == [r["parallel"] for r in rows]

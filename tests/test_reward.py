@@ -79,6 +79,31 @@ def test_grade_from_a_worker_thread_uses_math_verify():
     assert results and results[0].correct and results[0].detail == "math-verify"
 
 
+def test_ctrl_c_at_the_terminal_leaves_the_grading_workers_to_the_parent():
+    """A terminal's Ctrl-C reaches the whole process group: the workers must neither die nor print."""
+    import os
+    import signal
+    import time
+
+    import threadweaver.reward as module
+
+    def from_a_thread():
+        results = []
+        worker = threading.Thread(target=lambda: results.append(grade(r"\boxed{\frac{3}{6}}", "1/2")))
+        worker.start()
+        worker.join(timeout=120)
+        return results[0]
+
+    assert from_a_thread().detail == "math-verify"
+    executor = module._pool.executor
+    processes = list(executor._processes.values())
+    for process in processes:
+        os.kill(process.pid, signal.SIGINT)
+    time.sleep(1.0)
+    assert all(process.is_alive() for process in processes)
+    assert from_a_thread().correct and module._pool.executor is executor  # the same pool goes on
+
+
 def test_grade_on_the_main_thread_starts_no_worker_process(monkeypatch):
     """Spawned workers would re-import an unguarded __main__ script (and rerun it)."""
     import threadweaver.reward as module

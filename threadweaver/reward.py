@@ -16,6 +16,7 @@ import asyncio
 import atexit
 import multiprocessing
 import re
+import signal
 import threading
 import warnings
 from concurrent.futures import ProcessPoolExecutor
@@ -157,6 +158,12 @@ def _e_notation_as_latex(answer: str) -> str:
     return f"{match[1]}\\times10^{{{int(match[2])}}}" if match else answer
 
 
+def _ignore_ctrl_c() -> None:
+    """In a grading worker: Ctrl-C at the terminal reaches the whole process group, and the parent
+    alone decides what it means (a worker's own KeyboardInterrupt would print a traceback)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class _GradingPool:
     """A lazily started pool of spawned worker processes, replaced if a call hangs."""
 
@@ -169,7 +176,9 @@ class _GradingPool:
     def _get(self) -> ProcessPoolExecutor:
         with self.lock:
             if self.executor is None:
-                self.executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+                self.executor = ProcessPoolExecutor(
+                    self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_ctrl_c
+                )
             return self.executor
 
     def run(self, answer: str, gold: str, timeout_s: float, retry: bool = True) -> Grade:

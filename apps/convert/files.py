@@ -10,6 +10,7 @@ from statistics import mean
 
 from threadweaver.format import Format
 from threadweaver.jsonl import RowError, read_rows, write_json, write_jsonl
+from threadweaver.rows import tokenizer_field
 from threadweaver.stats import latency_stats
 from threadweaver.tree import DEFAULT_MAX_DEPTH, TrajectoryFormatError, parse_text
 
@@ -120,7 +121,7 @@ def convert_file(
             for outcome in convert_row(row, line, source, fmt, config):
                 outcomes.append(outcome)
                 if outcome.row is not None:
-                    yield outcome.row
+                    yield {**outcome.row, **tokenizer_field(fmt)}
 
     try:
         write_jsonl(out, converted())
@@ -169,5 +170,13 @@ def format_report(stats: dict) -> str:
         f"blocks kept          {stats['blocks']} ({stats['threads']} threads, nested up to {stats['max_depth']} deep)",
         "mean speedup         " + ("-" if speedup is None else f"{speedup:.3f}x"),
     ]
-    lines += [f"dropped, {reason:<19}{count}" for reason, count in stats["dropped"].items()]
+    lines += [f"dropped, {reason:<19}{count}{_hint(reason, stats)}" for reason, count in stats["dropped"].items()]
     return "\n".join(lines)
+
+
+def _hint(reason: Reason, stats: dict) -> str:
+    """What to do about a reason, where the command has a flag for it."""
+    if reason != "no_text":
+        return ""
+    name = stats["config"]["text_field"] or FIELDS[stats["source"]]
+    return f" (no text in field {name!r}; --text-field NAME reads another field)"

@@ -316,11 +316,17 @@ class Converter:
 # ---- rows ----
 
 
+_FIELDS_NAMED = 12
+"""The most of a row's fields a missing field's message names."""
+
+
 def field_text(row: dict, name: str, reason: Reason) -> str:
     value = row.get(name)
     if not isinstance(value, str) or not value.strip():
         found = "missing" if value is None else "empty" if isinstance(value, str) else f"a {type(value).__name__}"
-        raise Refused(reason, f"field {name!r} is {found}, not text")
+        fields = ", ".join(repr(k) for k in list(row)[:_FIELDS_NAMED]) + (", ..." if len(row) > _FIELDS_NAMED else "")
+        has = f" (the row has {fields})" if value is None and row else ""
+        raise Refused(reason, f"field {name!r} is {found}, not text{has}")
     return value
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from threadweaver.format import TAGS, THINK, THINK_END, block_text
 
-from .schemas import Edit, ProposedBlock
+from .schemas import Edit, ProposedBlock, Segmentation
 from .traces import Trace
 
 
@@ -22,7 +22,7 @@ class Refused(ValueError):
 
     def __init__(self, reason: str, detail: str):
         super().__init__(detail)
-        self.reason = reason
+        self.reason, self.detail = reason, detail
 
 
 @dataclass(frozen=True)
@@ -43,18 +43,27 @@ class Block:
 
 
 def extract(trace: Trace, proposed: ProposedBlock, max_threads: int, min_parallel_chars: int) -> Block:
-    """The block ``proposed`` names, if it holds; else :class:`Refused`."""
+    """The block ``proposed`` names, if it holds; else :class:`Refused`, its message the exact complaint
+    (it is what a re-ask tells the LLM)."""
     n, spans = len(trace.units), proposed.threads
     if not 2 <= len(spans) <= max_threads:
         raise Refused("thread_count", f"{len(spans)} threads; a block needs 2 to {max_threads}")
     for k, span in enumerate(spans, 1):
         if not 1 <= span.first <= span.last <= n:
-            raise Refused("out_of_range", f"thread {k} spans units {span.first}-{span.last} of 1-{n}")
+            why = f"the units are numbered 1-{n}" if span.first <= span.last else "its first unit comes after its last"
+            raise Refused("out_of_range", f"thread {k} spans units {span.first}-{span.last}, but {why}")
         if k > 1 and span.first != spans[k - 2].last + 1:
-            gap = span.first > spans[k - 2].last + 1
+            end = spans[k - 2].last
+            gap = span.first > end + 1
+            which = (
+                f"no thread has {_units(end + 1, span.first - 1)}"
+                if gap
+                else "both have " + _units(span.first, min(end, span.last))
+            )
             raise Refused(
                 "thread_gap" if gap else "thread_overlap",
-                f"thread {k} starts at unit {span.first}, thread {k - 1} ends at unit {spans[k - 2].last}",
+                f"thread {k} starts at unit {span.first}, but thread {k - 1} ends at unit {end}: {which}; "
+                f"thread {k} must start at unit {end + 1}",
             )
     bounds = tuple((s.first - 1, s.last) for s in spans)
     threads = tuple("".join(trace.units[a:b]).rstrip() for a, b in bounds)
@@ -62,9 +71,39 @@ def extract(trace: Trace, proposed: ProposedBlock, max_threads: int, min_paralle
     if outside_longest < min_parallel_chars:
         raise Refused(
             "too_little_parallel",
-            f"{outside_longest} characters outside the longest thread; at least {min_parallel_chars} wanted",
+            f"{outside_longest} characters outside the longest thread; at least {min_parallel_chars} wanted "
+            "(the threads must share the block's work more evenly)",
         )
     return Block(bounds, threads)
+
+
+def _units(first: int, last: int) -> str:
+    return f"unit {first}" if first == last else f"units {first}-{last}"
+
+
+class NoBlockHolds(Refused):
+    """No block of a segment reply holds: ``refused`` holds each block's index and :class:`Refused`."""
+
+    def __init__(self, proposed: int, refused: list[tuple[int, Refused]]):
+        complaints = "; ".join(f"block {index + 1}: {err}" for index, err in refused)
+        super().__init__("no_block", f"no proposed block holds ({complaints})")
+        self.proposed, self.refused = proposed, refused
+
+
+def extract_all(
+    trace: Trace, proposal: Segmentation, max_threads: int, min_parallel_chars: int
+) -> tuple[list[tuple[int, Block]], list[tuple[int, Refused]]]:
+    """(the blocks that hold, the refused ones), each with its index in ``proposal``; where blocks were
+    proposed and none holds, :class:`NoBlockHolds` (a complaint ``LLM.ask`` re-asks with)."""
+    held, refused = [], []
+    for index, proposed in enumerate(proposal.blocks):
+        try:
+            held.append((index, extract(trace, proposed, max_threads, min_parallel_chars)))
+        except Refused as err:
+            refused.append((index, err))
+    if refused and not held:
+        raise NoBlockHolds(len(proposal.blocks), refused)
+    return held, refused
 
 
 def without_overlaps(blocks: list[Block]) -> tuple[list[Block], list[tuple[int, Block]]]:

@@ -25,16 +25,9 @@ from . import prompts
 from .config import LLMArgs
 from .schemas import json_schema
 
-FAILURES = (
-    "rate_limited",
-    "server_error",
-    "timeout",
-    "connection",
-    "refused",
-    "truncated",
-    "invalid_json",
-    "schema_invalid",
-)
+SERVER_FAILURES = ("rate_limited", "server_error", "timeout", "connection", "refused")
+"""Why a call got no reply from the server (after the client's retries)."""
+FAILURES = (*SERVER_FAILURES, "truncated", "invalid_json", "schema_invalid")
 """Why a call gave no usable reply."""
 
 
@@ -169,7 +162,8 @@ class LLM:
         except openai.APITimeoutError as err:
             raise self._failed(stage, "timeout", str(err)) from None
         except openai.APIConnectionError as err:
-            raise self._failed(stage, "connection", str(err)) from None
+            cause = f" ({err.__cause__})" if err.__cause__ and str(err.__cause__) else ""
+            raise self._failed(stage, "connection", f"{self.base_url}: {err}{cause}") from None
         except openai.RateLimitError as err:
             raise self._failed(stage, "rate_limited", err.message) from None
         except openai.InternalServerError as err:
@@ -192,6 +186,11 @@ class LLM:
         self.cache.put(key, stage, reply)
         self.usage[stage].add(counted)
         return reply
+
+    @property
+    def base_url(self) -> str:
+        """The endpoint called: ``--base-url``, else ``$OPENAI_BASE_URL``, else OpenAI's."""
+        return str(self.client.base_url)
 
     def _failed(self, stage: str, reason: str, detail: str) -> CallFailed:
         self.usage[stage].failures += 1

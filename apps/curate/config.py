@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from threadweaver.cli_args import option
 from threadweaver.orchestrator import MOST_THREADS
 
+MOST_UNITS = 4096
+"""The most reasoning lines a trace may have (``--max-units``): the bound of a unit number in the
+segment reply, both in the schema sent and in the reply's local validation."""
+
 
 @dataclass(frozen=True)
 class CurateArgs:
@@ -56,7 +60,9 @@ class LLMArgs:
 class CurateConfig:
     max_threads: int = option(4, "Most threads in one block.")
     min_parallel_chars: int = option(40, "Least characters of a block outside its longest thread.")
-    max_units: int = option(400, "Traces with more reasoning lines than this are dropped (too_many_units).")
+    max_units: int = option(
+        400, f"Traces with more reasoning lines than this are dropped (too_many_units); at most {MOST_UNITS}."
+    )
     max_edit_chars: int = option(120, "Longest find or replace string of a decoupling edit.")
     max_change: float = option(0.3, "Largest share of a thread the decoupling edits may change.")
     min_speedup: float = option(1.05, "Least token-latency speedup of a kept trajectory.")
@@ -70,6 +76,11 @@ class CurateConfig:
     def __post_init__(self):
         if not 2 <= self.max_threads <= MOST_THREADS:
             raise ValueError(f"max_threads must be 2..{MOST_THREADS}, not {self.max_threads}")
+        if not 2 <= self.max_units <= MOST_UNITS:
+            raise ValueError(
+                f"max_units must be 2..{MOST_UNITS} (the most unit numbers a segment reply may give), "
+                f"not {self.max_units}"
+            )
         if not 0 <= self.max_change <= 1:
             raise ValueError(f"max_change is a share (0..1), not {self.max_change}")
 

@@ -5,7 +5,8 @@ Stages, per trace (LLM stages ask for JSON under a schema; code stages check eve
 1. ``ingest`` (code): read the row, cut the reasoning into units, grade the original answer.
 2. ``segment`` (LLM): parallel blocks as ranges of unit numbers.
 3. ``extract`` (code): a block holds if its threads tile it in order, 2..``max_threads`` of them,
-   with ``min_parallel_chars`` of work outside the longest thread; blocks do not overlap.
+   with ``min_parallel_chars`` of work outside the longest thread; blocks do not overlap. Where no
+   proposed block holds, ``segment`` is asked again with each block's complaint (``reasks``).
 4. ``decouple`` (LLM, per block): find/replace edits so no thread relies on a sibling; each must
    match exactly once, be small, and change a thread by at most ``max_change``.
 5. ``outline`` (LLM, per block): exactly one outline per thread, no tags.
@@ -27,11 +28,12 @@ from statistics import mean, quantiles
 from threadweaver.format import Format
 from threadweaver.jsonl import RowError, row_name
 from threadweaver.reward import agrade, grade
+from threadweaver.rows import tokenizer_field
 from threadweaver.stats import latency_stats
 from threadweaver.tree import TrajectoryFormatError, parse
 
 from . import prompts
-from .blocks import Block, Refused, apply_edits, assemble, extract, with_outlines, without_overlaps
+from .blocks import Block, NoBlockHolds, Refused, apply_edits, assemble, extract_all, with_outlines, without_overlaps
 from .calls import LLM, CallFailed
 from .config import CurateConfig
 from .schemas import Decoupling, Outlines, Segmentation, segmentation_schema
@@ -97,23 +99,25 @@ def _usable(trace: Trace, config: CurateConfig) -> None:
 
 async def curate_trace(trace: Trace, llm: LLM, config: CurateConfig, fmt: Format, out: Outcome) -> Outcome:
     """``out`` (a trace that passed ingest) filled in stage by stage."""
-    try:
-        messages = prompts.segment(trace.problem, trace.units, config.max_threads)
-        schema = segmentation_schema(len(trace.units), config.max_threads)
-        proposal = await llm.ask("segment", messages, Segmentation, schema=schema)
+    messages = prompts.segment(trace.problem, trace.units, config.max_threads)
+    schema = segmentation_schema(len(trace.units), config.max_threads)
+
+    def holding(reply: Segmentation):
+        return len(reply.blocks), *extract_all(trace, reply, config.max_threads, config.min_parallel_chars)
+
+    try:  # a reply none of whose blocks holds is asked again with each block's complaint
+        proposed, candidates, refused = await llm.ask("segment", messages, Segmentation, holding, schema=schema)
+    except NoBlockHolds as err:
+        proposed, candidates, refused = err.proposed, [], err.refused
     except (CallFailed, Refused) as err:
         return out.drop("segment", err.reason, err.detail)
-    out.blocks["proposed"] = len(proposal.blocks)
-    if not proposal.blocks:
+    out.blocks["proposed"] = proposed
+    if not proposed:
         return out.drop("segment", "no_block", "the LLM found nothing to run in parallel")
     out.passed.append("segment")
 
-    candidates = []
-    for index, proposed in enumerate(proposal.blocks):
-        try:
-            candidates.append((index, extract(trace, proposed, config.max_threads, config.min_parallel_chars)))
-        except Refused as err:
-            out.drop("extract", err.reason, str(err), index)
+    for index, err in refused:
+        out.drop("extract", err.reason, err.detail, index)
     blocks, overlapping = without_overlaps([b for _, b in candidates])
     index_of = {id(b): i for i, b in candidates}
     for _, block in overlapping:
@@ -140,7 +144,7 @@ async def curate_trace(trace: Trace, llm: LLM, config: CurateConfig, fmt: Format
         kept = []
         for block, result in zip(blocks, results):
             if isinstance(result, (CallFailed, Refused)):
-                out.drop(stage, result.reason, getattr(result, "detail", str(result)), index_of[id(block)])
+                out.drop(stage, result.reason, result.detail, index_of[id(block)])
             elif isinstance(result, BaseException):
                 raise result
             else:
@@ -158,8 +162,10 @@ async def curate_trace(trace: Trace, llm: LLM, config: CurateConfig, fmt: Format
     out.passed.append("verify")
     out.row = {
         "id": trace.id,
-        "messages": [{"role": "user", "content": trace.problem}, {"role": "assistant", "content": text}],
+        **trace.fields,
+        "messages": [*trace.prompt, {"role": "assistant", "content": text}],
         "answer": trace.answer,
+        **tokenizer_field(fmt),
     }
     return out
 
@@ -221,7 +227,16 @@ async def curate_all(
         on_done(outcome)
         return outcome
 
-    return list(await asyncio.gather(*(one(t) for t in traces)))
+    tasks = [asyncio.ensure_future(one(t)) for t in traces]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:  # cancelled (Ctrl-C): the traces still running stop too, before the client closes
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+        for task in tasks:  # retrieved, so that none is logged as never retrieved
+            _ = task.cancelled() or task.exception()
+        raise
 
 
 def report(outcomes: list[Outcome], usage: dict[str, dict], config: CurateConfig) -> dict:

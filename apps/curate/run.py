@@ -8,15 +8,17 @@ so rerunning the same command after a kill pays only for the calls that had not 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
+from collections import Counter
 
 from threadweaver.batch import run_sync
 from threadweaver.format import Format, add_tags
 from threadweaver.jsonl import read_rows, write_json, write_jsonl
 
 from . import prompts
-from .calls import LLM, CallCache
+from .calls import LLM, SERVER_FAILURES, CallCache
 from .config import CurateArgs, CurateConfig, LLMArgs
 from .pipeline import Outcome, curate_all, ingest, report, tally
 
@@ -34,7 +36,11 @@ def target_format(spec: str) -> Format:
 
 
 def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
-    """Curate ``args.traces`` into ``args.out_dir``; the report (also in ``report.json``)."""
+    """Curate ``args.traces`` into ``args.out_dir``; the report (also in ``report.json``).
+
+    Raises :class:`InterruptedError` on Ctrl-C (the replies so far stay in the call cache, so a rerun
+    resumes) and :class:`ConnectionError` after writing the outputs where the server answered no trace.
+    """
     from tqdm import tqdm
 
     fmt = target_format(args.tokenizer)
@@ -46,6 +52,8 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     cache = CallCache(os.path.join(args.out_dir, "calls.sqlite"))
     bar = tqdm(total=len(traces), desc="curate", unit=" traces", disable=not sys.stderr.isatty())
     done: list[Outcome] = list(dropped)
+    running: list[asyncio.Task] = []
+    base_url = llm_args.base_url
 
     def on_done(outcome: Outcome) -> None:
         done.append(outcome)
@@ -53,7 +61,10 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
         bar.set_postfix(tally(done), refresh=False)
 
     async def main() -> tuple[list[Outcome], dict]:
+        nonlocal base_url
+        running.append(asyncio.current_task())
         llm = LLM(llm_args, cache)
+        base_url = llm.base_url
         try:
             return await curate_all(traces, llm, config, fmt, on_done), llm.usage_dict()
         finally:
@@ -61,16 +72,54 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
 
     try:
         outcomes, usage = run_sync(main())
+    except KeyboardInterrupt:
+        _stop(running)
+        finished = len(done) - len(dropped)
+        raise InterruptedError(
+            f"stopped after {finished} of {len(traces)} traces; rerun the same command to resume: "
+            f"the {len(cache)} replies so far are kept in {cache.path} and not asked again"
+        ) from None
     finally:
         bar.close()
         cache.close()
     outcomes = sorted([*dropped, *outcomes], key=lambda o: o.line)
     stats = report(outcomes, usage, config)
-    stats["llm"] = {"base_url": llm_args.base_url, "model": llm_args.model, "temperature": llm_args.temperature}
+    stats["llm"] = {"base_url": base_url, "model": llm_args.model, "temperature": llm_args.temperature}
     write_jsonl(os.path.join(args.out_dir, "train.jsonl"), (o.row for o in outcomes if o.row is not None))
     write_jsonl(os.path.join(args.out_dir, "dropped.jsonl"), (d for o in outcomes for d in o.drops))
     write_json(os.path.join(args.out_dir, "report.json"), stats)
+    _check_server(outcomes, len(traces), base_url, llm_args.model, args.out_dir)
     return stats
+
+
+def _stop(running: list[asyncio.Task]) -> None:
+    """Cancel the run's task where Ctrl-C left it, and let it unwind: its traces stop, the client closes."""
+    if not running:
+        return
+    task = running[0]
+    if task.done():
+        _ = task.cancelled() or task.exception()  # retrieved, so that it is not logged at exit
+        return
+    task.get_loop().call_soon_threadsafe(task.cancel)
+    try:
+        run_sync(asyncio.wait([task]))
+    except KeyboardInterrupt:  # a second Ctrl-C: leave it
+        pass
+
+
+def _check_server(outcomes: list[Outcome], curated: int, base_url: str | None, model: str, out_dir: str) -> None:
+    """:class:`ConnectionError` where every trace that reached the LLM failed at the server."""
+    failed = [o.drops[-1] for o in outcomes if o.drops and o.drops[-1]["stage"] == "segment"]
+    failed = [d for d in failed if d["reason"] in SERVER_FAILURES]
+    if not curated or len(failed) < curated:
+        return
+    reason, count = Counter(d["reason"] for d in failed).most_common(1)[0]
+    example = next(d["detail"] for d in failed if d["reason"] == reason).removeprefix(f"{base_url}: ")
+    raise ConnectionError(
+        f"nothing curated: every one of the {curated} traces failed at the server {base_url} "
+        f"({count} {reason}: {' '.join(example.split())}); is it up, and serving --model {model}? "
+        f"Every trace is listed in {os.path.join(out_dir, 'dropped.jsonl')}"
+    )
 
 
 def estimate(traces, dropped: list[Outcome], fmt: Format, llm_args: LLMArgs, config: CurateConfig) -> dict:

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from threadweaver.orchestrator import MOST_THREADS
 
-MOST_UNITS = 4096
+from .config import MOST_UNITS
+
 MOST_BLOCKS = 16
 MOST_EDITS = 16
 MOST_CHARS = 128
@@ -65,7 +66,11 @@ class Outlines(_Reply):
 
 
 def segmentation_schema(units: int, max_threads: int) -> dict:
-    """:class:`Segmentation`'s schema for one trace: unit numbers up to ``units``, at most ``max_threads`` threads."""
+    """:class:`Segmentation`'s schema for one trace: unit numbers up to ``units``, at most ``max_threads`` threads.
+
+    ``units`` is at most :data:`MOST_UNITS` (``--max-units`` is), the bound :class:`Span` validates."""
+    if not 1 <= units <= MOST_UNITS:
+        raise ValueError(f"a trace of {units} units; the segment schema allows 1..{MOST_UNITS}")
     schema = json_schema(Segmentation)
     threads = schema["properties"]["blocks"]["items"]["properties"]["threads"]
     threads["maxItems"] = max_threads

@@ -3,11 +3,17 @@
 A row gives the problem, the assistant's full response (``<think>`` reasoning ``</think>``
 then the final answer text) and the gold answer, in any of these shapes:
 
-* chat: ``messages`` with a user turn and a last assistant turn, and ``answer``;
+* chat: ``messages`` with a user turn and a last assistant turn, and ``answer``; the turns before
+  the assistant's (a system turn, earlier turns) stay the prompt of the curated row;
 * flat: ``problem`` (or ``prompt``/``question``) and ``response`` (or ``completion``), or
   ``reasoning`` and ``final`` apart, and ``answer`` (or ``gold``);
 * ``threadweaver generate --no-branching`` output: ``text``, ``prompt_ids`` (the problem is the
-  last user turn of the decoded chat prompt) and ``answer``.
+  last user turn of the decoded chat prompt, whose turns are the curated row's prompt) and ``answer``.
+
+The response is ``<think>`` reasoning ``</think>`` answer, or, as DeepSeek-R1 and its distillations
+write it (their chat template opens ``<think>`` in the prompt), reasoning ``</think>`` answer.
+Every other field of the row (``source``, ``difficulty``, ...) is kept in the curated row, but
+those that hold the sequential response in another form (:data:`RESPONSE_FIELDS`).
 
 The reasoning is cut into units: a unit is one line that has text, with the newline that ends it
 and any blank lines after it, so the units tile the reasoning exactly (blank lines before the
@@ -18,11 +24,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from threadweaver.format import THINK, THINK_END
 from threadweaver.jsonl import RowError, row_name
-from threadweaver.rows import chatml_turns
+from threadweaver.rows import TOKENIZER_FIELD, chatml_turns
+
+PROBLEM_FIELDS = ("messages", "problem", "prompt", "question", "prompt_ids")
+RESPONSE_FIELDS = (
+    *("response", "completion", "text", "reasoning", "final", "token_ids", "completion_ids"),
+    # the rest of a ``generate`` row's record of the sequential trajectory (threadweaver.batch.trajectory_row)
+    *("injected", "tree", "requests", "stats", "degradations", "finish_reason", "wall_s", "wall_clock"),
+    "concurrent_threads",
+    TOKENIZER_FIELD,  # the tokenizer the row was written with; not the curated row's
+)
+"""Fields that hold or describe the sequential response: a curated row has its own."""
+ANSWER_FIELDS = ("answer", "gold")
 
 
 @dataclass(frozen=True)
@@ -38,6 +55,10 @@ class Trace:
     """Everything after ``</think>``: the answer text, kept as it is."""
     answer: str
     """The gold answer."""
+    prompt: tuple[dict, ...] = ()
+    """The chat turns before the response (a system turn, the user's), as the row gives them."""
+    fields: dict = field(default_factory=dict)
+    """The row's other fields (not its id, problem, response or answer), kept in the curated row."""
 
     @property
     def reasoning(self) -> str:
@@ -63,19 +84,26 @@ def split_units(reasoning: str) -> tuple[str, tuple[str, ...]]:
 
 def to_trace(row: dict, line: int, decode_prompt: Callable[[list[int]], str] | None = None) -> Trace:
     """One row as a trace; a row it cannot read raises :class:`RowError` naming the field."""
-    problem, response = _problem_and_response(row, line, decode_prompt)
-    answer = _first(row, ("answer", "gold"))
+    prompt, response = _prompt_and_response(row, line, decode_prompt)
+    answer = _first(row, ANSWER_FIELDS)
     if answer is None:
         raise RowError(line, "no gold answer: give an 'answer' (or 'gold') field")
     start, end = response.find(THINK), response.rfind(THINK_END)
-    if start < 0 or end < start:
-        raise RowError(line, f"the response has no {THINK}...{THINK_END} reasoning to rewrite")
-    lead, units = split_units(response[start + len(THINK) : end])
+    if end < 0 or start > end:
+        raise RowError(
+            line,
+            f"the response has no {THINK}...{THINK_END} reasoning (nor reasoning ending in {THINK_END}) to rewrite",
+        )
+    lead, units = split_units(response[0 if start < 0 else start + len(THINK) : end])
     final = response[end + len(THINK_END) :]
-    return Trace(row_name(row, line), line, problem, lead, units, final, str(answer))
+    problem = next(t["content"] for t in reversed(prompt) if t.get("role") == "user")
+    taken = {"id", *PROBLEM_FIELDS, *RESPONSE_FIELDS, *ANSWER_FIELDS}
+    fields = {k: v for k, v in row.items() if k not in taken}
+    return Trace(row_name(row, line), line, problem, lead, units, final, str(answer), prompt, fields)
 
 
-def _problem_and_response(row: dict, line: int, decode_prompt) -> tuple[str, str]:
+def _prompt_and_response(row: dict, line: int, decode_prompt) -> tuple[tuple[dict, ...], str]:
+    """(the turns before the response, ending with the problem's user turn; the response)."""
     messages = row.get("messages")
     if messages is not None:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
@@ -83,24 +111,27 @@ def _problem_and_response(row: dict, line: int, decode_prompt) -> tuple[str, str
         users = [m for m in messages if m.get("role") == "user"]
         if not users or messages[-1].get("role") != "assistant":
             raise RowError(line, "'messages' needs a user turn and, last, the assistant's response")
-        return _text(users[-1].get("content"), line, "messages[user].content"), _text(
-            messages[-1].get("content"), line, "messages[assistant].content"
-        )
+        _text(users[-1].get("content"), line, "messages[user].content")
+        response = _text(messages[-1].get("content"), line, "messages[assistant].content")
+        return tuple(dict(m) for m in messages[:-1]), response
     problem = _first(row, ("problem", "prompt", "question"))
     if problem is None and "prompt_ids" in row and decode_prompt is not None:
-        users = [turn["content"] for turn in chatml_turns(decode_prompt(row["prompt_ids"])) if turn["role"] == "user"]
+        turns = chatml_turns(decode_prompt(row["prompt_ids"]))
+        users = [k for k, turn in enumerate(turns) if turn["role"] == "user"]
         if not users:
             raise RowError(line, "'prompt_ids' decode to no user turn (<|im_start|>user ... <|im_end|>)")
-        problem = users[-1]
-    if problem is None:
+        prompt = tuple(turns[: users[-1] + 1])  # not the assistant turn the prompt opens
+    elif problem is None:
         raise RowError(line, "no problem: give 'messages', 'problem' (or 'prompt'/'question'), or 'prompt_ids'")
+    else:
+        prompt = ({"role": "user", "content": _text(problem, line, "problem")},)
     response = _first(row, ("response", "completion", "text"))
     if response is None and "reasoning" in row:
         reasoning, final = _text(row["reasoning"], line, "reasoning"), _text(row.get("final", ""), line, "final")
         response = f"{THINK}{reasoning}{THINK_END}{final}"
     if response is None:
         raise RowError(line, "no response: give 'response' (or 'completion'/'text'), or 'reasoning' and 'final'")
-    return _text(problem, line, "problem"), _text(response, line, "response")
+    return prompt, _text(response, line, "response")
 
 
 def _first(row: dict, names: tuple[str, ...]):
