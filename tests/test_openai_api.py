@@ -256,6 +256,29 @@ def test_values_out_of_range_are_a_400_naming_the_field(fmt, body, message):
     assert caught.value.status == 400
 
 
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        # vLLM refused these only once the trajectory's first request reached it: a 500, or a stream that
+        # began with 200 and ended in a 500 event, where vLLM's own route answers a 400 (bench/serve_load.py)
+        ({"temperature": 9}, "'temperature' must be between 0 and 2, not 9.0"),
+        ({"temperature": -1}, "'temperature' must be between 0 and 2, not -1.0"),
+        ({"top_p": 5}, "'top_p' must be more than 0 and at most 1, not 5.0"),
+        ({"top_p": 0}, "'top_p' must be more than 0 and at most 1, not 0.0"),
+        ({"top_k": -5}, "'top_k' must be -1 or 0 (every token) or at least 1, not -5"),
+        ({"top_k": 1.5}, "'top_k' must be a number, not 1.5"),
+        # an integer past float's range was vLLM's bare "int too large to convert to float"
+        ({"threadweaver": {"timeout_s": 10**400}}, "threadweaver.timeout_s: the number is too large"),
+        ({"temperature": 10**400}, "'temperature': the number is too large"),
+        ({"threadweaver": {"max_threads": 10**400}}, "threadweaver.max_threads: 1000"),
+    ],
+)
+def test_sampling_out_of_range_and_numbers_too_large_are_a_400_naming_the_field(fmt, body, message):
+    with pytest.raises(APIError, match=re.escape(message)) as caught:
+        request_with(fmt, ServerSettings(), **body)
+    assert caught.value.status == 400
+
+
 def test_a_one_token_prompt_is_a_prompt(fmt):
     assert request_with(fmt, ServerSettings(), prompt=[5]).prompt_ids == [5]
     assert request_with(fmt, ServerSettings(), prompt=[[5, 6]]).prompt_ids == [5, 6]

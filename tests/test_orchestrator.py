@@ -151,6 +151,20 @@ def test_token_budget_ends_the_trajectory(fmt):
     assert t.stats.total_tokens <= len(fmt.encode("think " + HEAD)) + 3
 
 
+@pytest.mark.parametrize("concurrent", [True, False])
+def test_threads_share_the_token_budget_so_no_trajectory_overruns_it(fmt, concurrent):
+    """Each thread starts while the others decode: with the whole remainder each, four threads of a
+    long block overran max_tokens up to fourfold (bench/serve_load.py, 2.87x)."""
+    head = "<Parallel><Outlines>" + "".join(f"<Outline>{i}:x</Outline>" for i in range(1, 5)) + "</Outlines>"
+    script = {"Q?": head, **{f"<Thread>{i}:": "y" * 50 + "</Thread>" for i in range(1, 5)}, "</Parallel>": "z<EOS>"}
+    budget = len(fmt.encode(head)) + 40
+    t, _ = decode(fmt, script, Limits(max_tokens=budget, concurrent_threads=concurrent))
+    assert sum(r.completion_tokens for r in t.requests) <= budget
+    shares = [r.completion_tokens for r in t.requests if r.thread_path]
+    assert shares == [10, 10, 10, 10]  # what was left after the head, split four ways
+    assert t.degradation_kinds == {"closed_by_limit"} and t.finish_reason == "length"
+
+
 def test_deadline_closes_everything(fmt):
     t, _ = decode(fmt, GOOD, Limits(timeout_s=0.05), delay=0.03)
     assert t.finish_reason == "timeout"

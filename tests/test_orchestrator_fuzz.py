@@ -102,6 +102,7 @@ def test_random_output_never_breaks_the_orchestrator():
         assert s.critical_path_tokens == (max(lengths) if limits.concurrent_threads else s.total_tokens), where
         assert all(d.kind in DEGRADATION_KINDS and 0 <= d.position <= len(t.token_ids) for d in t.degradations), where
         assert t.well_formed == (not t.degradations)
+        assert sum(r.completion_tokens for r in t.requests) <= limits.max_tokens, where  # a hard cap
 
 
 class StreamingRandomEngine(RandomEngine):

@@ -16,7 +16,8 @@ such event is listed in the trajectory's ``faults``. Token latency counts the to
 as the requests generated them (:func:`threadweaver.stats.latency_stats` over the decoded
 tree, with the threads the orchestrator closed): a sequence's own generated tokens plus,
 per block, its longest thread (all of them, when ``concurrent_threads`` is off and they
-run one after another).
+run one after another). ``max_tokens`` bounds every token generated: a block's threads
+each get an equal share of what is left, so threads running at once cannot overrun it.
 """
 
 from __future__ import annotations
@@ -68,7 +69,11 @@ class Limits:
     )
     max_threads: int = option(MOST_THREADS, "Most threads in one block; more decode sequentially.")
     max_depth: int = option(DEFAULT_MAX_DEPTH, "Deepest nesting of blocks; deeper ones decode sequentially.")
-    max_tokens: int = option(8192, "Most generated tokens in one trajectory.")
+    max_tokens: int = option(
+        8192,
+        "Most generated tokens in one trajectory, every request counted: a block's threads share what is "
+        "left of it equally.",
+    )
     max_request_tokens: int = option(4096, "Most generated tokens in one request.")
     timeout_s: float | None = option(None, "Wall-clock limit per trajectory.")
     warm_join: bool = option(
@@ -206,6 +211,22 @@ class _Stop(Exception):
 
 
 @dataclass
+class _Budget:
+    """The tokens a sequence may still generate; a block's threads each get an equal share of it."""
+
+    left: int
+    granted: int = 0
+
+    def split(self, ways: int) -> list[_Budget]:
+        size, extra = divmod(max(self.left, 0), ways)
+        return [_Budget(size + (i < extra), size + (i < extra)) for i in range(ways)]
+
+    def spend(self, shares: list[_Budget]) -> None:
+        """What the threads of ``shares`` generated comes off this budget."""
+        self.left -= sum(share.granted - share.left for share in shares)
+
+
+@dataclass
 class _Decoded:
     nodes: list[Node]
     ended: str
@@ -245,7 +266,7 @@ class Orchestrator:
         run = _Run(self, tuple(prompt_ids), sampling or self.sampling, streaming=on_tokens is not None)
         stream = OrderedStream(on_tokens)
         try:
-            main = await run.sequence(run.prompt, (), 0, stream.root)
+            main = await run.sequence(run.prompt, (), 0, stream.root, _Budget(self.limits.max_tokens))
         finally:
             await run.drop_warmups()
         stream.root.close()
@@ -277,7 +298,7 @@ class Orchestrator:
 
 
 class _Run:
-    """The state of one trajectory: shared token budget, deadline, records."""
+    """The state of one trajectory: deadline, records, request counts."""
 
     def __init__(self, orchestrator: Orchestrator, prompt: tuple[int, ...], sampling: Sampling, streaming: bool):
         self.o = orchestrator
@@ -289,7 +310,6 @@ class _Run:
         self.start = time.monotonic()
         limits = orchestrator.limits
         self.deadline = None if limits.timeout_s is None else self.start + limits.timeout_s
-        self.budget = limits.max_tokens
         self.records: list[RequestRecord] = []
         self.calls: list[EngineCall] = []
         self.degradations: list[Degradation] = []
@@ -306,13 +326,19 @@ class _Run:
         self.degradations.append(Degradation(kind, path, offset, detail, block))
 
     async def request(
-        self, context: tuple[int, ...], stop: frozenset[int], path, at: int, live: Callable | None = None
+        self,
+        context: tuple[int, ...],
+        stop: frozenset[int],
+        path,
+        at: int,
+        budget: _Budget,
+        live: Callable | None = None,
     ) -> Completion:
-        """One request of sequence ``path``, whose body so far is ``at`` tokens long.
+        """One request of sequence ``path``, whose body so far is ``at`` tokens long, within ``budget``.
 
         ``live``: where a streamed trajectory's engine streams too, it gets the new ids as they come."""
         limits = self.o.limits
-        max_tokens = min(limits.max_request_tokens, self.budget)
+        max_tokens = min(limits.max_request_tokens, budget.left)
         if max_tokens <= 0:
             raise _Stop("length")
         if self.requests_sent >= limits.max_requests:
@@ -337,7 +363,7 @@ class _Run:
                 except Exception as err:
                     self.engine_failed(err, path, at)
         tokens = tuple(completion.token_ids[:max_tokens])
-        self.budget -= len(tokens)
+        budget.left -= len(tokens)
         waited = completion.first_token_s
         self.records.append(
             RequestRecord(
@@ -404,9 +430,9 @@ class _Run:
             names = ", ".join(self.o.fmt.tag_name(t) for t in stray)
             self.degrade("stray_tag", path, at + text.index(stray[0]), f"stray {names} outside a block; kept as text")
 
-    async def sequence(self, context: tuple[int, ...], path, depth: int, part: Part) -> _Decoded:
+    async def sequence(self, context: tuple[int, ...], path, depth: int, part: Part, budget: _Budget) -> _Decoded:
         """Decode one sequence from ``context``: the main one (to EOS) or a thread (to ``</Thread>``),
-        writing its final tokens to ``part``."""
+        writing its final tokens to ``part``, generating at most ``budget`` tokens (its blocks' included)."""
         tags, limits, fmt = self.tags, self.o.limits, self.o.fmt
         in_thread = bool(path)
         branching = limits.branching
@@ -428,7 +454,7 @@ class _Run:
                 stop.add(tags.thread_end)
             live = _Live(part, stop) if self.streams_live else None
             try:
-                completion = await self.request(context + tuple(out), frozenset(stop), path, len(out), live)
+                completion = await self.request(context + tuple(out), frozenset(stop), path, len(out), budget, live)
             except _Stop as halt:
                 ended, limit = halt.reason, halt.limit
                 break
@@ -440,7 +466,7 @@ class _Run:
             if branching and last == tags.outlines_end:
                 part.add(text[emitted:])  # the head, and the text before it: final whether or not it forks
                 emitted = len(text)
-                block = await self.fork(context + tuple(out), text, text_start, path, depth, blocks, part)
+                block = await self.fork(context + tuple(out), text, text_start, path, depth, blocks, part, budget)
                 if block is None:
                     branching = False  # the rest of this sequence decodes as plain text
                     continue
@@ -484,8 +510,13 @@ class _Run:
                 self.degrade("closed_by_limit", path, len(out), detail)
         return _Decoded(nodes, ended)
 
-    async def fork(self, context, text: list[int], at: int, path, depth: int, block_index: int, part: Part):
-        """Run the block whose head ends ``text`` (at offset ``at``); None, degraded, if it must stay sequential."""
+    async def fork(
+        self, context, text: list[int], at: int, path, depth: int, block_index: int, part: Part, budget: _Budget
+    ):
+        """Run the block whose head ends ``text`` (at offset ``at``); None, degraded, if it must stay sequential.
+
+        Its threads share what is left of ``budget`` equally, whether they run at once or one after
+        another: the same tokens either way, and never more than the budget in all."""
         tags, limits = self.tags, self.o.limits
         starts = [i for i, t in enumerate(text) if t == tags.parallel]
         if not starts:
@@ -513,6 +544,7 @@ class _Run:
             return None
 
         threads = [(o, part.child()) for o in outlines]
+        shares = budget.split(len(outlines))
         finished: list[Thread | None] = [None] * len(outlines)
         warmed = 1  # thread 1's text is in the cache already: its own request computed it
 
@@ -530,7 +562,7 @@ class _Run:
             opening = thread_opening(tags, seed)
             thread_part.add(opening)
             path_ = (*path, (block_index, outline.number))
-            decoded = await self.sequence(context + opening, path_, depth + 1, thread_part)
+            decoded = await self.sequence(context + opening, path_, depth + 1, thread_part, shares[i])
             thread_part.add(thread_close(tags))
             thread_part.close()
             if limits.warm_join and limits.concurrent_threads:
@@ -542,6 +574,7 @@ class _Run:
             decoded = await asyncio.gather(*(thread(i, o, p) for i, (o, p) in enumerate(threads)))
         else:
             decoded = [await thread(i, o, p) for i, (o, p) in enumerate(threads)]
+        budget.spend(shares)
         part.add(block_join(tags))
         threads = tuple(Thread(o.number, self.o.fmt.seed(o.number), tuple(d.nodes)) for o, d in zip(outlines, decoded))
         return Block(head, outlines, threads), head_start

@@ -65,9 +65,13 @@ def _typed(name: str, value, hint):
         return None
     hint = value_type(hint)
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not (isinstance(value, bool) if hint is bool else number and (hint is float or float(value).is_integer())):
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if not (isinstance(value, bool) if hint is bool else number and (hint is float or whole)):
         raise APIError(f"{name} must be {'true or false' if hint is bool else 'a number'}, not {value!r}")
-    return hint(value)
+    try:
+        return hint(value)
+    except OverflowError:  # an integer past a float's range (JSON has no limit)
+        raise APIError(f"{name}: the number is too large") from None
 
 
 def _limit_values(values: dict, where: str) -> dict:
@@ -224,9 +228,17 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
     sampling = Sampling(
         temperature=_number(body, "temperature", Sampling.temperature),
         top_p=_number(body, "top_p", Sampling.top_p),
-        top_k=int(_number(body, "top_k", Sampling.top_k)),
-        seed=None if body.get("seed") is None else int(_number(body, "seed", 0)),
+        top_k=_number(body, "top_k", Sampling.top_k, int),
+        seed=_number(body, "seed", None, int),
     )
+    # vLLM's ranges (the temperature's is OpenAI's too), checked before a stream starts: vLLM itself
+    # would refuse them only at the trajectory's first request, after a stream's 200
+    if not 0 <= sampling.temperature <= 2:
+        raise APIError(f"'temperature' must be between 0 and 2, not {sampling.temperature!r}")
+    if not 0 < sampling.top_p <= 1:
+        raise APIError(f"'top_p' must be more than 0 and at most 1, not {sampling.top_p!r}")
+    if sampling.top_k < -1:
+        raise APIError(f"'top_k' must be -1 or 0 (every token) or at least 1, not {sampling.top_k!r}")
     stop = body.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else stop
     if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
@@ -251,9 +263,9 @@ def _prompt_ids(prompt, tokenizer) -> list[int]:
     return list(prompt)
 
 
-def _number(body: dict, name: str, default: float) -> float:
+def _number(body: dict, name: str, default, hint: type = float):
     value = body.get(name)
-    return default if value is None else _typed(f"'{name}'", value, float)
+    return default if value is None else _typed(f"'{name}'", value, hint)
 
 
 async def decode(request: ForkJoinRequest, engine, fmt: Format, on_tokens=None) -> Trajectory:
