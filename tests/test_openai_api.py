@@ -65,7 +65,7 @@ def test_a_fork_join_completion_is_the_orchestrators_trajectory_in_an_openai_rep
 
 
 def test_which_requests_are_fork_join():
-    on_request, default = ServerSettings(), ServerSettings(fork_join_default=True)
+    on_request, default = ServerSettings(), ServerSettings(branching_default=True)
     assert not on_request.wants_fork_join({}) and default.wants_fork_join({})
     assert on_request.wants_fork_join({"threadweaver": True}) and on_request.wants_fork_join({"threadweaver": {}})
     assert not default.wants_fork_join({"threadweaver": False})

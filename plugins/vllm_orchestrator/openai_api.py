@@ -4,7 +4,7 @@ A request asks for fork-join decoding with the field ``"threadweaver"``: ``true`
 object of :class:`~threadweaver.orchestrator.Limits` fields for this request (with the
 ``openai`` SDK: ``extra_body={"threadweaver": {"max_threads": 4}}``); ``false`` asks for a
 plain reply. Without the field a request is plain, unless the server makes fork-join its
-default (``THREADWEAVER_FORK_JOIN=default``). The operator's limits are ceilings: a request
+default (``THREADWEAVER_BRANCHING=default``). The operator's limits are ceilings: a request
 may ask for less (a smaller number, a switch turned off), never more; a field above its
 ceiling is a 400 naming the field and the ceiling. Beyond the operator's most trajectories
 at once (``THREADWEAVER_MAX_TRAJECTORIES``) a fork-join request gets a 429. The reply is an ordinary OpenAI reply whose
@@ -26,7 +26,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, fields, replace
 
-from threadweaver.cli_args import value_type
+from threadweaver.cli_args import option, value_type
 from threadweaver.engine import EngineError, RequestRefused
 from threadweaver.format import Format
 from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, trajectory_text
@@ -36,13 +36,29 @@ from threadweaver.wall_clock import wall_clock
 from .streamed_text import StreamedText
 
 FIELD = "threadweaver"
-DEFAULT_ENV = "THREADWEAVER_FORK_JOIN"
-"""``default``: requests without the field are decoded fork-join too."""
+DEFAULT_ENV = "THREADWEAVER_BRANCHING"
+"""``default``: requests without the field are decoded fork-join too (:attr:`ServerSettings.branching_default`)."""
 LIMITS_ENV = "THREADWEAVER_LIMITS"
 """A JSON object of :class:`Limits` fields: the server's limits, each a ceiling for a request's own."""
 MAX_TRAJECTORIES_ENV = "THREADWEAVER_MAX_TRAJECTORIES"
 """The most fork-join trajectories the server decodes at once (unset: no limit)."""
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+
+
+def branching_default_option():
+    """The operator's ``--branching-default`` flag, for ``threadweaver serve`` and ``threadweaver proxy``."""
+    return option(
+        False,
+        "Decode every chat and completion request fork-join unless it sends threadweaver=false "
+        "(default: only requests that send the threadweaver field).",
+    )
+
+
+def max_trajectories_option():
+    """The operator's ``--max-trajectories`` flag, for ``threadweaver serve`` and ``threadweaver proxy``."""
+    return option(
+        None, "Most fork-join trajectories decoded at once; beyond, a request gets a 429 (default: no limit)."
+    )
 
 
 class APIError(Exception):
@@ -133,7 +149,8 @@ class Admission:
 class ServerSettings:
     """What the server decides for every request."""
 
-    fork_join_default: bool = False
+    branching_default: bool = False
+    """``Limits.branching`` of a request that does not send the field: fork-join, or vLLM's own reply."""
     limits: Limits = Limits()
     """The ceilings of every request's limits."""
     max_trajectories: int | None = None
@@ -168,7 +185,7 @@ class ServerSettings:
         changed = {k: v for k, v in changed.items() if v != getattr(Limits(), k)}
         most = "" if self.max_trajectories is None else str(self.max_trajectories)
         return {
-            DEFAULT_ENV: "default" if self.fork_join_default else "on-request",
+            DEFAULT_ENV: "default" if self.branching_default else "on-request",
             LIMITS_ENV: json.dumps(changed),
             MAX_TRAJECTORIES_ENV: most,
         }
@@ -176,7 +193,7 @@ class ServerSettings:
     def wants_fork_join(self, body: dict) -> bool:
         value = body.get(FIELD)
         if value is None:
-            return self.fork_join_default
+            return self.branching_default
         if isinstance(value, bool):
             return value
         if isinstance(value, dict):

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from threadweaver.cli_args import option
 from threadweaver.orchestrator import Limits
 
-from .openai_api import ROUTES, Admission, APIError, ServerSettings, answer
+from .openai_api import (
+    ROUTES,
+    Admission,
+    APIError,
+    ServerSettings,
+    answer,
+    branching_default_option,
+    max_trajectories_option,
+)
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"}
 
@@ -30,15 +38,9 @@ class ProxyArgs:
     )
     host: str = option("127.0.0.1", "Address to listen on.")
     port: int = option(8001, "Port to listen on.")
-    fork_join_default: bool = option(
-        False,
-        "Decode every chat and completion request fork-join unless it sends threadweaver=false "
-        "(default: only requests that send the threadweaver field).",
-    )
+    branching_default: bool = branching_default_option()
     api_key: str | None = option(None, "Bearer token for the backend.")
-    max_trajectories: int | None = option(
-        None, "Most fork-join trajectories decoded at once; beyond, a request gets a 429 (default: no limit)."
-    )
+    max_trajectories: int | None = max_trajectories_option()
 
 
 def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
@@ -48,7 +50,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
 
     from .engines import EngineArgs, make_engine, model_context, tokenizer_source
 
-    state: dict = {"settings": ServerSettings(args.fork_join_default, limits, args.max_trajectories)}
+    state: dict = {"settings": ServerSettings(args.branching_default, limits, args.max_trajectories)}
     admission = Admission(args.max_trajectories)
     backend = args.backend.rstrip("/")
 

@@ -31,7 +31,7 @@ from threadweaver.cli_args import option
 from threadweaver.hosts import check_host
 from threadweaver.orchestrator import Limits
 
-from .openai_api import ServerSettings
+from .openai_api import ServerSettings, branching_default_option, max_trajectories_option
 
 
 @dataclass(frozen=True)
@@ -55,14 +55,8 @@ class ServeArgs:
         None, "KV cache block size, the prefix cache's granularity (default: 32 on CPU, vLLM's own on GPU)."
     )
     startup_timeout_s: float = option(600.0, "Give up if the server is not up by then.")
-    fork_join_default: bool = option(
-        False,
-        "Decode every chat and completion request fork-join unless it sends threadweaver=false "
-        "(default: only requests that send the threadweaver field).",
-    )
-    max_trajectories: int | None = option(
-        None, "Most fork-join trajectories decoded at once; beyond, a request gets a 429 (default: no limit)."
-    )
+    branching_default: bool = branching_default_option()
+    max_trajectories: int | None = max_trajectories_option()
 
 
 SERVER_KEEPALIVE_S = 60
@@ -174,7 +168,7 @@ class VLLMServer:
         self.stopping = False
         env = dict(os.environ)
         env["VLLM_PLUGINS"] = plugin_allowlist(env)
-        env.update(ServerSettings(self.args.fork_join_default, self.limits, self.args.max_trajectories).env())
+        env.update(ServerSettings(self.args.branching_default, self.limits, self.args.max_trajectories).env())
         if not on_gpu(self.args.device):
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.args.cpu_kv_cache_gib))
         # idle connections outlive the client's KEEPALIVE_S by far, so the client closes them first even
