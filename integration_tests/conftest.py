@@ -12,6 +12,14 @@ from vllm_server import have_vllm
 collect_ignore = [] if any(d.metadata["Name"] == "verl" for d in distributions()) else ["verl_venv"]
 
 
+def pytest_configure(config):
+    """SIGTERM and SIGHUP (a cancelled CI job, ``timeout``) stop the run as Ctrl-C does: every fixture's
+    teardown runs, so no server a fixture started outlives the run (test_stopped_commands.py)."""
+    from threadweaver.vllm_orchestrator.serve import stop_on_exit
+
+    stop_on_exit()
+
+
 @pytest.fixture(scope="session")
 def trained():
     """(root with ``data/``, the trained model directory)."""

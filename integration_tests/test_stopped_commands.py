@@ -19,8 +19,6 @@ from pathlib import Path
 import pytest
 from vllm_server import have_vllm
 
-pytestmark = pytest.mark.slow
-
 CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 
 
@@ -49,6 +47,7 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
 def test_a_quickstart_stopped_mid_run_leaves_no_server_running(tmp_path, signum):
     if not have_vllm():
@@ -69,3 +68,37 @@ def test_a_quickstart_stopped_mid_run_leaves_no_server_running(tmp_path, signum)
     while any(group_alive(pid) for pid in servers) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not [pid for pid in servers if group_alive(pid)], "servers left running"
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_test_run_stopped_mid_test_tears_its_fixtures_down(tmp_path, signum):
+    """A cancelled CI job sends pytest SIGTERM: the servers its fixtures started must stop with it."""
+    here = Path(__file__).parent
+    pid_file = tmp_path / "server.pid"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "python_files=stop_probe.py"]
+    env = {**os.environ, "STOP_PROBE_PID": str(pid_file)}
+    run = subprocess.Popen(
+        [*command, str(here / "stop_probe.py")],
+        cwd=here.parent,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() or not pid_file.read_text():
+        assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()[-3000:]
+        time.sleep(0.2)
+    server = int(pid_file.read_text())
+    assert alive(server)
+    run.send_signal(signum)
+    output = run.communicate(timeout=60)[0]
+    assert not alive(server), output[-3000:]

@@ -130,11 +130,12 @@ def _interrupt_on_signal(signum, _frame) -> None:
 
 
 @functools.cache
-def _stop_on_exit() -> None:
+def stop_on_exit() -> None:
     """Once per process: stop every server still running at exit, and let SIGTERM and SIGHUP (a
     job scheduler, ``timeout``, a closed terminal) unwind the program as Ctrl-C does, where
     nothing else handles them, so each ``with VLLMServer(...)`` stops its server. A server
-    runs in a process group of its own, so without this it would outlive a killed command."""
+    runs in a process group of its own, so without this it would outlive a killed command. The
+    integration tests call it for the whole run: a killed ``pytest`` then tears down its fixtures."""
     atexit.register(_stop_running)
     if threading.current_thread() is not threading.main_thread():
         return
@@ -161,7 +162,7 @@ class VLLMServer:
         self.process: subprocess.Popen | None = None
         self.stopping = False
         """Set by :meth:`stop`: a start still under way (in another thread) stops at once."""
-        _stop_on_exit()
+        stop_on_exit()
 
     def start(self) -> VLLMServer:
         check_host("vllm")
