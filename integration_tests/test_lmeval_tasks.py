@@ -50,7 +50,7 @@ def test_task_manager_and_model_registry_find_threadweaver():
     from threadweaver.lmeval_tasks.model import ThreadWeaverLM
 
     tasks = set(TaskManager(include_defaults=False).all_tasks)
-    assert {*BENCHMARKS, "tw_synth", "tw_math"} <= tasks
+    assert {*BENCHMARKS, "tw_synth", "tw_shopping", "tw_math"} <= tasks
     assert get_model("threadweaver") is ThreadWeaverLM
     assert get_model("local-completions").__name__ == "LocalCompletionsAPI"  # lm-eval's own models are kept
 
@@ -276,5 +276,5 @@ def test_a_wheel_install_carries_the_start_up_hook(tmp_path):
         subprocess.run([python, "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path).stdout
     )
     assert where.startswith(str(site))
-    assert tasks == sorted([*BENCHMARKS, "tw_math", "tw_synth"])
+    assert tasks == sorted([*BENCHMARKS, "tw_math", "tw_shopping", "tw_synth"])
     assert module == "threadweaver.lmeval_tasks.model"
