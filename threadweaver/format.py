@@ -269,11 +269,10 @@ def add_tags(tokenizer: Any, model: Any = None, init: str = "spelling") -> list[
 
     if init not in TAG_INITS:
         raise ValueError(f"init must be one of {', '.join(TAG_INITS)}, not {init!r}")
-    missing = list(split_tags(tokenizer))
-    spellings = {t: list(tokenizer.encode(t, add_special_tokens=False)) for t in missing}
+    spellings = split_tags(tokenizer)
     old_size = len(tokenizer)
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in missing])
-    added = {t: tokenizer.convert_tokens_to_ids(t) for t in missing}
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in spellings])
+    added = {t: tokenizer.convert_tokens_to_ids(t) for t in spellings}
     if model is not None:
         rows = {tag_id: spellings[t] for t, tag_id in added.items() if tag_id >= old_size}
         _init_new_rows(model, len(tokenizer), old_size, rows, init)
