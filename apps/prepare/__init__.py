@@ -213,7 +213,6 @@ def _add_tags(tokenizer, model, init: str) -> tuple[list[int], str]:
 
     before_tokens = len(tokenizer)
     before_rows = model.get_input_embeddings().weight.shape[0]
-    missing = list(split_tags(tokenizer))
     new_ids = add_tags(tokenizer, model, init=init)
     if not new_ids:
         return new_ids, f"tags: all {len(TAGS)} are single tokens already; nothing added"
@@ -224,7 +223,7 @@ def _add_tags(tokenizer, model, init: str) -> tuple[list[int], str]:
     grown = f"embeddings {before_rows} -> {rows} rows" if rows != before_rows else f"embeddings keep {rows} rows"
     fresh = [i for i in new_ids if i >= before_tokens]
     return new_ids, (
-        f"tags: added {', '.join(missing)} as single tokens (ids {_ids(new_ids)}); "
+        f"tags: added {', '.join(tokenizer.convert_ids_to_tokens(new_ids))} as single tokens (ids {_ids(new_ids)}); "
         f"{grown} ({'tied' if tied else 'and the untied output layer'}); "
         f"{len(fresh)} new rows set to the {init} init"
         + (" (the mean row of each tag's spelling)" if init == "spelling" else " (the mean row of every token)")
