@@ -34,8 +34,10 @@ def row_reader(spec: str | None, files: list[str], command: str):
             sys.exit(
                 f"threadweaver {command}: the files were written with different tokenizers ({sides}): pass --tokenizer"
             )
-        spec = named.pop() if named else "synth"
-        if spec == "synth" and not any(recorded.values()):
+        if named:
+            spec = named.pop()
+        else:
+            spec = "synth"
             hint = (
                 f" ({', '.join(files)} records no '{TOKENIZER_FIELD}' and was read with 'synth', the embedded "
                 "models' tokenizer: pass --tokenizer qwen, a tokenizer directory or hub id)"
