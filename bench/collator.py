@@ -27,9 +27,9 @@ import time
 DIGITS = "0123456789"
 
 
-def trajectory_text(target: int, seed: int = 0) -> str:
+def trajectory_text(target: int, seed: int = 0, width: int = 100) -> str:
     """A trajectory of about ``target`` tokens (synth tokenizer: one per character):
-    top-level blocks of four threads, the first of which nests a two-thread block."""
+    top-level blocks of four threads of ``width`` tokens, the first of which nests a two-thread block."""
     rng = random.Random(seed)
 
     def body(n: int) -> str:
@@ -43,9 +43,8 @@ def trajectory_text(target: int, seed: int = 0) -> str:
             + "</Parallel>"
         )
 
-    width = 100
     parts, size = ["<think>\n"], 8
-    while size < target - 8 * width:
+    while size < target - 8 * width or size == 8:  # one block at least, however long its threads
         nested = block([body(width // 2), body(width // 2)])
         parts.append(block([body(width // 2) + nested, body(width), body(width), body(width)]) + body(20))
         size += 5 * width + 150
@@ -53,8 +52,8 @@ def trajectory_text(target: int, seed: int = 0) -> str:
     return "".join(parts)
 
 
-def row(length: int) -> dict:
-    """A row (token ids) whose flattened trie has about ``length`` tokens."""
+def row(length: int, width: int = 100) -> dict:
+    """A row (token ids) whose flattened trie has about ``length`` tokens, threads of ``width``."""
     from threadweaver.format import Format
     from threadweaver.kit.tokenizers import synth_tokenizer
     from threadweaver.tree import parse
@@ -64,10 +63,10 @@ def row(length: int) -> dict:
     prompt = fmt.encode("A=1+2\nA=?")
     target = int(length * 0.6)
     for _ in range(3):  # aim, measure, re-aim
-        completion = fmt.encode(trajectory_text(target))
+        completion = fmt.encode(trajectory_text(target, width=width))
         trie = len(trajectory_trie(prompt, parse(completion, fmt).nodes, fmt, train_injected=True))
         target = int(target * length / trie)
-    completion = fmt.encode(trajectory_text(target))
+    completion = fmt.encode(trajectory_text(target, width=width))
     return {"prompt_ids": prompt, "completion_ids": completion}
 
 

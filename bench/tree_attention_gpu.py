@@ -1,6 +1,7 @@
 """Tree attention on a GPU: a Qwen3-0.6B-shaped model on trie rows, causal against the trie.
 
     python bench/tree_attention_gpu.py [--sizes 4096 16384 32768 65536] [--out runs/tree_attention_gpu.json]
+    python bench/tree_attention_gpu.py --thread-tokens 1000   # threads of 1,000 tokens (default 100)
     python bench/tree_attention_gpu.py --smoke     # CPU: tiny shape, in a minute
 
 One run prints, side by side, for trie rows of bench/collator.py's trajectory (synth token
@@ -9,18 +10,21 @@ ids; the model is built from Qwen3-0.6B's config with random weights, bf16, no d
 * full model, forward+backward (median of 3 after 2 warm-ups) and peak memory, through the
   project's own hook (``use_tree_attention``), on the same tokens:
   - ``causal``: plain causal ``sdpa`` (flash), the speed to beat;
+  - ``threadweaver_varlen``: the trie as two calls of flash's varlen kernel, merged by their
+    log-sum-exps (plugins/hf_collator/segments.py);
   - ``threadweaver_flex``: the causal head on flash, the branches on FlexAttention;
   - ``whole-tree flex``: every query through one FlexAttention ``BlockMask`` (how
     ``threadweaver_flex`` ran before the split);
   - ``threadweaver_sdpa``: the dense-mask oracle (up to ``--dense-max`` tokens);
   where the predicted peak would not fit, gradient checkpointing and a chunked cross-entropy
   (the logits are most of the memory: 151,936 x N floats), said in the table;
-* agreement of ``threadweaver_flex`` with the dense oracle (loss and gradient cosine), and of
-  the chunked cross-entropy with the model's own loss;
+* agreement of ``threadweaver_varlen`` and ``threadweaver_flex`` with the dense oracle (loss and
+  gradient cosine), and of the chunked cross-entropy with the model's own loss;
 * the attention kernel alone (q 16 heads, k/v 8, head dim 128, bf16, forward+backward, laid
   out in memory as the model lays them out: tokens before heads):
-  flash causal, flex with a causal and with the trie ``BlockMask``, the split, the mask
-  build time, and the error against float32 attention under the dense mask; then
+  flash causal, flex with a causal and with the trie ``BlockMask``, the split, the trie on
+  flash's varlen kernel, the mask and plan build times, and the error against float32
+  attention under the dense mask; then
   FlexAttention ``kernel_options`` tried on the split at the sweep size, and the full
   model again with the fastest of them where it beats the default by 3%.
 
@@ -83,13 +87,18 @@ KERNEL_OPTIONS = {
 }
 """FlexAttention kernel options tried on the split's branch part (torch's defaults for Hopper first)."""
 WHOLE_TREE_FLEX = "bench_whole_tree_flex"
+ERROR_MAX_TOKENS = 16384
+"""The kernels' error is measured against float32 attention under the dense mask, [heads, N, N]: up to here."""
+BACKENDS = {"threadweaver_varlen": "varlen", "threadweaver_flex": "flex_attention", "threadweaver_sdpa": "sdpa"}
+ARMS = ("causal", "threadweaver_varlen", "threadweaver_flex", "whole-tree flex", "threadweaver_sdpa")
 
 
 class Bench:
     """The run's clock, budget and results file."""
 
-    def __init__(self, budget_s: float, out: Path | None, smoke: bool):
+    def __init__(self, budget_s: float, out: Path | None, smoke: bool, thread_tokens: int):
         self.start, self.budget_s, self.out = time.perf_counter(), budget_s, out
+        self.thread_tokens = thread_tokens
         self.results: dict = {}
         self.model_timing = (1, 1) if smoke else (2, 3)
         """Full model: (warm-ups, timed runs); the median is reported."""
@@ -118,15 +127,15 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def trie_batch(size: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """One trie row of about ``size`` tokens from bench/collator.py's trajectory, on ``device``."""
+def trie_batch(size: int, device: torch.device, width: int) -> dict[str, torch.Tensor]:
+    """One trie row of about ``size`` tokens of bench/collator.py's trajectory, threads of ``width``, on ``device``."""
     sys.path.insert(0, str(Path(__file__).parent))
     from collator import row
 
     from threadweaver.hf_collator import TrieCollator
     from threadweaver.kit.tokenizers import synth_tokenizer
 
-    return {k: v.to(device) for k, v in TrieCollator(synth_tokenizer())([row(size)]).items()}
+    return {k: v.to(device) for k, v in TrieCollator(synth_tokenizer())([row(size, width)]).items()}
 
 
 def pair_shares(subtree_end: torch.Tensor) -> dict[str, float]:
@@ -182,7 +191,7 @@ def set_arm(model, arm: str) -> None:
     elif arm == "whole-tree flex":
         model.set_attn_implementation(WHOLE_TREE_FLEX)
     else:
-        use_tree_attention(model, {"threadweaver_flex": "flex_attention", "threadweaver_sdpa": "sdpa"}[arm])
+        use_tree_attention(model, BACKENDS[arm])
 
 
 def arm_inputs(batch: dict, arm: str) -> dict:
@@ -276,11 +285,11 @@ def time_arm(model, batch, arm, device, warmups, repeats, memory_saving, kernel_
 
 
 def agreement(model, batch, device) -> dict:
-    """``threadweaver_flex`` against the dense oracle (loss difference, gradient cosine), and the
-    chunked loss against the model's own."""
-    backward = device.type == "cuda"
+    """``threadweaver_varlen`` and ``threadweaver_flex`` against the dense oracle (loss difference,
+    gradient cosine; flex forward only on CPU), and the chunked loss against the model's own."""
     losses, grads = {}, {}
-    for arm in ("threadweaver_sdpa", "threadweaver_flex"):
+    for arm in ("threadweaver_sdpa", "threadweaver_varlen", "threadweaver_flex"):
+        backward = device.type == "cuda" or arm != "threadweaver_flex"
         set_arm(model, arm)
         losses[arm] = step(model, arm_inputs(batch, arm), backward, None, "none").float().item()
         if backward:
@@ -290,14 +299,12 @@ def agreement(model, batch, device) -> dict:
     set_arm(model, "threadweaver_sdpa")
     with torch.no_grad():  # in chunks shorter than the row
         chunked = chunked_loss(model, arm_inputs(batch, "threadweaver_sdpa"), {}, chunk=1000).float().item()
-    out = {
-        "loss_dense": dense,
-        "loss_difference": abs(losses["threadweaver_flex"] - dense),
-        "chunked_loss_difference": abs(chunked - dense),
-    }
-    if backward:
-        a, b = grads["threadweaver_sdpa"], grads["threadweaver_flex"]
-        out["gradient_cosine"] = (a @ b / (a.norm() * b.norm())).item()
+    out = {"loss_dense": dense, "chunked_loss_difference": abs(chunked - dense)}
+    for arm in ("threadweaver_varlen", "threadweaver_flex"):
+        out[f"{arm} loss_difference"] = abs(losses[arm] - dense)
+        if arm in grads:
+            a, b = grads["threadweaver_sdpa"], grads[arm]
+            out[f"{arm} gradient_cosine"] = (a @ b / (a.norm() * b.norm())).item()
     return out
 
 
@@ -336,7 +343,7 @@ def full_model(bench: Bench, args, device: torch.device, shape: dict):
         if bench.over_budget():
             rows.append({"size": size, "skipped": "time budget"})
             continue
-        batch = trie_batch(size, device)
+        batch = trie_batch(size, device, bench.thread_tokens)
         tokens = batch["input_ids"].shape[1]
         memory_saving = memory_saving_for(tokens, reference, shape["vocab_size"], device)
         set_checkpointing(model, memory_saving)
@@ -355,9 +362,7 @@ def full_model(bench: Bench, args, device: torch.device, shape: dict):
                 traceback.print_exc()
                 bench.results["agreement"] = {"tokens": tokens, "error": failure(err)}
                 model.zero_grad(set_to_none=True)
-        arms = ["causal", "threadweaver_flex", "whole-tree flex"]
-        if tokens <= args.dense_max:
-            arms.append("threadweaver_sdpa")
+        arms = [a for a in args.arms if a != "threadweaver_sdpa" or tokens <= args.dense_max]
         for arm in arms:
             if bench.over_budget():
                 entry["arms"][arm] = {"skipped": "time budget"}
@@ -365,7 +370,7 @@ def full_model(bench: Bench, args, device: torch.device, shape: dict):
             entry["arms"][arm] = time_arm(model, batch, arm, device, warmups, repeats, memory_saving)
             print(f"[{bench.elapsed():.0f} s, full model] {tokens} tokens, {arm}: {entry['arms'][arm]}", flush=True)
             bench.save()
-        if reference is None and "seconds" in entry["arms"]["causal"]:
+        if reference is None and "seconds" in entry["arms"].get("causal", {}):
             params = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
             reference = {"tokens": tokens, "params_gib": params, **entry["arms"]["causal"]}
         del batch
@@ -382,7 +387,7 @@ def tuned_full_model(bench: Bench, model, device: torch.device, options_name: st
         if bench.over_budget():
             entry["arms"][arm] = {"skipped": "time budget"}
             continue
-        batch = trie_batch(entry["size"], device)
+        batch = trie_batch(entry["size"], device, bench.thread_tokens)
         set_checkpointing(model, entry["memory_saving"])
         entry["arms"][arm] = time_arm(
             model,
@@ -428,6 +433,7 @@ class Kernels:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         from threadweaver.hf_collator.attention import _compiled_create_block_mask, split_tree_mask, tree_block_mask
+        from threadweaver.hf_collator.segments import trie_plan
 
         self.device, self.end, self.timing = device, subtree_end, timing
         self.n = n = subtree_end.shape[-1]
@@ -438,6 +444,7 @@ class Kernels:
         self.causal_mask = build(lambda b, h, q, kv: kv <= q, 1, None, n, n, device=device)
         self.tree_mask = tree_block_mask(subtree_end)
         self.split = split_tree_mask(subtree_end)
+        self.plan = trie_plan(subtree_end)
         dtype = torch.bfloat16 if cuda else torch.float32
         g = torch.Generator(device=device).manual_seed(0)
         heads, kv_heads, dim = shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]
@@ -479,6 +486,16 @@ class Kernels:
 
         return run
 
+    def trie_varlen(self, q, k, v):
+        """``threadweaver_varlen``'s kernel: the [1, heads, n, dim] tensors as tokens, the plan's two calls."""
+        from threadweaver.hf_collator.segments import trie_attention
+
+        def tokens(x):
+            return x.transpose(1, 2).reshape(self.n, x.shape[1], x.shape[-1])
+
+        out = trie_attention(tokens(q), tokens(k), tokens(v), self.plan, q.shape[-1] ** -0.5)
+        return out.view(1, self.n, q.shape[1], q.shape[-1]).transpose(1, 2)
+
     def time(self, attention) -> float:
         def run():
             for t in (self.q, self.k, self.v):
@@ -508,6 +525,11 @@ class Kernels:
 
         return median_ms(lambda: split_tree_mask(self.end), self.device, *self.timing)
 
+    def plan_build_ms(self) -> float:
+        from threadweaver.hf_collator.segments import trie_plan
+
+        return median_ms(lambda: trie_plan(self.end), self.device, *self.timing)
+
 
 def kernels(bench: Bench, args, device: torch.device, shape: dict) -> str:
     """The kernel table and the kernel-options sweep; returns the fastest options' name."""
@@ -516,7 +538,7 @@ def kernels(bench: Bench, args, device: torch.device, shape: dict) -> str:
         if bench.over_budget():
             rows.append({"size": size, "skipped": "time budget"})
             continue
-        end = trie_batch(size, device)["subtree_end"]
+        end = trie_batch(size, device, bench.thread_tokens)["subtree_end"]
         k = Kernels(end, shape, device, bench.kernel_timing)
         entry = {"tokens": k.n, **pair_shares(end), "backward": k.backward, "flash only": k.flash_only}
         rows.append(entry)
@@ -525,8 +547,11 @@ def kernels(bench: Bench, args, device: torch.device, shape: dict) -> str:
             entry["flex causal ms"] = k.time(k.flex_with(k.causal_mask))
             entry["flex trie ms"] = k.time(k.flex_with(k.tree_mask))
             entry["split ms"] = k.time(k.split_attention())
+            entry["trie varlen ms"] = k.time(k.trie_varlen)
             entry["mask build ms"] = k.mask_build_ms()
-            if size == args.kernel_sizes[0]:
+            entry["plan build ms"] = k.plan_build_ms()
+            if size == args.kernel_sizes[0] and k.n <= ERROR_MAX_TOKENS:
+                entry["relative error, trie varlen"] = k.relative_error(k.trie_varlen)
                 entry["relative error, split"] = k.relative_error(k.split_attention())
                 entry["relative error, flex trie"] = k.relative_error(k.flex_with(k.tree_mask))
         except Exception as err:
@@ -534,10 +559,14 @@ def kernels(bench: Bench, args, device: torch.device, shape: dict) -> str:
             entry["error"] = failure(err)
         print(f"[{bench.elapsed():.0f} s, kernel] {entry}", flush=True)
         bench.save()
+    if args.profile_size and not bench.over_budget():
+        bench.results["trie_varlen_profile"] = profile_trie_varlen(bench, args.profile_size, shape, device)
+        print(bench.results["trie_varlen_profile"], flush=True)
+        bench.save()
     if not args.sweep_size:
         return "default"
     sweep = bench.results.setdefault("kernel_options", {"tokens": None, "split ms": {}})
-    end = trie_batch(args.sweep_size, device)["subtree_end"]
+    end = trie_batch(args.sweep_size, device, bench.thread_tokens)["subtree_end"]
     k = Kernels(end, shape, device, bench.kernel_timing)
     sweep["tokens"] = k.n
     for name, options in KERNEL_OPTIONS.items():
@@ -553,6 +582,27 @@ def kernels(bench: Bench, args, device: torch.device, shape: dict) -> str:
         bench.save()
     timed = {name: ms for name, ms in sweep["split ms"].items() if isinstance(ms, float)}
     return min(timed, key=timed.get) if timed else "default"
+
+
+def profile_trie_varlen(bench: Bench, size: int, shape: dict, device: torch.device) -> str:
+    """Where ``threadweaver_varlen``'s kernel time goes: the profiler's table of one forward+backward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    k = Kernels(trie_batch(size, device, bench.thread_tokens)["subtree_end"], shape, device, bench.kernel_timing)
+    k.time(k.trie_varlen)  # warm
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        k.time(k.trie_varlen)
+    table = prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=14)
+    return f"{k.n} tokens, {len(k.plan.local.cu_q) - 1} segments, shared keys {shared_keys(k.plan)}:\n{table}"
+
+
+def shared_keys(plan) -> str:
+    shared = plan.shared
+    if shared is None:
+        return "none"
+    return f"{len(shared.key_index)} in {len(shared.cu_q) - 1} groups"
 
 
 def flex_uncompiled() -> None:
@@ -578,6 +628,10 @@ def _s(arm: dict | None) -> str:
     return arm.get("error") or arm.get("skipped") or "-"
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def _gib(arm: dict | None) -> str:
     return f"{arm['peak_gib']:.1f}" if arm and arm.get("peak_gib") is not None else "-"
 
@@ -598,30 +652,34 @@ def report(results: dict) -> str:
         tuned = sorted({a for e in full for a in e["arms"] if a.startswith("threadweaver_flex + ")})
         timing = results["full_model_timing"]
         lines.append(f"\nfull model, forward+backward ({timing}; 'fwd': forward only), speed against causal:")
-        head = ["tokens", "visible", "memory saving", "causal", "tw_flex", "x", "whole-tree flex", "x", "dense", "x"]
+        head = ["tokens", "visible", "memory saving", "causal", "tw_varlen", "x", "tw_flex", "x"]
+        head += ["whole-tree flex", "x", "dense", "x"]
         head += [h for a in tuned for h in (a.replace("threadweaver_flex + ", "flex + "), "x")]
-        head += ["peak GiB causal/flex/whole/dense"]
+        head += ["peak GiB causal/varlen/flex/whole/dense"]
         lines.append(" | ".join(head))
         for e in full:
             a = e["arms"]
             c = a.get("causal")
             cells = [str(e["tokens"]), f"{e['visible']:.2f}", e["memory_saving"], _s(c)]
-            for arm in ["threadweaver_flex", "whole-tree flex", "threadweaver_sdpa", *tuned]:
+            for arm in [*ARMS[1:], *tuned]:
                 cells += [_s(a.get(arm)), _ratio(c, a.get(arm))]
-            arms = ("causal", "threadweaver_flex", "whole-tree flex", "threadweaver_sdpa")
-            cells.append(" / ".join(_gib(a.get(x)) for x in arms))
+            cells.append(" / ".join(_gib(a.get(x)) for x in ARMS))
             lines.append(" | ".join(cells))
     if "agreement" in results:
-        lines.append(f"\nthreadweaver_flex against the dense mask: {results['agreement']}")
-    kern = [e for e in results.get("kernel", []) if "split ms" in e]
+        lines.append(f"\nagainst the dense mask: {results['agreement']}")
+    kern = [e for e in results.get("kernel", []) if "flash causal ms" in e]
     if kern:
         lines.append("\nattention kernel alone, ms (forward+backward where 'backward'), speed against flash causal:")
-        columns = ["flash causal", "flex causal", "flex trie", "split", "mask build"]
-        lines.append("tokens | head share | " + " | ".join(columns) + " | speed of flex trie, split against flash")
+        columns = ["flash causal", "flex causal", "flex trie", "split", "trie varlen", "mask build", "plan build"]
+        lines.append(
+            "tokens | head share | " + " | ".join(columns) + " | speed of flex trie, split, trie varlen against flash"
+        )
         for e in kern:
             f = e["flash causal ms"]
-            cells = [str(e["tokens"]), f"{e['head_pairs']:.2f}"] + [f"{e[c + ' ms']:.2f}" for c in columns]
-            cells.append(f"{f / e['flex trie ms']:.2f}, {f / e['split ms']:.2f}")
+            cells = [str(e["tokens"]), f"{e['head_pairs']:.2f}"] + [_ms(e.get(c + " ms")) for c in columns]
+            cells.append(
+                ", ".join(_ms(f / e[c] if e.get(c) else None) for c in ("flex trie ms", "split ms", "trie varlen ms"))
+            )
             lines.append(" | ".join(cells))
         errors = {k: v for k, v in kern[0].items() if k.startswith("relative error")}
         lines.append(f"against float32 attention under the dense mask at {kern[0]['tokens']}: {errors}")
@@ -643,6 +701,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--sweep-size", type=int, default=32768, help="Trie tokens of the kernel-options sweep (0: none)."
     )
+    parser.add_argument(
+        "--arms", nargs="+", choices=ARMS, default=list(ARMS), help="The full model's arms (causal first)."
+    )
+    parser.add_argument(
+        "--profile-size", type=int, default=32768, help="Trie tokens of the trie varlen profile (0: none)."
+    )
+    parser.add_argument(
+        "--thread-tokens", type=int, default=100, help="Tokens in a thread of bench/collator.py's trajectory."
+    )
     parser.add_argument("--dense-max", type=int, default=32768, help="Largest row the dense-mask arm runs.")
     parser.add_argument("--budget-s", type=float, default=420, help="Skip the phases that start after this.")
     parser.add_argument("--out", type=Path, default=Path("runs/tree_attention_gpu.json"), help="Results (JSON).")
@@ -656,7 +723,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.smoke:
         device, shape = torch.device("cpu"), TINY
         # One row twice: the second time with the memory savers, so that the smoke runs them too.
-        args.sizes, args.kernel_sizes, args.sweep_size = [2048, 2048], [2048], 2048
+        args.sizes, args.kernel_sizes, args.sweep_size, args.profile_size = [2048, 2048], [2048], 2048, 2048
         flex_uncompiled()
     elif not torch.cuda.is_available():
         parser.error("no CUDA device: run with --smoke on CPU")
@@ -666,12 +733,13 @@ def main(argv: list[str] | None = None) -> dict:
     torch._dynamo.config.recompile_limit = 64
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    bench = Bench(args.budget_s, args.out, args.smoke)
+    bench = Bench(args.budget_s, args.out, args.smoke, args.thread_tokens)
     bench.results.update(
         device=torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({platform.processor() or 'cpu'})",
         torch=torch.__version__,
         transformers=transformers.__version__,
         date=date.today().isoformat(),
+        thread_tokens=args.thread_tokens,
         model=("Qwen3-0.6B shape" if shape is QWEN3_06B else "tiny Qwen3")
         + f", random weights, {'bf16' if device.type == 'cuda' else 'float32'}, {shape['num_hidden_layers']} layers",
     )

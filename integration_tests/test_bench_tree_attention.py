@@ -2,8 +2,8 @@
 
 The GPU numbers come from running the bench on a GPU (bench/RESULTS.md). Here the tiny shape
 runs each arm through the project's own hook, FlexAttention forward only (it has no CPU
-backward), in a subprocess: the smoke runs transformers' FlexAttention uncompiled, which must
-not leak into other tests.
+backward), ``threadweaver_varlen`` on its CPU reference, in a subprocess: the smoke runs
+transformers' FlexAttention uncompiled, which must not leak into other tests.
 """
 
 import json
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "tree_attention_gpu.py"
-ARMS = ("causal", "threadweaver_flex", "whole-tree flex", "threadweaver_sdpa")
+ARMS = ("causal", "threadweaver_varlen", "threadweaver_flex", "whole-tree flex", "threadweaver_sdpa")
 
 
 def test_the_smoke_runs_every_arm_and_agrees_with_the_dense_mask(tmp_path):
@@ -30,9 +30,14 @@ def test_the_smoke_runs_every_arm_and_agrees_with_the_dense_mask(tmp_path):
             assert entry["arms"][arm]["seconds"] > 0, (arm, entry["arms"][arm])
         assert 0 < entry["head_pairs"] < entry["visible"] < 1
     agreement = results["agreement"]
-    assert agreement["loss_difference"] < 1e-5 and agreement["chunked_loss_difference"] < 1e-5
+    assert agreement["chunked_loss_difference"] < 1e-5
+    assert agreement["threadweaver_flex loss_difference"] < 1e-5
+    assert agreement["threadweaver_varlen loss_difference"] < 1e-5
+    assert agreement["threadweaver_varlen gradient_cosine"] > 1 - 1e-5
 
     kernel = results["kernel"][0]
-    assert kernel["relative error, split"] < 1e-5 and kernel["relative error, flex trie"] < 1e-5
+    for arm in ("split", "flex trie", "trie varlen"):
+        assert kernel[f"relative error, {arm}"] < 1e-5, arm
+    assert "segments" in results["trie_varlen_profile"]
     assert all(isinstance(ms, float) for ms in results["kernel_options"]["split ms"].values())
     assert "full model, forward+backward" in done.stdout and "attention kernel alone" in done.stdout

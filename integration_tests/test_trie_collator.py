@@ -136,9 +136,15 @@ def tiny(tokenizer):
     return tiny_qwen3(tokenizer, TinyQwen3Config(hidden_size=64, num_hidden_layers=1, intermediate_size=128)).eval()
 
 
-def test_flash_attention_is_refused_with_the_reason(tiny):
+def test_a_flash_attention_model_is_caught_and_switched_to_the_varlen_trie(tiny):
+    """flash_attention_* alone would let sibling threads see each other; the switch runs its varlen kernel."""
+    tiny.config._attn_implementation = "flash_attention_2"  # as loaded; flash-attn is not installed here
     with pytest.raises(TreeAttentionError, match="sibling threads would silently attend"):
-        use_tree_attention(tiny, "flash_attention_2")
+        check_tree_attention(tiny)
+    use_tree_attention(tiny)
+    assert tiny.config._attn_implementation == "threadweaver_varlen"
+    check_tree_attention(tiny)
+    tiny.set_attn_implementation("sdpa")
 
 
 def test_plain_attention_is_caught_before_training(tiny):
@@ -151,13 +157,13 @@ def test_plain_attention_is_caught_before_training(tiny):
     tiny.set_attn_implementation("sdpa")
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "eager"])
-def test_without_a_tree_the_model_generates_exactly_as_before(tiny, collator, backend):
+@pytest.mark.parametrize(("backend", "tree"), [("sdpa", None), ("eager", None), ("sdpa", "varlen")])
+def test_without_a_tree_the_model_generates_exactly_as_before(tiny, collator, backend, tree):
     """Generation (no subtree_end, padded batch, KV cache) is untouched by the switch."""
     batch = collator.tokenizer([QUESTION, "a+b?"], return_tensors="pt", padding=True, padding_side="left")
     tiny.set_attn_implementation(backend)
     plain = tiny.generate(**batch, max_new_tokens=8, do_sample=False)
-    use_tree_attention(tiny)
+    use_tree_attention(tiny, tree)
     tree = tiny.generate(**batch, max_new_tokens=8, do_sample=False)
     tiny.set_attn_implementation("sdpa")
     assert torch.equal(plain, tree)
@@ -225,3 +231,72 @@ def test_a_cached_mask_outlives_the_previous_batch():
     cache._forget(previous_ref)  # what the weakref calls when ``previous`` dies
     assert cache.get(current, ("key",), build) is mask
     assert len(built) == 2
+
+
+NESTED_TWICE = (
+    "<think>\nTwo parts.<Parallel><Outlines><Outline>1: a</Outline><Outline>2: b</Outline></Outlines>"
+    "<Thread>1: a is 2</Thread><Thread>2: b needs <Parallel><Outlines><Outline>1: c</Outline><Outline>2: d"
+    "</Outline></Outlines><Thread>1: c is 1</Thread><Thread>2: d is 2</Thread></Parallel> so 3</Thread>"
+    "</Parallel>\nSo 5.</think>\n\\boxed{5}"
+)
+"""A block nested in a second thread: its branches have ancestors off the row's first path."""
+
+
+def _visible_under(plan, tokens: int) -> torch.Tensor:
+    """The [tokens, tokens] visibility the varlen plan's two calls give, one query at a time."""
+    seen = torch.zeros(tokens, tokens, dtype=torch.bool)
+    for call in (plan.local, plan.shared):
+        if call is None:
+            continue
+        queries = torch.arange(tokens) if call.query_index is None else call.query_index
+        keys = queries if call.key_index is None else call.key_index
+        for i in range(len(call.cu_q) - 1):
+            q = queries[call.cu_q[i] : call.cu_q[i + 1]]
+            k = keys[call.cu_k[i] : call.cu_k[i + 1]]
+            for j, query in enumerate(q.tolist()):
+                upto = len(k) - len(q) + j + 1 if call.causal else len(k)  # causal: aligned to the end
+                assert not seen[query, k[:upto]].any(), "a key seen twice"
+                seen[query, k[:upto]] = True
+    return seen
+
+
+def test_the_varlen_plan_is_the_tree(collator):
+    """threadweaver_varlen's two calls see exactly the tree: padded rows, a block nested off the first path."""
+    from threadweaver.hf_collator.attention import tree_bool_mask
+    from threadweaver.hf_collator.segments import trie_plan
+
+    end = collator([chat("a"), chat("b", NESTED_TWICE), chat("c", "<think>\nshort</think>\n\\boxed{5}")])["subtree_end"]
+    plan = trie_plan(end)
+    assert plan.local.key_index is not None, "the nested block's branches see ancestors off the first path"
+    assert plan.shared is not None and not plan.shared.causal
+    batch, n = end.shape
+    expected = torch.block_diag(*tree_bool_mask(end)[:, 0])
+    assert torch.equal(_visible_under(plan, batch * n), expected)
+
+
+def test_varlen_attention_and_its_gradients_equal_the_dense_mask(collator):
+    """The plan's calls merged by log-sum-exp, and the backward against the merged output (CPU reference)."""
+    from threadweaver.hf_collator.attention import tree_bool_mask
+    from threadweaver.hf_collator.segments import trie_attention, trie_plan
+
+    end = collator([chat("a"), chat("b", NESTED_TWICE)])["subtree_end"]
+    batch, n = end.shape
+    heads, kv_heads, dim = 4, 2, 8
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(batch * n, h, dim, generator=generator, requires_grad=True) for h in (heads, kv_heads, kv_heads)
+    )
+    grad = torch.randn(batch * n, heads, dim, generator=generator)
+    out = trie_attention(q, k, v, trie_plan(end), 0.3)
+    got = [out, *torch.autograd.grad(out, (q, k, v), grad)]
+
+    def rows(x):
+        return x.view(batch, n, -1, dim).transpose(1, 2)
+
+    dense = torch.nn.functional.scaled_dot_product_attention(
+        rows(q), rows(k), rows(v), attn_mask=tree_bool_mask(end), scale=0.3, enable_gqa=True
+    )
+    dense = dense.transpose(1, 2).reshape(batch * n, heads, dim)
+    expected = [dense, *torch.autograd.grad(dense, (q, k, v), grad)]
+    for name, a, b in zip(("output", "dq", "dk", "dv"), got, expected):
+        assert (a - b).abs().max() < 1e-5, name

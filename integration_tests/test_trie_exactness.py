@@ -6,7 +6,8 @@ BPE tokenizer and chat template. Nested trajectories batched with padding (and o
 ``max_length``). Per-token log-probs of one trie-flattened forward must equal those of plain causal
 forwards over each request the orchestrator would issue, to float32 rounding, for every attention
 backend. FlexAttention has no backward on CPU, but its forward runs here (compiled by inductor,
-about a minute), which checks the BlockMask.
+about a minute), which checks the BlockMask. ``varlen`` runs its CPU reference of flash's
+variable-length kernel: the plan and the merge, not the CUDA kernel.
 """
 
 import pytest
@@ -50,7 +51,7 @@ ROWS = [
     {"id": "plain", "messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": PLAIN}]},
 ]
 MAX_LENGTH = 150  # cuts the nested row; the others are shorter
-BACKENDS = ["sdpa", "eager", "flex_attention"]
+BACKENDS = ["sdpa", "eager", "flex_attention", "varlen"]
 
 
 TOLERANCE = {"qwen3": 1e-5, "llama": 1e-4}
@@ -105,7 +106,7 @@ def _errors(model, tokenizer, backend, tree_attention=True):
         model.set_attn_implementation(backend)
     with torch.no_grad():
         logits = model(**batch).logits.float()
-    model.set_attn_implementation(backend)
+    model.set_attn_implementation("sdpa" if backend == "varlen" else backend)  # varlen's base: sdpa
 
     errors = []
     for b, row in enumerate(ROWS):

@@ -1,7 +1,7 @@
 """threadweaver.hf_collator: trie SFT for transformers and TRL.
 
-Importing this package registers the ``threadweaver_sdpa``, ``threadweaver_eager`` and
-``threadweaver_flex`` attention implementations with transformers.
+Importing this package registers the ``threadweaver_sdpa``, ``threadweaver_eager``,
+``threadweaver_flex`` and ``threadweaver_varlen`` attention implementations with transformers.
 """
 
 from threadweaver.hf_collator.attention import (

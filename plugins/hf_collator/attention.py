@@ -13,12 +13,18 @@ forward, the mask their backend needs:
   causal ``sdpa`` kernel (flash on GPU), and only the queries after it run FlexAttention,
   over a ``BlockMask`` (compiled ``create_block_mask`` on GPU). In a trajectory's trie that
   path is the sequential request, about 60% of the tokens and of the visible pairs.
-  ``bench/tree_attention_gpu.py`` measures it against plain causal attention.
+* ``threadweaver_varlen``: a :class:`~threadweaver.hf_collator.segments.TriePlan`, the trie as
+  two calls of flash attention's variable-length kernel (torch's own; CUDA, bf16 or fp16)
+  merged by their log-sum-exps, at a cost that follows the visible pairs. Elsewhere a
+  reference runs the same plan sequence by sequence.
+
+``bench/tree_attention_gpu.py`` measures the GPU ones against plain causal attention.
 
 Select one with ``from_pretrained(..., attn_implementation="threadweaver_sdpa")`` or
 :func:`use_tree_attention` on a loaded model. Without ``subtree_end`` (generation) each
-behaves exactly like its base implementation. Flash attention cannot express a tree
-mask and is refused.
+behaves exactly like its base implementation (``threadweaver_varlen``: sdpa). A model on
+``flash_attention_*`` switches to ``threadweaver_varlen``: those kernels, given no tree, would
+let sibling threads see each other.
 """
 
 from __future__ import annotations
@@ -32,15 +38,25 @@ from typing import Any
 
 import torch
 
+from threadweaver.hf_collator.segments import TriePlan, trie_attention, trie_plan
 from threadweaver.hosts import check_host
 
-NAMES = {"sdpa": "threadweaver_sdpa", "eager": "threadweaver_eager", "flex_attention": "threadweaver_flex"}
-"""Base implementation -> the tree-masked implementation registered for it."""
+NAMES = {
+    "sdpa": "threadweaver_sdpa",
+    "eager": "threadweaver_eager",
+    "flex_attention": "threadweaver_flex",
+    "varlen": "threadweaver_varlen",
+}
+"""Base implementation -> the tree-masked implementation registered for it.
+
+``varlen`` is flash attention's variable-length kernel, the base for any ``flash_attention_*``.
+"""
 
 FLASH_REFUSAL = (
-    "flash attention cannot run a ThreadWeaver trie: it only knows causal order (and packed "
-    "sequences from position_ids), so sibling threads would silently attend to each other. Use "
-    "attn_implementation='threadweaver_flex' on GPU or 'threadweaver_sdpa' on CPU"
+    "the model runs {current!r}, which cannot see a ThreadWeaver trie: it only knows causal order (and "
+    "packed sequences from position_ids), so sibling threads would silently attend to each other. Call "
+    "use_tree_attention(model), which switches it to 'threadweaver_varlen' (the trie cut into causal "
+    "segments for flash's variable-length kernel)"
 )
 
 
@@ -184,6 +200,28 @@ def _split_flex_attention(module, query, key, value, mask: SplitTreeMask, **kwar
     return (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]), None
 
 
+def _trie_varlen_attention(module, query, key, value, plan: TriePlan, **kwargs):
+    """The [B, heads, N, dim] tensors flattened to tokens for the varlen calls."""
+    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+        raise TreeAttentionError("threadweaver_varlen: attention softcapping and sinks are not supported")
+    batch, heads, n, dim = query.shape
+    dtype = query.dtype
+    if query.device.type == "cuda":
+        if torch.is_autocast_enabled("cuda"):
+            dtype = torch.get_autocast_dtype("cuda")
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise TreeAttentionError(f"threadweaver_varlen: flash attention runs in bf16 or fp16, not {dtype}")
+
+    def tokens(x):
+        return x.transpose(1, 2).reshape(batch * n, x.shape[1], dim).to(dtype)
+
+    if kwargs.get("dropout"):
+        raise TreeAttentionError("threadweaver_varlen: attention dropout is not supported")
+    scale = kwargs.get("scaling") or dim**-0.5
+    out = trie_attention(tokens(query), tokens(key), tokens(value), plan, scale)
+    return out.view(batch, n, heads, dim), None
+
+
 def _bases() -> dict[str, tuple[Callable, Callable, Callable, Callable]]:
     """Per base name: (attention function, standard mask function, tree mask builder, attention over that mask)."""
     from transformers.integrations.flex_attention import flex_attention_forward
@@ -199,6 +237,7 @@ def _bases() -> dict[str, tuple[Callable, Callable, Callable, Callable]]:
             lambda end, dtype: split_tree_mask(end),
             _split_flex_attention,
         ),
+        "varlen": (sdpa_attention_forward, sdpa_mask, lambda end, dtype: trie_plan(end), _trie_varlen_attention),
     }
 
 
@@ -249,8 +288,8 @@ def register() -> None:
 def use_tree_attention(model, backend: str | None = None):
     """Switch ``model`` to tree attention in place and return it.
 
-    ``backend`` is ``"sdpa"``, ``"eager"`` or ``"flex_attention"``; by default the
-    model's current implementation. Flash attention is refused: see ``FLASH_REFUSAL``.
+    ``backend`` is ``"sdpa"``, ``"eager"``, ``"flex_attention"`` or ``"varlen"``; by default the
+    model's current implementation, where ``flash_attention_*`` means ``"varlen"``.
     """
     current = model.config._attn_implementation
     if backend is None:
@@ -258,7 +297,7 @@ def use_tree_attention(model, backend: str | None = None):
             return model
         backend = current
     if backend.startswith("flash"):
-        raise TreeAttentionError(FLASH_REFUSAL)
+        backend = "varlen"
     if backend not in NAMES:
         raise TreeAttentionError(f"no tree attention for {backend!r}; choose one of {sorted(NAMES)}")
     layer_types = set(getattr(model.config.get_text_config(), "layer_types", None) or ["full_attention"])
@@ -274,7 +313,7 @@ def check_tree_attention(model) -> None:
     if current in NAMES.values():
         return
     if current.startswith("flash"):
-        raise TreeAttentionError(FLASH_REFUSAL)
+        raise TreeAttentionError(FLASH_REFUSAL.format(current=current))
     raise TreeAttentionError(
         f"the model runs {current!r}, which ignores the trie and trains siblings on each other; "
         "load it with attn_implementation='threadweaver_sdpa' (or call use_tree_attention(model))"

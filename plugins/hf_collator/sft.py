@@ -39,7 +39,9 @@ SHARED_WITH_CONFIG = ("max_length", "pad_to_multiple_of")
 """Collator settings that ``SFTConfig`` declares already: the collator takes them from it."""
 NOT_FLAGS = ("tokenizer", "row_key", *SHARED_WITH_CONFIG)
 COLLATOR_FLAGS = tuple(f.name for f in dataclasses.fields(TrieCollator) if f.init and f.name not in NOT_FLAGS)
-ATTENTION = ("auto", "sdpa", "eager", "flex_attention")
+ATTENTION = ("auto", "sdpa", "eager", "flex_attention", "varlen")
+NEEDS_CUDA = ("flex_attention", "varlen")
+"""FlexAttention has no CPU backward; varlen runs flash's kernel (a slow reference elsewhere)."""
 
 
 def parser():
@@ -60,7 +62,8 @@ def parser():
         "--attention",
         default="auto",
         choices=ATTENTION,
-        help="Tree attention backend ('auto': flex_attention on GPU, sdpa on CPU).",
+        help="Tree attention backend ('auto': flex_attention on GPU, sdpa on CPU; varlen: flash's "
+        "variable-length kernel, GPU only).",
     )
     add_arguments(parser, TrieCollator, include=COLLATOR_FLAGS)
     parser.set_defaults(**DEFAULTS, use_cpu=not cuda, bf16=cuda and torch.cuda.is_bf16_supported())
@@ -134,17 +137,18 @@ def train(model_dir: str, data: str, config, attention: str = "auto", **collator
 
     cuda = torch.cuda.is_available()
     attention = attention if attention != "auto" else ("flex_attention" if cuda else "sdpa")
-    if attention == "flex_attention" and not cuda:
-        raise ValueError("FlexAttention has no backward pass on CPU; train with --attention sdpa")
+    if attention in NEEDS_CUDA and not cuda:
+        raise ValueError(f"--attention {attention} trains on a GPU only; on CPU train with --attention sdpa")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     check_prepared(model_dir, tokenizer)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attention)
+    base = "sdpa" if attention == "varlen" else attention  # varlen is a tree attention only
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=base)
     check_prepared(model_dir, tokenizer, model)
     collator = TrieCollator(
         tokenizer, **{name: getattr(config, name) for name in SHARED_WITH_CONFIG}, **collator_settings, row_key="_row"
     )
     if collator.branching:
-        use_tree_attention(model)
+        use_tree_attention(model, attention)
     rows = load_rows(data, collator)
     # The collator does the tokenising: TRL must keep every column and prepare nothing.
     config.remove_unused_columns = False
