@@ -93,6 +93,16 @@ def test_the_pretrained_recipe_sees_each_problem_once_and_decays_after_its_warm_
     assert argv[:2] == ["prepared", "data/parallel/train.jsonl"]
 
 
+def test_pretrained_evaluates_fewer_problems_unless_told_how_many():
+    from threadweaver.quickstart import PRETRAINED_PROBLEMS, PROBLEMS, QuickstartArgs, _problems
+
+    assert PRETRAINED_PROBLEMS < PROBLEMS
+    assert _problems(QuickstartArgs()) == PROBLEMS
+    assert _problems(QuickstartArgs(pretrained=True)) == PRETRAINED_PROBLEMS
+    assert _problems(QuickstartArgs(pretrained=True, problems=0)) == 0  # 0 still means all 200
+    assert _problems(QuickstartArgs(problems=7)) == 7
+
+
 def test_pretrained_goes_with_neither_retrain_nor_a_model_of_ones_own(tmp_path):
     from threadweaver.quickstart import QuickstartArgs, _models
 

@@ -68,7 +68,17 @@ def test_shopping_problems_are_right_and_well_formed_on_a_real_tokenizer(seed, q
     config = SynthConfig(task="shopping", min_terms=2, max_terms=len(NAMES))
     p = make_problem(random.Random(seed), config)
     bought = [(int(n), int(price)) for n, price in re.findall(r"(\d+) \w+ at (\d+) dollars? each", p.prompt)]
-    assert int(p.answer) == sum(n * price for n, price in bought)
+    bills = [n1 * p1 + n2 * p2 for (n1, p1), (n2, p2) in zip(bought[::2], bought[1::2])]
+    assert int(p.answer) == max(bills) and len(set(bills)) == len(bills)
+    sums = re.findall(r"(\d+) \+ (\d+): ones \d \+ \d = (\d+), tens [\d +]+ = (\d+), so (\d+)", p.sequential)
+    assert len(sums) == len(bills)
+    for a, b, ones, tens, total in sums:
+        assert int(ones) == int(a) % 10 + int(b) % 10
+        assert int(total) == int(a) + int(b) == int(tens) * 10 + int(ones) % 10
+    assert p.sequential.count(" dollars.\n") == len(bills) + 1  # a bill per person, then the most
+    compared = re.findall(r"(\d+) ([<>]) (\d+)", p.sequential)
+    assert [int(b) for _, _, b in compared] == bills[1:]  # each next bill against the larger so far
+    assert all((sign == "<") == (int(a) < int(b)) for a, sign, b in compared)
     (block,) = [n for n in parse_text(p.parallel, fmt).nodes if isinstance(n, Block)]  # strict
     assert len(block.threads) == len(bought) // 2 == p.prompt.count(" buys ")
     assert grade(p.parallel, p.answer).correct and grade(p.sequential, p.answer).correct

