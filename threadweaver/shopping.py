@@ -36,15 +36,16 @@ def _dollars(amount: int) -> str:
     return f"{amount} dollar" + ("" if amount == 1 else "s")
 
 
-def column_sum(a: int, b: int) -> str:
-    """``"49 + 18: ones 9 + 8 = 17, tens 4 + 1 + 1 = 6, so 67"`` for sums of numbers below 100."""
+def _column_sum_in_words(a: int, b: int) -> str:
+    """``"49 + 18: ones 9 + 8 = 17, tens 4 + 1 + 1 = 6, so 67"`` for sums of numbers below 100: the
+    same columns as :func:`threadweaver.synth.column_sum`, written in words for a BPE tokenizer."""
     ones = a % 10 + b % 10
     carry = " + 1" if ones >= 10 else ""
     tens = a // 10 + b // 10 + ones // 10
     return f"{a} + {b}: ones {a % 10} + {b % 10} = {ones}, tens {a // 10} + {b // 10}{carry} = {tens}, so {a + b}"
 
 
-def running_max(values: list[int]) -> str:
+def _running_max(values: list[int]) -> str:
     """``"23 < 39, 39 > 30"``: the larger so far, compared with each next value in turn."""
     steps, best = [], values[0]
     for value in values[1:]:
@@ -75,13 +76,13 @@ def shopping_problem(rng: random.Random, people: int) -> tuple[str, str, str, st
         bought.append(f"{name} buys {n1} {first} at {_dollars(p1)} each and {n2} {second} at {_dollars(p2)} each.")
         threads.append(
             f" {name} pays {n1} x {p1} = {n1 * p1} for {first} and {n2} x {p2} = {n2 * p2} for {second}. "
-            f"{column_sum(n1 * p1, n2 * p2)} dollars."
+            f"{_column_sum_in_words(n1 * p1, n2 * p2)} dollars."
         )
     answer = str(max(bills))
     if people > 1:
         who = ", ".join(names[:-1]) + f" and {names[-1]}"
         prompt = " ".join(bought) + f" How many dollars does the one of {who} who spends the most pay?"
-        join = f"The most: {running_max(bills)}, so {answer} dollars."
+        join = f"The most: {_running_max(bills)}, so {answer} dollars."
     else:
         prompt = " ".join(bought) + f" How many dollars does {names[0]} pay?"
         join = f"The most: {answer} dollars."
