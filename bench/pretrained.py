@@ -39,9 +39,9 @@ Every step is a ``threadweaver`` command or the real ``lm_eval`` CLI, as a user 
   dependency (``peft``).
 
 That was on the task's first form, a total of every bill written as whole sums: 12-13% of the sums came
-out wrong and the baseline stopped at 46%. The task now adds column by column and asks for the biggest
-bill instead (:mod:`threadweaver.shopping` says why): 63%, held back by the comparisons;
-``bench/RESULTS.md`` has both runs.
+out wrong and the baseline stopped at 46%. Asked for the biggest bill, it reached 63%, held back by the
+comparisons. The task now asks for the total again, added column by column two numbers at a time
+(:mod:`threadweaver.shopping` says why): 71%. ``bench/RESULTS.md`` has every run.
 
 Writes ``pretrained.json`` (the settings, each stage's seconds and results; after each stage, so a rerun
 keeps every stage whose own settings are unchanged), ``pretrained.png`` and every model, log and

@@ -69,16 +69,25 @@ def test_shopping_problems_are_right_and_well_formed_on_a_real_tokenizer(seed, q
     p = make_problem(random.Random(seed), config)
     bought = [(int(n), int(price)) for n, price in re.findall(r"(\d+) \w+ at (\d+) dollars? each", p.prompt)]
     bills = [n1 * p1 + n2 * p2 for (n1, p1), (n2, p2) in zip(bought[::2], bought[1::2])]
-    assert int(p.answer) == max(bills) and len(set(bills)) == len(bills)
-    sums = re.findall(r"(\d+) \+ (\d+): ones \d \+ \d = (\d+), tens [\d +]+ = (\d+), so (\d+)", p.sequential)
-    assert len(sums) == len(bills)
-    for a, b, ones, tens, total in sums:
-        assert int(ones) == int(a) % 10 + int(b) % 10
-        assert int(total) == int(a) + int(b) == int(tens) * 10 + int(ones) % 10
-    assert p.sequential.count(" dollars.\n") == len(bills) + 1  # a bill per person, then the most
-    compared = re.findall(r"(\d+) ([<>]) (\d+)", p.sequential)
-    assert [int(b) for _, _, b in compared] == bills[1:]  # each next bill against the larger so far
-    assert all((sign == "<") == (int(a) < int(b)) for a, sign, b in compared)
+    assert int(p.answer) == sum(bills)
+    sums = re.findall(r"(\d[\d +]*): ((?:\w+ [\d +=]+, )+)so (\d+)", p.sequential)
+    assert len(sums) == 2 * len(bills) - 1  # each bill, then a running total
+    for numbers, columns, total in sums:
+        values, carry = [int(v) for v in numbers.split(" + ")], 0
+        assert int(total) == sum(values)
+        for place, column in enumerate(columns.rstrip(", ").split(", ")):
+            name, written = column.split(" ", 1)
+            terms, *column_sum = written.split(" = ")
+            assert name == ("ones", "tens", "hundreds", "thousands")[place]
+            digits = [int(d) for d in terms.split(" + ")]
+            assert digits == [v // 10**place % 10 for v in values if v >= 10**place] + ([carry] if carry else [])
+            carry = sum(digits) // 10
+            assert column_sum in ([str(sum(digits))], [])  # a one-term column writes no sum
+        assert carry == 0 and 10 ** (place + 1) > max(values)  # no column left out
+    assert [sum(int(v) for v in numbers.split(" + ")) for numbers, *_ in sums[: len(bills)]] == bills
+    running = [[int(v) for v in numbers.split(" + ")] for numbers, *_ in sums[len(bills) :]]
+    assert running == [[sum(bills[:i]), bills[i]] for i in range(1, len(bills))]  # the join adds them in order
+    assert p.sequential.count(" dollars.\n") == len(bills) + 1  # a bill per person, then the total
     (block,) = [n for n in parse_text(p.parallel, fmt).nodes if isinstance(n, Block)]  # strict
     assert len(block.threads) == len(bought) // 2 == p.prompt.count(" buys ")
     assert grade(p.parallel, p.answer).correct and grade(p.sequential, p.answer).correct

@@ -33,7 +33,7 @@ class SynthConfig:
     task: str = option(
         "digits",
         "'digits': labelled sums of digit strings, for the embedded tiny models; 'shopping': a word problem "
-        "in English (each person's bill, then the biggest), for pretrained language models.",
+        "in English (each person's bill, then the total), for pretrained language models.",
         choices=TASKS,
     )
     min_terms: int = option(3, "Fewest sub-questions (threads) per problem: labelled sums, or people.")
