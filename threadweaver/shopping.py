@@ -47,10 +47,9 @@ def _column_sum_in_words(values: list[int]) -> str:
     """
     columns, carry, place = [], 0, 0
     while place == 0 or carry or any(v >= 10**place for v in values):
-        terms = [str(v // 10**place % 10) for v in values if v >= 10**place] + ([str(carry)] if carry else [])
-        total = sum(map(int, terms))
-        name = PLACES[place]
-        columns.append(f"{name} {' + '.join(terms)} = {total}" if len(terms) > 1 else f"{name} {total}")
+        digits = [v // 10**place % 10 for v in values if v >= 10**place] + ([carry] if carry else [])
+        total, written = sum(digits), " + ".join(map(str, digits))
+        columns.append(f"{PLACES[place]} {written} = {total}" if len(digits) > 1 else f"{PLACES[place]} {total}")
         carry, place = total // 10, place + 1
     return f"{' + '.join(map(str, values))}: {', '.join(columns)}, so {sum(values)}"
 
