@@ -3,6 +3,7 @@
     .venv/bin/python bench/pretrained.py [--steps 80] [--batch-size 4] [--learning-rate 2e-4]
                                          [--problems 200] [--concurrency 16] [--dtype auto] [--half-steps N]
                                          [--pgrpo-steps 8] [--pgrpo-prompts 2] [--pgrpo-learning-rate 2e-5]
+                                         [--pgrpo-temperature 0.7]
                                          [--pgrpo-eval 100] [--out runs/pretrained]
 
 Every step is a ``threadweaver`` command or the real ``lm_eval`` CLI, as a user would run them:
@@ -20,7 +21,7 @@ Every step is a ``threadweaver`` command or the real ``lm_eval`` CLI, as a user 
    problems greedily: fork-join for the ThreadWeaver model, one plain request a problem for the
    baseline (``branching=false``).
 5. ``threadweaver pgrpo`` trains the half-parallel model ``--pgrpo-steps`` steps (``--pgrpo-prompts``
-   problems x 8 rollouts at T=1, in-process rollouts, acceleration clip 0.5, reduction form, as
+   problems x 8 rollouts at ``--pgrpo-temperature``, in-process rollouts, acceleration clip 0.5, reduction form, as
    ``bench/pgrpo_fork.py``). The half-parallel model and the result are served and evaluated on the first
    ``--pgrpo-eval`` held-out problems: the share of problems that fork, before and after, beside the
    share in the training rollouts step by step.
@@ -59,6 +60,8 @@ import sys
 import time
 from pathlib import Path
 
+from threadweaver.trl_pgrpo.idle_steps import SKIPPED_METRIC
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
@@ -91,7 +94,14 @@ def run(command: list[str], log: Path) -> float:
 
 SFT_SETTINGS = ("steps", "batch_size", "learning_rate")
 EVAL_SETTINGS = ("concurrency", "dtype")
-PGRPO_SETTINGS = (*SFT_SETTINGS, "half_steps", "pgrpo_steps", "pgrpo_prompts", "pgrpo_learning_rate")
+PGRPO_SETTINGS = (
+    *SFT_SETTINGS,
+    "half_steps",
+    "pgrpo_steps",
+    "pgrpo_prompts",
+    "pgrpo_learning_rate",
+    "pgrpo_temperature",
+)
 STAGE_SETTINGS = {
     "prepare": (),
     "data": ("steps", "batch_size", "pgrpo_steps", "pgrpo_prompts"),
@@ -247,7 +257,8 @@ def pgrpo(out: Path, half: str, problems: str, args: argparse.Namespace) -> dict
     model = out / "half_pgrpo"
     command = [CLI, "pgrpo", half, problems, "--output-dir", str(model), "--max-steps", str(args.pgrpo_steps)]
     command += ["--prompts-per-step", str(args.pgrpo_prompts), "--num-generations", "8"]
-    command += ["--learning-rate", str(args.pgrpo_learning_rate), "--acceleration-clip", "0.5"]
+    command += ["--learning-rate", str(args.pgrpo_learning_rate), "--temperature", str(args.pgrpo_temperature)]
+    command += ["--acceleration-clip", "0.5"]
     command += ["--acceleration-form", "reduction", "--max-completion-length", "640", "--logging-steps", "1"]
     seconds = run(command, out / "pgrpo.log")
     history = json.loads((model / "log_history.json").read_text())
@@ -258,6 +269,7 @@ def pgrpo(out: Path, half: str, problems: str, args: argparse.Namespace) -> dict
             "correct": h.get("threadweaver/correct_rate"),
             "critical_path_tokens": h["threadweaver/critical_path_tokens"],
             "reward": h.get("reward"),
+            "optimizer_step_skipped": h.get(SKIPPED_METRIC),
         }
         for h in history
         if "threadweaver/parallel_usage" in h
@@ -294,7 +306,7 @@ def report(args, stages: dict, minutes: float) -> str:
         "",
         f"P-GRPO from the half-parallel model ({sft_steps('half', args)} SFT steps; "
         f"{stages['data']['half_parallel_rows']} of the {stages['data']['rows']} rows parallel): "
-        f"{args.pgrpo_steps} steps x {args.pgrpo_prompts} problems x 8 rollouts at T=1, lr "
+        f"{args.pgrpo_steps} steps x {args.pgrpo_prompts} problems x 8 rollouts at T={args.pgrpo_temperature}, lr "
         f"{args.pgrpo_learning_rate}, {stages['pgrpo']['s_per_step']:.0f} s/step; {pg['half']['problems']} "
         "held-out problems, greedy",
         "",
@@ -311,7 +323,9 @@ def report(args, stages: dict, minutes: float) -> str:
     first, last = curve[:k], curve[-k:]
     lines.append(
         f"training rollouts forked: {mean(first, 'parallel'):.0%} over the first {k} steps, "
-        f"{mean(last, 'parallel'):.0%} over the last {k}"
+        f"{mean(last, 'parallel'):.0%} over the last {k}; right, step by step: "
+        + ", ".join(f"{p['correct']:.0%}" for p in curve)
+        + f"; optimizer steps skipped without a signal: {sum(bool(p['optimizer_step_skipped']) for p in curve)}"
     )
     stage_minutes = ", ".join(f"{name} {s['seconds'] / 60:.1f}" for name, s in stages.items())
     lines += ["", f"minutes: {stage_minutes}; {minutes:.1f} in all"]
@@ -374,7 +388,12 @@ def plot(args, stages: dict, path: Path) -> None:
     ax.set_title("critical path, per problem (target 1.3x: dashed)", fontsize=10)
     ax = axes[2]
     curve, pg = stages["pgrpo"]["curve"], stages["eval_pgrpo"]["models"]
-    ax.plot([p["step"] for p in curve], [p["parallel"] for p in curve], marker=".", label="training rollouts (T=1)")
+    ax.plot(
+        [p["step"] for p in curve],
+        [p["parallel"] for p in curve],
+        marker=".",
+        label=f"training rollouts (T={args.pgrpo_temperature})",
+    )
     ax.plot(
         [0, args.pgrpo_steps],
         [pg["half"]["parallel_activation"], pg["half_pgrpo"]["parallel_activation"]],
@@ -448,6 +467,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pgrpo-steps", type=int, default=8)
     parser.add_argument("--pgrpo-prompts", type=int, default=2, help="problems a P-GRPO step, 8 rollouts each")
     parser.add_argument("--pgrpo-learning-rate", type=float, default=2e-5)
+    parser.add_argument(
+        "--pgrpo-temperature",
+        type=float,
+        default=0.7,
+        help="rollout temperature (at 1.0 the third run's rollouts were right on 0-25%%, greedy on 76%%)",
+    )
     parser.add_argument("--pgrpo-eval", type=int, default=100, help="held-out problems before and after P-GRPO")
     parser.add_argument("--out", default=os.path.join("runs", "pretrained"))
     return parser.parse_args(argv)

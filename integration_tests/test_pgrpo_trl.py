@@ -14,13 +14,14 @@ import pytest
 import torch
 from pgrpo_helpers import GROUP, METRICS, Recorder, Recording, config, dataset, trainer_for
 from trained_model import run_cli
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from threadweaver.orchestrator import trajectory_text
 from threadweaver.quickstart.recipe import embedded_models
 from threadweaver.reward import RewardConfig, acceleration, grade
 from threadweaver.synth import make_rows
-from threadweaver.trl_pgrpo import PGRPOConfig
+from threadweaver.trl_pgrpo import PGRPOConfig, PGRPOTrainer
+from threadweaver.trl_pgrpo.idle_steps import SKIPPED_METRIC
 from threadweaver.vllm_orchestrator.transformers_engine import TransformersEngine
 
 pytestmark = pytest.mark.slow
@@ -138,6 +139,43 @@ def test_every_trained_token_scores_as_in_its_own_request_at_step_0(tmp_path):
             errors.append(abs(logps[b, t].item() - separate[(tuple(reversed(path)), row[j])]))
     assert len(errors) == sum(t.stats.total_tokens for t in trainer._trajectories)
     assert max(errors) < 1e-5
+
+
+def test_a_step_without_signal_moves_no_weight(tmp_path):
+    """After a step with a signal, two steps where every rollout earns the same reward: all
+    advantages and gradients are 0, yet AdamW would move every weight on its momentum and
+    weight decay. PGRPOTrainer takes no optimizer step there, so the weights stay exactly
+    where step 1 left them."""
+    rewarded = []
+
+    def alike_after_step_1(completions, **kwargs) -> list[float]:
+        rewarded.append(len(completions))
+        return [float(i % 2) for i in range(len(completions))] if len(rewarded) == 1 else [1.0] * len(completions)
+
+    path = str(embedded_models()["parallel"])
+    trainer = PGRPOTrainer(
+        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        reward_funcs=[alike_after_step_1],
+        args=config(tmp_path, max_steps=3, weight_decay=0.1, max_completion_length=256),
+        train_dataset=dataset(8),
+        processing_class=AutoTokenizer.from_pretrained(path),
+    )
+    weights = []
+
+    class AfterEachStep(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            weights.append({name: p.detach().clone() for name, p in model.named_parameters()})
+
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.add_callback(AfterEachStep())
+    trainer.train()
+    assert len(rewarded) == 3 and len(weights) == 3
+    assert all(not torch.equal(before[name], p) for name, p in weights[0].items())
+    for later in weights[1:]:
+        assert all(torch.equal(weights[0][name], p) for name, p in later.items())
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [entry["grad_norm"] > 0 for entry in logs] == [True, False, False]
+    assert [entry[SKIPPED_METRIC] for entry in logs] == [0.0, 1.0, 1.0]
 
 
 def test_the_sequential_baseline_rolls_out_plainly_and_earns_no_acceleration(tmp_path):

@@ -16,7 +16,9 @@ Training: each trajectory is ONE row, its trie split after the prompt
 "completion" and ``env_mask`` marks the tokens the model sampled in that very context.
 This trainer scores every completion token from its trie parent's logits under the tree
 mask, with trie depths as positions, so TRL's own advantages (one scalar per trajectory,
-broadcast to its tokens), clipping and loss apply unchanged.
+broadcast to its tokens), clipping and loss apply unchanged. A step whose gradient is exactly
+zero (every group at one reward, ``beta=0``) takes no optimizer step
+(:mod:`threadweaver.trl_pgrpo.idle_steps`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from threadweaver.orchestrator import Engine, Orchestrator, Sampling, Trajectory
 from threadweaver.pgrpo import TrieRow, rollout_metrics, sampling_logprobs, trie_row
 from threadweaver.rows import RowReader
 from threadweaver.trl_pgrpo.config import PGRPOConfig
+from threadweaver.trl_pgrpo.idle_steps import SkipIdleSteps
 from threadweaver.trl_pgrpo.rewards import GOLD_COLUMN, is_correct, pgrpo_rewards
 from threadweaver.trl_pgrpo.trl_internals import replace_step_metric, with_completions
 from threadweaver.trl_pgrpo.vllm_sync import use_vllm_reload
@@ -82,6 +85,7 @@ class PGRPOTrainer(GRPOTrainer):
         )
         self.reader = RowReader(self._tokenizer, **self.chat_template_kwargs)
         self.fmt = self.reader.fmt
+        self.add_callback(SkipIdleSteps(self._metrics["train"]))
         use_tree_attention(self.model)
         if self.ref_model is not None:
             use_tree_attention(self.ref_model)
