@@ -78,6 +78,8 @@ def test_two_processes_log_the_rollouts_of_both(tmp_path):
     assert log["threadweaver/critical_path_tokens"] == pytest.approx(sum(critical) / len(critical))
     assert log["completions/clipped_ratio"] == pytest.approx(1 - sum(stopped) / len(stopped))
     assert ranks[0]["total_tokens"] != ranks[1]["total_tokens"], "both ranks rolled out the same: nothing was shown"
+    # the processes decided together whether the step had a gradient (an all-reduce that must not hang)
+    assert [r["logs"][0][SKIPPED_METRIC] for r in ranks] == [float(log["grad_norm"] == 0)] * 2
 
 
 def test_advantages_are_group_mean_centred_and_not_std_scaled(trained):

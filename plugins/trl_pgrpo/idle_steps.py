@@ -10,8 +10,9 @@ seven without, greedy accuracy fell from 76% to 1%.
 
 torch's optimizers pass over a parameter whose ``grad`` is None, moments and step count
 included, so dropping every gradient of such a step leaves the weights exactly where they were.
-This applies where the optimizer reads ``param.grad`` (one process, DDP); DeepSpeed and FSDP
-keep their gradients elsewhere and step as before.
+Processes decide together (the largest gradient anywhere), so sharded gradients (FSDP) skip or
+step on every rank alike. Where the optimizer keeps the gradients itself (DeepSpeed), no
+``param.grad`` is set, and the step is left to it and not counted.
 """
 
 from __future__ import annotations
@@ -23,12 +24,22 @@ SKIPPED_METRIC = "threadweaver/optimizer_step_skipped"
 """1 for a step whose gradient was exactly zero and so moved nothing, else 0."""
 
 
-def gradient_is_zero(model: torch.nn.Module) -> bool:
-    """Whether every gradient of ``model`` is absent or exactly zero (max-norm: no underflow)."""
+def zero_gradient(model: torch.nn.Module) -> bool | None:
+    """Whether every process's gradient is exactly zero; None where no process has a ``param.grad``.
+
+    The max-norm of each gradient (its local shard, for a sharded one) cannot underflow as a
+    2-norm can.
+    """
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return True
-    return not bool(torch.stack(torch._foreach_norm(grads, float("inf"))).any())
+    grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    device = next(model.parameters()).device
+    norms = [norm.float().to(device) for norm in torch._foreach_norm(grads, float("inf"))]
+    largest = torch.stack(norms).max() if norms else torch.tensor(0.0, device=device)
+    found = torch.stack([largest, torch.tensor(float(bool(grads)), device=device)])
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX)
+    largest, any_grads = found.tolist()
+    return largest == 0.0 if any_grads else None
 
 
 class SkipIdleSteps(TrainerCallback):
@@ -42,7 +53,9 @@ class SkipIdleSteps(TrainerCallback):
         self.metrics = metrics
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        skipped = gradient_is_zero(model)
+        skipped = zero_gradient(model)
+        if skipped is None:
+            return
         if skipped:
             model.zero_grad(set_to_none=True)
         self.metrics[SKIPPED_METRIC].append(float(skipped))
