@@ -9,6 +9,7 @@ so transformers and vLLM load it without threadweaver.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -19,6 +20,7 @@ from threadweaver.cli_args import add_arguments
 from threadweaver.format import split_tags
 from threadweaver.hf_collator.attention import use_tree_attention
 from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
+from threadweaver.hf_collator.malloc import keep_freed_memory
 from threadweaver.jsonl import RowError, read_jsonl
 from threadweaver.rows import FIELDS
 
@@ -156,7 +158,8 @@ def train(model_dir: str, data: str, config, attention: str = "auto", **collator
     trainer = SFTTrainer(
         model=model, args=config, train_dataset=_table(rows), processing_class=tokenizer, data_collator=collator
     )
-    trainer.train()
+    with keep_freed_memory() if not cuda else contextlib.nullcontext():
+        trainer.train()
     if collator.skipped:
         logger.warning("%d malformed rows skipped in all", collator.skipped)
     model.set_attn_implementation("sdpa")
