@@ -34,11 +34,13 @@ def _glibc():
     if any(name.startswith("MALLOC_") for name in os.environ):
         return None
     name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        return libc if libc is not None and libc.mallopt and libc.malloc_trim else None
-    except (OSError, AttributeError):
+    if name is None:
         return None
+    try:
+        libc = ctypes.CDLL(name)
+    except OSError:
+        return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
 
 
 @contextlib.contextmanager
