@@ -67,6 +67,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 TASK = "tw_shopping"
+ACCELERATION_CLIP = 0.5
+"""P-GRPO's upper clip of the acceleration gain, as in ``bench/pgrpo_fork.py``."""
 SFT_ARMS = {"sequential": "sequential baseline", "parallel": "ThreadWeaver", "half": "half-parallel"}
 PGRPO_ARMS = {"half": "half-parallel SFT", "half_pgrpo": "half-parallel SFT + P-GRPO"}
 KEEP = ("acc", "well_formed", "parallel_activation", "token_latency", "total_tokens", "speedup")
@@ -260,8 +262,9 @@ def pgrpo(out: Path, half: str, problems: str, args: argparse.Namespace) -> dict
     command = [CLI, "pgrpo", half, problems, "--output-dir", str(model), "--max-steps", str(args.pgrpo_steps)]
     command += ["--prompts-per-step", str(args.pgrpo_prompts), "--num-generations", "8"]
     command += ["--learning-rate", str(args.pgrpo_learning_rate), "--temperature", str(args.pgrpo_temperature)]
-    command += ["--acceleration-factor", str(args.pgrpo_acceleration_factor), "--acceleration-clip", "0.5"]
-    command += ["--acceleration-form", "reduction", "--max-completion-length", "640", "--logging-steps", "1"]
+    command += ["--acceleration-factor", str(args.pgrpo_acceleration_factor)]
+    command += ["--acceleration-clip", str(ACCELERATION_CLIP), "--acceleration-form", "reduction"]
+    command += ["--max-completion-length", "640", "--logging-steps", "1"]
     seconds = run(command, out / "pgrpo.log")
     history = json.loads((model / "log_history.json").read_text())
     curve = [
@@ -309,7 +312,7 @@ def report(args, stages: dict, minutes: float) -> str:
         f"P-GRPO from the half-parallel model ({sft_steps('half', args)} SFT steps; "
         f"{stages['data']['half_parallel_rows']} of the {stages['data']['rows']} rows parallel): "
         f"{args.pgrpo_steps} steps x {args.pgrpo_prompts} problems x 8 rollouts at T={args.pgrpo_temperature}, lr "
-        f"{args.pgrpo_learning_rate}, acceleration factor {args.pgrpo_acceleration_factor} (clip 0.5), "
+        f"{args.pgrpo_learning_rate}, acceleration factor {args.pgrpo_acceleration_factor} (clip {ACCELERATION_CLIP}), "
         f"{stages['pgrpo']['s_per_step']:.0f} s/step; {pg['half']['problems']} "
         "held-out problems, greedy",
         "",
@@ -487,8 +490,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=5.0,
         help="weight of the acceleration reward (the paper's 0.5). A correct fork earns 1 + factor x (1 - critical "
-        "path / total), clipped at 0.5: about 3 at 5.0. The half-parallel model's forks are right less often than "
-        "its sequential solutions, and at 0.5 or 2.0 P-GRPO stopped it forking (bench/RESULTS.md)",
+        f"path / total), clipped at {ACCELERATION_CLIP}: about 3 at 5.0. The half-parallel model's forks are right "
+        "less often than its sequential solutions, and at 0.5 or 2.0 P-GRPO stopped it forking (bench/RESULTS.md)",
     )
     parser.add_argument("--pgrpo-eval", type=int, default=100, help="held-out problems before and after P-GRPO")
     parser.add_argument("--out", default=os.path.join("runs", "pretrained"))
