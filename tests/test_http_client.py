@@ -105,3 +105,29 @@ def test_a_stream_refused_with_a_4xx_says_why_at_once():
     refused = b"HTTP/1.1 400 Bad\r\nContent-Length: 30\r\n\r\n" + b'{"error": {"message": "nope"}}'
     got, asked = events_of([refused])
     assert len(got) == 1 and got[0].endswith("answered POST /v1/completions with HTTP 400: nope") and asked == 1
+
+
+def test_a_request_the_server_aborts_names_the_server_and_why():
+    """vLLM answers 200 with finish_reason 'abort' for what was running when it shuts down."""
+    from threadweaver.engine import Sampling
+    from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
+
+    def reply(body: bytes) -> bytes:
+        return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    models = reply(b'{"data": [{"id": "m", "max_model_len": 64}]}')
+    aborted = reply(b'{"choices": [{"token_ids": [5], "finish_reason": "abort", "stop_reason": null}]}')
+
+    async def scenario():
+        asked, answer = served([models, aborted])
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        engine = VLLMServerEngine(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        try:
+            await engine.generate([1, 2], [0], 8, Sampling())
+        finally:
+            await engine.aclose()
+            server.close()
+
+    aborted_by = r"^vLLM server at http://127\.0\.0\.1:\d+ aborted the request: it is shutting down"
+    with pytest.raises(EngineError, match=aborted_by):
+        asyncio.run(scenario())

@@ -97,6 +97,8 @@ def to_completion(
     if finish_reason in ("stop", "length"):
         scores = None if logprobs is None else tuple(logprobs)
         return Completion(tuple(ids), finish_reason, scores, cached_tokens, first_token_s)
+    if finish_reason == "abort":  # vLLM and SGLang abort what is running when they shut down
+        raise EngineError(f"{where} aborted the request: it is shutting down, or gave up on the request (see its log)")
     raise EngineError(
         f"{where}: the request finished with {finish_reason!r} (matched {matched!r}) instead of 'stop' or 'length'"
     )
