@@ -274,6 +274,27 @@ def test_the_varlen_plan_is_the_tree(collator):
     assert torch.equal(_visible_under(plan, batch * n), expected)
 
 
+def test_the_varlen_plan_of_left_padded_rows_is_the_tree_and_gathers_as_little(collator):
+    """TRL's rows start with padding (each pad a leaf of its own): the first path starts after it, so
+    a block's threads still see their prompt through the shared call, not as gathered ancestors."""
+    from threadweaver.hf_collator.attention import tree_bool_mask
+    from threadweaver.hf_collator.segments import trie_plan
+
+    batch = collator([chat("a"), chat("b", NESTED_TWICE), chat("c", "<think>\nshort</think>\n\\boxed{5}")])
+    end, real = batch["subtree_end"].long(), batch["attention_mask"].sum(1)
+    n = end.shape[1]
+    left = torch.stack([torch.cat([torch.arange(1, n - r + 1), end[b, :r] + n - r]) for b, r in enumerate(real)])
+    assert int(real.min()) < n  # some row has padding to move to its left
+    for rows in (left, left[[0, 2]]):
+        plan = trie_plan(rows)
+        expected = torch.block_diag(*tree_bool_mask(rows)[:, 0])
+        assert torch.equal(_visible_under(plan, rows.numel()), expected)
+    right, flat = trie_plan(end), trie_plan(left)
+    assert len(flat.local.key_index) == len(right.local.key_index)  # the nested block's ancestors only
+    assert torch.equal(flat.shared.cu_k, right.shared.cu_k) and torch.equal(flat.shared.cu_q, right.shared.cu_q)
+    assert trie_plan(left[[0, 2]]).local.key_index is None  # one level of threads: nothing off the path
+
+
 def test_varlen_attention_and_its_gradients_equal_the_dense_mask(collator):
     """The plan's calls merged by log-sum-exp, and the backward against the merged output (CPU reference)."""
     from threadweaver.hf_collator.attention import tree_bool_mask

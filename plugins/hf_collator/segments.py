@@ -1,8 +1,8 @@
 """Tree attention as flash attention's variable-length kernel (``threadweaver_varlen``).
 
 Cut a pre-order trie after each leaf and it falls into segments: runs of tokens, each the
-child of the one before it. The first segment of a row is its first root-to-leaf path (the
-trajectory's sequential request). A query in a later segment sees a prefix of that path
+child of the one before it. A row's first path is its first root-to-leaf path (the trajectory's
+sequential request), after any left padding. A query in a later segment sees a prefix of that path
 (up to where its branch leaves it), its ancestors off the path, and its own segment up to
 itself. So the tree mask is the sum of two calls of flash's varlen kernel:
 
@@ -80,9 +80,14 @@ def trie_plan(subtree_end: torch.Tensor) -> TriePlan:
     ends = torch.nonzero(end == tokens + 1).flatten() + 1  # after each leaf; every row ends on one
     starts = torch.cat([ends.new_zeros(1), ends[:-1]])
     lengths = ends - starts
-    # A row's first path runs up to its first leaf, the smallest subtree end in the row.
-    path_end = subtree_end.long().min(dim=1).values + row_start
-    on_path = tokens < path_end.repeat_interleave(n)
+    # A row's first path starts at its first token with children: left padding (TRL's layout) is
+    # leaves of their own, which would otherwise make every segment gather its whole ancestry.
+    # It runs down to the first leaf, the smallest subtree end from there on.
+    by_row = end.view(batch, n)
+    has_children = by_row > tokens.view(batch, n) + 1
+    path_start = has_children.int().argmax(1) + row_start  # argmax: the first such token, else the first
+    path_end = by_row.masked_fill(tokens.view(batch, n) < path_start[:, None], batch * n).min(1).values
+    on_path = (tokens >= path_start.repeat_interleave(n)) & (tokens < path_end.repeat_interleave(n))
 
     # Ancestors of a segment starting at s: the tokens kv < s of its row with subtree_end[kv] > s.
     reach = torch.cummax(end, 0).values  # a row's subtrees end within the row
@@ -97,7 +102,7 @@ def trie_plan(subtree_end: torch.Tensor) -> TriePlan:
     ancestors = torch.zeros_like(lengths).index_put_((with_ancestors,), counts)
     which, column = torch.nonzero(off_path, as_tuple=True)
     local = _local(tokens, starts, lengths, ancestors, with_ancestors[which], keys[which, column], counts)
-    shared = _shared(tokens, starts, lengths, prefix, row_start[starts // n])
+    shared = _shared(tokens, starts, lengths, prefix, path_start[starts // n])
     return TriePlan(local, shared)
 
 
@@ -121,21 +126,21 @@ def _local(tokens, starts, lengths, ancestors, segment_of, ancestor, counts) -> 
     return Varlen(None, cu_q, key_index, cu_k.to(torch.int32), int(lengths.max()), int(key_lengths.max()), True)
 
 
-def _shared(tokens, starts, lengths, prefix, row_start) -> Varlen | None:
+def _shared(tokens, starts, lengths, prefix, path_start) -> Varlen | None:
     """The off-path queries, grouped by the first-path prefix they see, over that prefix."""
     sees = prefix > 0
     if not bool(sees.any()):
         return None
-    starts, lengths, prefix, row_start = starts[sees], lengths[sees], prefix[sees], row_start[sees]
+    starts, lengths, prefix, path_start = starts[sees], lengths[sees], prefix[sees], path_start[sees]
     # Consecutive segments seeing the same prefix of the same row are one group.
-    same = (prefix[1:] == prefix[:-1]) & (row_start[1:] == row_start[:-1])
+    same = (prefix[1:] == prefix[:-1]) & (path_start[1:] == path_start[:-1])
     first = torch.cat([same.new_ones(1), ~same])
     group = first.cumsum(0) - 1
     group_lengths = torch.zeros(int(group[-1]) + 1, dtype=torch.long, device=tokens.device)
     group_lengths.index_add_(0, group, lengths)
-    group_prefix, group_row = prefix[first], row_start[first]
+    group_prefix, group_path = prefix[first], path_start[first]
     query_index = _ranges(starts, lengths)
-    key_index = _ranges(group_row, group_prefix)
+    key_index = _ranges(group_path, group_prefix)
     return Varlen(
         query_index,
         _int32_offsets(group_lengths),
