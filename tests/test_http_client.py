@@ -14,11 +14,20 @@ def test_a_session_of_another_loop_is_closed_not_dropped():
     async def session():
         return client._ready()
 
-    first = asyncio.run(session())
-    second = asyncio.run(session())
-    assert first is not second and first.closed and not second.closed
+    kept = asyncio.new_event_loop()  # a loop that stays open (run_sync keeps one per thread)
+    try:
+        first = kept.run_until_complete(session())
+        connector = first.connector
+        second = asyncio.run(session())  # its own loop, closed after: nothing can run there
+        assert first is not second and not second.closed
+        kept.run_until_complete(asyncio.sleep(0.01))  # the kept loop runs again, and closes its session
+        assert first.closed and connector.closed
+        third = asyncio.run(session())
+        assert third is not second and second.closed  # let go: its loop is closed
+    finally:
+        kept.close()
     asyncio.run(client.aclose())
-    assert second.closed
+    assert third.closed
 
 
 def test_a_server_that_dies_mid_answer_is_retried_then_a_clear_error():

@@ -9,7 +9,6 @@ message, wrapped in :class:`EngineError`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import json
 import logging
@@ -173,13 +172,16 @@ class JSONClient:
         await asyncio.sleep(delay)
 
     def _drop_session(self) -> None:
-        """Close the session another event loop made (a session cannot move between loops)."""
+        """Close the session another event loop made (a session cannot move between loops): on that
+        loop, the next time it runs, where it is still open. A closed loop can run nothing, so its
+        session is only let go: its sockets close as they are collected."""
         session, self._session = self._session, None
-        if session is not None and not session.closed:
-            connector = session.connector
+        if session is None or session.closed:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            asyncio.run_coroutine_threadsafe(session.close(), self._loop)
+        else:
             session.detach()
-            with contextlib.suppress(RuntimeError):  # that loop may be closed already
-                connector.close()
 
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:
