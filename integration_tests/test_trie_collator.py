@@ -245,6 +245,8 @@ NESTED_TWICE = (
 def _visible_under(plan, tokens: int) -> torch.Tensor:
     """The [tokens, tokens] visibility the varlen plan's two calls give, one query at a time."""
     seen = torch.zeros(tokens, tokens, dtype=torch.bool)
+    if plan.alone is not None:
+        seen[plan.alone, plan.alone] = True
     for call in (plan.local, plan.shared):
         if call is None:
             continue
@@ -265,10 +267,14 @@ def test_the_varlen_plan_is_the_tree(collator):
     from threadweaver.hf_collator.attention import tree_bool_mask
     from threadweaver.hf_collator.segments import trie_plan
 
-    end = collator([chat("a"), chat("b", NESTED_TWICE), chat("c", "<think>\nshort</think>\n\\boxed{5}")])["subtree_end"]
+    batch = collator([chat("a"), chat("b", NESTED_TWICE), chat("c", "<think>\nshort</think>\n\\boxed{5}")])
+    end = batch["subtree_end"]
     plan = trie_plan(end)
     assert plan.local.key_index is not None, "the nested block's branches see ancestors off the first path"
     assert plan.shared is not None and not plan.shared.causal
+    padding = torch.nonzero(batch["attention_mask"].flatten() == 0).flatten()
+    assert torch.equal(plan.alone, padding), "padding is left out of the kernel's calls"
+    assert len(plan.local.query_index) + len(padding) == end.numel()
     batch, n = end.shape
     expected = torch.block_diag(*tree_bool_mask(end)[:, 0])
     assert torch.equal(_visible_under(plan, batch * n), expected)
@@ -292,7 +298,8 @@ def test_the_varlen_plan_of_left_padded_rows_is_the_tree_and_gathers_as_little(c
     right, flat = trie_plan(end), trie_plan(left)
     assert len(flat.local.key_index) == len(right.local.key_index)  # the nested block's ancestors only
     assert torch.equal(flat.shared.cu_k, right.shared.cu_k) and torch.equal(flat.shared.cu_q, right.shared.cu_q)
-    assert trie_plan(left[[0, 2]]).local.key_index is None  # one level of threads: nothing off the path
+    one_level = trie_plan(left[[0, 2]]).local  # one level of threads: no key off the first path
+    assert torch.equal(one_level.key_index, one_level.query_index)
 
 
 def test_varlen_attention_and_its_gradients_equal_the_dense_mask(collator):

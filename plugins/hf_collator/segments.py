@@ -17,6 +17,9 @@ visible pairs, and a block's threads fill the kernel's query tiles together. Key
 gathered per call and not kept for backward, which gathers them again and scatters their
 gradients back in float32 (a prefix is shared by many queries).
 
+Tokens that see only themselves (padding) stay out of both calls: each one's attention is its
+own value, and only that value has a gradient.
+
 On CUDA the calls run torch's own flash kernels (bf16 or fp16); elsewhere a reference with
 the same contract runs them sequence by sequence, which the tests check against the dense mask.
 """
@@ -54,6 +57,9 @@ class TriePlan:
     local: Varlen
     shared: Varlen | None
     """None where no query sees a prefix of a first path from off it."""
+    alone: torch.Tensor | None = None
+    """[A] int64: the tokens that see only themselves (padding), left out of the calls: each one's
+    attention is its own value. None: the local call takes every token."""
 
 
 def _int32_offsets(lengths: torch.Tensor) -> torch.Tensor:
@@ -101,29 +107,43 @@ def trie_plan(subtree_end: torch.Tensor) -> TriePlan:
     counts = off_path.sum(1)
     ancestors = torch.zeros_like(lengths).index_put_((with_ancestors,), counts)
     which, column = torch.nonzero(off_path, as_tuple=True)
-    local = _local(tokens, starts, lengths, ancestors, with_ancestors[which], keys[which, column], counts)
+    segment_of = with_ancestors[which]
+    # A segment of one token that sees nothing before it is padding (or a lone root): each of those
+    # would be a sequence of its own in the local call, so the kernel's grid would grow with them.
+    alone = (lengths == 1) & (ancestors == 0) & (prefix == 0)
+    lone_tokens = None
+    if bool(alone.any()) and not bool(alone.all()):
+        lone_tokens, kept = starts[alone], ~alone
+        segment_of = (kept.cumsum(0) - 1)[segment_of]  # numbered among the kept segments
+        starts, lengths, ancestors, prefix = (x[kept] for x in (starts, lengths, ancestors, prefix))
+    some_left_out = lone_tokens is not None
+    local = _local(tokens, starts, lengths, ancestors, segment_of, keys[which, column], counts, some_left_out)
     shared = _shared(tokens, starts, lengths, prefix, path_start[starts // n])
-    return TriePlan(local, shared)
+    return TriePlan(local, shared, lone_tokens)
 
 
-def _local(tokens, starts, lengths, ancestors, segment_of, ancestor, counts) -> Varlen:
+def _local(tokens, starts, lengths, ancestors, segment_of, ancestor, counts, some_left_out: bool) -> Varlen:
     """Each segment over its off-path ancestors and itself, causal.
 
     ``ancestor[i]`` is an off-path ancestor of segment ``segment_of[i]``, by segment, then in order.
+    ``some_left_out``: the segments do not cover every token, so the call names its queries.
     """
     cu_q = _int32_offsets(lengths)
-    if not int(counts.sum()):
+    if not int(counts.sum()) and not some_left_out:
         return Varlen(None, cu_q, None, cu_q, int(lengths.max()), int(lengths.max()), causal=True)
+    query_index = _ranges(starts, lengths) if some_left_out else tokens
     key_lengths = ancestors + lengths
     cu_k = _int32_offsets(key_lengths).long()
     key_index = torch.empty(int(cu_k[-1]), dtype=torch.long, device=tokens.device)
     segment = torch.repeat_interleave(torch.arange(len(lengths), device=tokens.device), lengths)
-    key_index[cu_k[segment] + ancestors[segment] + tokens - starts[segment]] = tokens  # itself, after its ancestors
+    within = torch.arange(len(query_index), device=tokens.device) - cu_q.long()[segment]
+    key_index[cu_k[segment] + ancestors[segment] + within] = query_index  # itself, after its ancestors
     rank = torch.arange(len(ancestor), device=tokens.device) - torch.repeat_interleave(
         counts.cumsum(0) - counts, counts
     )
     key_index[cu_k[segment_of] + rank] = ancestor
-    return Varlen(None, cu_q, key_index, cu_k.to(torch.int32), int(lengths.max()), int(key_lengths.max()), True)
+    queries = query_index if some_left_out else None
+    return Varlen(queries, cu_q, key_index, cu_k.to(torch.int32), int(lengths.max()), int(key_lengths.max()), True)
 
 
 def _shared(tokens, starts, lengths, prefix, path_start) -> Varlen | None:
@@ -249,7 +269,14 @@ class _TrieAttention(torch.autograd.Function):
     def forward(ctx, query, key, value, plan: TriePlan, scale: float):
         forward, _ = _kernel(query.device)
         local = plan.local
-        out, lse, local_state = forward(query, _take(key, local.key_index), _take(value, local.key_index), local, scale)
+        keys, values = _take(key, local.key_index), _take(value, local.key_index)
+        if plan.alone is None:
+            out, lse, local_state = forward(query, keys, values, local, scale)
+        else:  # a lone token's attention is its value; its log-sum-exp is never read
+            rows = local.query_index
+            out = value[:, :, None].expand(-1, -1, query.shape[1] // value.shape[1], -1).reshape(query.shape)
+            lse = torch.zeros(query.shape[1], query.shape[0], dtype=torch.float32, device=query.device)
+            out[rows], lse[:, rows], local_state = forward(query[rows], keys, values, local, scale)
         shared_state = None
         if plan.shared is not None:
             shared, rows = plan.shared, plan.shared.query_index
@@ -275,7 +302,16 @@ class _TrieAttention(torch.autograd.Function):
         dv = torch.zeros_like(dk)
         local = plan.local
         keys, values = _take(key, local.key_index), _take(value, local.key_index)
-        dq, dk_l, dv_l = backward(grad, query, keys, values, out, lse, local, scale, ctx.states[0])
+        if plan.alone is None:
+            dq, dk_l, dv_l = backward(grad, query, keys, values, out, lse, local, scale, ctx.states[0])
+        else:  # a lone token's softmax is 1 whatever its score: only its value has a gradient
+            rows, alone = local.query_index, plan.alone
+            dq = torch.zeros_like(query)
+            dq[rows], dk_l, dv_l = backward(
+                grad[rows], query[rows], keys, values, out[rows], lse[:, rows].contiguous(), local, scale,
+                ctx.states[0],
+            )  # fmt: skip
+            dv.index_add_(0, alone, grad[alone].float().unflatten(1, (value.shape[1], -1)).sum(2))
         _scatter(dk_l, local.key_index, dk)
         _scatter(dv_l, local.key_index, dv)
         if plan.shared is not None:
