@@ -267,12 +267,12 @@ def test_the_varlen_plan_is_the_tree(collator):
     from threadweaver.hf_collator.attention import tree_bool_mask
     from threadweaver.hf_collator.segments import trie_plan
 
-    batch = collator([chat("a"), chat("b", NESTED_TWICE), chat("c", "<think>\nshort</think>\n\\boxed{5}")])
-    end = batch["subtree_end"]
+    collated = collator([chat("a"), chat("b", NESTED_TWICE), chat("c", "<think>\nshort</think>\n\\boxed{5}")])
+    end = collated["subtree_end"]
     plan = trie_plan(end)
     assert plan.local.key_index is not None, "the nested block's branches see ancestors off the first path"
     assert plan.shared is not None and not plan.shared.causal
-    padding = torch.nonzero(batch["attention_mask"].flatten() == 0).flatten()
+    padding = torch.nonzero(collated["attention_mask"].flatten() == 0).flatten()
     assert torch.equal(plan.alone, padding), "padding is left out of the kernel's calls"
     assert len(plan.local.query_index) + len(padding) == end.numel()
     batch, n = end.shape

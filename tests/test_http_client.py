@@ -128,7 +128,7 @@ def test_a_request_the_server_aborts_names_the_server_and_why():
     aborted = reply(b'{"choices": [{"token_ids": [5], "finish_reason": "abort", "stop_reason": null}]}')
 
     async def scenario():
-        asked, answer = served([models, aborted])
+        _, answer = served([models, aborted])
         server = await asyncio.start_server(answer, "127.0.0.1", 0)
         engine = VLLMServerEngine(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
         try:

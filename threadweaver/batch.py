@@ -217,9 +217,8 @@ def _run_until_complete(loop: asyncio.AbstractEventLoop, coroutine):
     the task, which unwinds (its ``finally`` blocks may still await), and KeyboardInterrupt is raised
     here after. A second Ctrl-C raises at once.
     """
-    if threading.current_thread() is not threading.main_thread():
-        return loop.run_until_complete(coroutine)
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    on_main = threading.current_thread() is threading.main_thread()
+    if not on_main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return loop.run_until_complete(coroutine)
     task = loop.create_task(coroutine)
     interrupted = False

@@ -273,8 +273,9 @@ class _TrieAttention(torch.autograd.Function):
         if plan.alone is None:
             out, lse, local_state = forward(query, keys, values, local, scale)
         else:  # a lone token's attention is its value; its log-sum-exp is never read
-            rows = local.query_index
-            out = value[:, :, None].expand(-1, -1, query.shape[1] // value.shape[1], -1).reshape(query.shape)
+            rows, alone = local.query_index, plan.alone
+            out = torch.empty_like(query)
+            out[alone] = value[alone].repeat_interleave(query.shape[1] // value.shape[1], dim=1)
             lse = torch.zeros(query.shape[1], query.shape[0], dtype=torch.float32, device=query.device)
             out[rows], lse[:, rows], local_state = forward(query[rows], keys, values, local, scale)
         shared_state = None
