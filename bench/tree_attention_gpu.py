@@ -15,6 +15,9 @@ ids; the model is built from Qwen3-0.6B's config with random weights, bf16, no d
   - ``threadweaver_flex``: the causal head on flash, the branches on FlexAttention;
   - ``whole-tree flex``: every query through one FlexAttention ``BlockMask`` (how
     ``threadweaver_flex`` ran before the split);
+  - ``threadweaver_flex FA4`` and ``whole-tree flex FA4``: the same on FlexAttention's FLASH
+    backend (FlashAttention 4 through CuTe DSL), where ``flash_attn.cute`` is installed
+    (bench/gpu_wheels.sh carries it to a machine without a network); skipped, and said, elsewhere;
   - ``threadweaver_sdpa``: the dense-mask oracle (up to ``--dense-max`` tokens);
   where the predicted peak would not fit, gradient checkpointing and a chunked cross-entropy
   (the logits are most of the memory: 151,936 x N floats), said in the table;
@@ -23,8 +26,9 @@ ids; the model is built from Qwen3-0.6B's config with random weights, bf16, no d
 * the attention kernel alone (q 16 heads, k/v 8, head dim 128, bf16, forward+backward, laid
   out in memory as the model lays them out: tokens before heads):
   flash causal, flex with a causal and with the trie ``BlockMask``, the split, the trie on
-  flash's varlen kernel, the mask and plan build times, and the error against float32
-  attention under the dense mask; then
+  flash's varlen kernel, the trie ``BlockMask`` and the split on the FLASH backend (where it
+  runs), the mask and plan build times, and the error against float32 attention under the
+  dense mask; then
   FlexAttention ``kernel_options`` tried on the split at the sweep size, and the full
   model again with the fastest of them where it beats the default by 3%.
 
@@ -90,7 +94,27 @@ WHOLE_TREE_FLEX = "bench_whole_tree_flex"
 ERROR_MAX_TOKENS = 16384
 """The kernels' error is measured against float32 attention under the dense mask, [heads, N, N]: up to here."""
 BACKENDS = {"threadweaver_varlen": "varlen", "threadweaver_flex": "flex_attention", "threadweaver_sdpa": "sdpa"}
-ARMS = ("causal", "threadweaver_varlen", "threadweaver_flex", "whole-tree flex", "threadweaver_sdpa")
+FA4 = " FA4"
+"""An arm's name ending so runs FlexAttention on its FLASH backend (FlashAttention 4 through CuTe DSL)."""
+FA4_OPTIONS = {"BACKEND": "FLASH"}
+ARMS = (
+    "causal",
+    "threadweaver_varlen",
+    "threadweaver_flex",
+    "whole-tree flex",
+    "threadweaver_flex" + FA4,
+    "whole-tree flex" + FA4,
+    "threadweaver_sdpa",
+)
+PEAK_ARMS = {
+    "causal": "causal",
+    "threadweaver_varlen": "varlen",
+    "threadweaver_flex": "flex",
+    "whole-tree flex": "whole",
+    "threadweaver_flex" + FA4: "flex FA4",
+    "threadweaver_sdpa": "dense",
+}
+"""The arms whose peak memory the table shows, and their short names."""
 
 
 class Bench:
@@ -116,6 +140,19 @@ class Bench:
             tmp = self.out.with_suffix(".tmp")
             tmp.write_text(json.dumps(self.results, indent=1))
             tmp.replace(self.out)
+
+
+def fa4_missing(device: torch.device) -> str | None:
+    """Why the FLASH backend cannot run here, or None where it can."""
+    import importlib.util
+
+    if device.type != "cuda":
+        return "FlashAttention 4 needs CUDA"
+    try:
+        found = importlib.util.find_spec("flash_attn.cute") is not None
+    except ImportError:
+        found = False
+    return None if found else "flash_attn.cute is not installed (bench/gpu_wheels.sh)"
 
 
 def failure(err: Exception) -> str:
@@ -183,9 +220,15 @@ def register_whole_tree_flex() -> None:
     AttentionMaskInterface.register(WHOLE_TREE_FLEX, lambda **kwargs: None)
 
 
+def base_arm(arm: str) -> tuple[str, dict | None]:
+    """(the attention arm, FlexAttention kernel options): an FA4 arm is its base on the FLASH backend."""
+    return (arm.removesuffix(FA4), FA4_OPTIONS) if arm.endswith(FA4) else (arm, None)
+
+
 def set_arm(model, arm: str) -> None:
     from threadweaver.hf_collator import use_tree_attention
 
+    arm = base_arm(arm)[0]
     if arm == "causal":
         model.set_attn_implementation("sdpa")
     elif arm == "whole-tree flex":
@@ -201,7 +244,7 @@ def arm_inputs(batch: dict, arm: str) -> dict:
     as the start of another packed sequence and build a dense block mask instead.)
     """
     inputs = {k: v for k, v in batch.items() if k != "attention_mask"}
-    if arm == "causal":
+    if base_arm(arm)[0] == "causal":
         inputs.pop("subtree_end")
         inputs.pop("position_ids")
     return inputs
@@ -258,6 +301,7 @@ def set_checkpointing(model, memory_saving: str) -> None:
 def time_arm(model, batch, arm, device, warmups, repeats, memory_saving, kernel_options=None) -> dict:
     """Median seconds of forward+backward (forward only for flex on CPU) and peak GiB."""
     set_arm(model, arm)
+    kernel_options = kernel_options or base_arm(arm)[1]
     backward = device.type == "cuda" or "flex" not in arm
     inputs = arm_inputs(batch, arm)
     times = []
@@ -285,26 +329,39 @@ def time_arm(model, batch, arm, device, warmups, repeats, memory_saving, kernel_
 
 
 def agreement(model, batch, device) -> dict:
-    """``threadweaver_varlen`` and ``threadweaver_flex`` against the dense oracle (loss difference,
-    gradient cosine; flex forward only on CPU), and the chunked loss against the model's own."""
-    losses, grads = {}, {}
-    for arm in ("threadweaver_sdpa", "threadweaver_varlen", "threadweaver_flex"):
-        backward = device.type == "cuda" or arm != "threadweaver_flex"
+    """``threadweaver_varlen`` and ``threadweaver_flex`` (and on FA4, where it runs) against the dense
+    oracle (loss difference, gradient cosine; flex forward only on CPU), and the chunked loss against
+    the model's own. An arm that fails says so and the others go on."""
+
+    def loss_and_grad(arm: str) -> tuple[float, torch.Tensor | None]:
+        backward = device.type == "cuda" or "flex" not in arm
         set_arm(model, arm)
-        losses[arm] = step(model, arm_inputs(batch, arm), backward, None, "none").float().item()
-        if backward:
-            grads[arm] = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
-            model.zero_grad(set_to_none=True)
-    dense = losses["threadweaver_sdpa"]
+        loss = step(model, arm_inputs(batch, arm), backward, base_arm(arm)[1], "none").float().item()
+        if not backward:
+            return loss, None
+        grad = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+        model.zero_grad(set_to_none=True)
+        return loss, grad
+
+    dense, dense_grad = loss_and_grad("threadweaver_sdpa")
     set_arm(model, "threadweaver_sdpa")
     with torch.no_grad():  # in chunks shorter than the row
         chunked = chunked_loss(model, arm_inputs(batch, "threadweaver_sdpa"), {}, chunk=1000).float().item()
     out = {"loss_dense": dense, "chunked_loss_difference": abs(chunked - dense)}
-    for arm in ("threadweaver_varlen", "threadweaver_flex"):
-        out[f"{arm} loss_difference"] = abs(losses[arm] - dense)
-        if arm in grads:
-            a, b = grads["threadweaver_sdpa"], grads[arm]
-            out[f"{arm} gradient_cosine"] = (a @ b / (a.norm() * b.norm())).item()
+    compared = ["threadweaver_varlen", "threadweaver_flex"]
+    if fa4_missing(device) is None:
+        compared.append("threadweaver_flex" + FA4)
+    for arm in compared:
+        try:
+            loss, grad = loss_and_grad(arm)
+        except Exception as err:  # one arm's failure is a result
+            traceback.print_exc()
+            model.zero_grad(set_to_none=True)
+            out[f"{arm} error"] = failure(err)
+            continue
+        out[f"{arm} loss_difference"] = abs(loss - dense)
+        if grad is not None:
+            out[f"{arm} gradient_cosine"] = (dense_grad @ grad / (dense_grad.norm() * grad.norm())).item()
     return out
 
 
@@ -366,6 +423,9 @@ def full_model(bench: Bench, args, device: torch.device, shape: dict):
         for arm in arms:
             if bench.over_budget():
                 entry["arms"][arm] = {"skipped": "time budget"}
+                continue
+            if arm.endswith(FA4) and fa4_missing(device):
+                entry["arms"][arm] = {"skipped": fa4_missing(device)}
                 continue
             entry["arms"][arm] = time_arm(model, batch, arm, device, warmups, repeats, memory_saving)
             print(f"[{bench.elapsed():.0f} s, full model] {tokens} tokens, {arm}: {entry['arms'][arm]}", flush=True)
@@ -557,6 +617,7 @@ def kernels(bench: Bench, args, device: torch.device, shape: dict) -> str:
         except Exception as err:
             traceback.print_exc()
             entry["error"] = failure(err)
+        fa4_kernels(k, entry, measure_error=size == args.kernel_sizes[0] and k.n <= ERROR_MAX_TOKENS)
         print(f"[{bench.elapsed():.0f} s, kernel] {entry}", flush=True)
         bench.save()
     if args.profile_size and not bench.over_budget():
@@ -582,6 +643,25 @@ def kernels(bench: Bench, args, device: torch.device, shape: dict) -> str:
         bench.save()
     timed = {name: ms for name, ms in sweep["split ms"].items() if isinstance(ms, float)}
     return min(timed, key=timed.get) if timed else "default"
+
+
+def fa4_kernels(k: Kernels, entry: dict, measure_error: bool) -> None:
+    """The trie ``BlockMask`` and the split on the FLASH backend, or why not; a failure is a result."""
+    missing = fa4_missing(k.device)
+    if missing:
+        entry["FA4"] = missing
+        return
+    for name, attention in (
+        ("flex trie", k.flex_with(k.tree_mask, FA4_OPTIONS)),
+        ("split", k.split_attention(FA4_OPTIONS)),
+    ):
+        try:
+            entry[f"{name}{FA4} ms"] = k.time(attention)
+            if measure_error:
+                entry[f"relative error, {name}{FA4}"] = k.relative_error(attention)
+        except Exception as err:
+            traceback.print_exc()
+            entry[f"{name}{FA4} error"] = failure(err)
 
 
 def profile_trie_varlen(bench: Bench, size: int, shape: dict, device: torch.device) -> str:
@@ -655,7 +735,7 @@ def report(results: dict) -> str:
         head = ["tokens", "visible", "memory saving", "causal", "tw_varlen", "x", "tw_flex", "x"]
         head += ["whole-tree flex", "x", "dense", "x"]
         head += [h for a in tuned for h in (a.replace("threadweaver_flex + ", "flex + "), "x")]
-        head += ["peak GiB causal/varlen/flex/whole/dense"]
+        head += ["peak GiB " + "/".join(PEAK_ARMS.values())]
         lines.append(" | ".join(head))
         for e in full:
             a = e["arms"]
@@ -663,24 +743,22 @@ def report(results: dict) -> str:
             cells = [str(e["tokens"]), f"{e['visible']:.2f}", e["memory_saving"], _s(c)]
             for arm in [*ARMS[1:], *tuned]:
                 cells += [_s(a.get(arm)), _ratio(c, a.get(arm))]
-            cells.append(" / ".join(_gib(a.get(x)) for x in ARMS))
+            cells.append(" / ".join(_gib(a.get(x)) for x in PEAK_ARMS))
             lines.append(" | ".join(cells))
     if "agreement" in results:
         lines.append(f"\nagainst the dense mask: {results['agreement']}")
     kern = [e for e in results.get("kernel", []) if "flash causal ms" in e]
     if kern:
         lines.append("\nattention kernel alone, ms (forward+backward where 'backward'), speed against flash causal:")
-        columns = ["flash causal", "flex causal", "flex trie", "split", "trie varlen", "mask build", "plan build"]
-        lines.append(
-            "tokens | head share | " + " | ".join(columns) + " | speed of flex trie, split, trie varlen against flash"
-        )
+        fast = ["flex trie", "split", "trie varlen", "flex trie" + FA4, "split" + FA4]
+        columns = ["flash causal", "flex causal", *fast, "mask build", "plan build"]
+        lines.append("tokens | head share | " + " | ".join(columns) + f" | speed of {', '.join(fast)} against flash")
         for e in kern:
             f = e["flash causal ms"]
             cells = [str(e["tokens"]), f"{e['head_pairs']:.2f}"] + [_ms(e.get(c + " ms")) for c in columns]
-            cells.append(
-                ", ".join(_ms(f / e[c] if e.get(c) else None) for c in ("flex trie ms", "split ms", "trie varlen ms"))
-            )
+            cells.append(", ".join(_ms(f / e[c + " ms"] if e.get(c + " ms") else None) for c in fast))
             lines.append(" | ".join(cells))
+            lines += [f"  {key}: {value}" for key, value in e.items() if key == "FA4" or key.endswith(" error")]
         errors = {k: v for k, v in kern[0].items() if k.startswith("relative error")}
         lines.append(f"against float32 attention under the dense mask at {kern[0]['tokens']}: {errors}")
     if "kernel_options" in results:

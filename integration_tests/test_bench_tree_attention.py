@@ -13,6 +13,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "tree_attention_gpu.py"
 ARMS = ("causal", "threadweaver_varlen", "threadweaver_flex", "whole-tree flex", "threadweaver_sdpa")
+FA4_ARMS = ("threadweaver_flex FA4", "whole-tree flex FA4")
 
 
 def test_the_smoke_runs_every_arm_and_agrees_with_the_dense_mask(tmp_path):
@@ -28,6 +29,8 @@ def test_the_smoke_runs_every_arm_and_agrees_with_the_dense_mask(tmp_path):
     for entry in full:
         for arm in ARMS:
             assert entry["arms"][arm]["seconds"] > 0, (arm, entry["arms"][arm])
+        for arm in FA4_ARMS:  # FlashAttention 4 runs on CUDA only: the arm says why it did not run
+            assert entry["arms"][arm] == {"skipped": "FlashAttention 4 needs CUDA"}
         assert 0 < entry["head_pairs"] < entry["visible"] < 1
     agreement = results["agreement"]
     assert agreement["chunked_loss_difference"] < 1e-5
@@ -36,6 +39,7 @@ def test_the_smoke_runs_every_arm_and_agrees_with_the_dense_mask(tmp_path):
     assert agreement["threadweaver_varlen gradient_cosine"] > 1 - 1e-5
 
     kernel = results["kernel"][0]
+    assert kernel["FA4"] == "FlashAttention 4 needs CUDA"
     for arm in ("split", "flex trie", "trie varlen"):
         assert kernel[f"relative error, {arm}"] < 1e-5, arm
     assert "segments" in results["trie_varlen_profile"]

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# FlashAttention 4 (FlexAttention's FLASH backend) for a GPU machine that has no network.
+#
+#   bench/gpu_wheels.sh [OUT_DIR]        # default .gpu_wheels (git-ignored)
+#
+# Downloads the wheels that bench/tree_attention_gpu.py's FA4 arms need, for the device image
+# (Python 3.12, x86-64, torch 2.11 + CUDA 13: the versions below are the ones released with
+# torch 2.11, whose inductor writes the CuTe DSL code that calls them), and cuts them into
+# parts small enough to travel beside the working tree (about 17 MiB) under the 64 MiB a device
+# call carries: one part a call. bench/tree_attention_gpu_device.sh puts them back together
+# and installs them there. The device image already has cuda-bindings, einops and numpy.
+set -euo pipefail
+
+OUT=${1:-.gpu_wheels}
+PART_MIB=${PART_MIB:-40}
+WHEELS=(
+  flash-attn-4==4.0.0b7
+  nvidia-cutlass-dsl==4.4.2
+  nvidia-cutlass-dsl-libs-base==4.4.2
+  quack-kernels==0.3.7
+  apache-tvm-ffi==0.1.9
+  torch-c-dlpack-ext==0.1.5
+)
+
+download=$(mktemp -d)
+trap 'rm -rf "$download"' EXIT
+python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --dest "$download" "${WHEELS[@]}"
+count=$(find "$download" -name '*.whl' | wc -l)
+if [ "$count" -ne "${#WHEELS[@]}" ]; then
+  echo "gpu_wheels: expected ${#WHEELS[@]} wheels, downloaded $count into $download" >&2
+  exit 1
+fi
+
+rm -rf "$OUT"
+mkdir -p "$OUT"
+tar -C "$download" -cf - . | split --bytes="${PART_MIB}M" - "$OUT/part-"
+(cd "$OUT" && sha256sum part-* >SHA256SUMS)
+echo "gpu_wheels: $count wheels in $(ls "$OUT"/part-* | wc -l) parts of at most $PART_MIB MiB under $OUT:"
+ls -l "$OUT"

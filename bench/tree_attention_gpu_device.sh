@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# bench/tree_attention_gpu.py in one call of a GPU machine that has no network and no threadweaver install.
+#
+#   bench/tree_attention_gpu_device.sh stash             # keep the wheel parts this call carried, and stop
+#   bench/tree_attention_gpu_device.sh [BENCH_ARGS...]   # the bench, on FA4 too where every part is here
+#
+# FlashAttention 4's wheels (bench/gpu_wheels.sh) are larger than one call carries, so they
+# travel one part a call: each call keeps the parts it carried in /tmp/gpu_wheels, which lasts
+# as long as the machine stays warm. Once every part listed in SHA256SUMS is there and checks
+# out, they are installed into /tmp/site; otherwise the bench runs without them and its FA4
+# arms say why. The package runs from a copy laid out as the installed one (plugins/<name> ->
+# threadweaver.<name>). $PYTHON (python3) runs it; the results and the log go to $OUT (the
+# device's folder that comes back), or runs/ elsewhere. With no BENCH_ARGS, the run issue 40
+# waits for: threads of 1,000 tokens, the full model at 4k and 32k (the sizes of its goal) with
+# every arm but the dense one, the kernels at 32k; about 8 minutes on an H200.
+set -uo pipefail
+
+KEEP=/tmp/gpu_wheels
+OUT=${OUT:-runs}
+PYTHON=${PYTHON:-python3}
+mkdir -p "$KEEP" "$OUT"
+if compgen -G ".gpu_wheels/part-*" >/dev/null; then
+  cp .gpu_wheels/part-* .gpu_wheels/SHA256SUMS "$KEEP"/
+fi
+echo "wheel parts kept: $(cd "$KEEP" && ls part-* 2>/dev/null | tr '\n' ' ')"
+if [ "${1:-}" = stash ]; then
+  nvidia-smi -L
+  "$PYTHON" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'
+  exit 0
+fi
+
+if [ -f "$KEEP/SHA256SUMS" ] && (cd "$KEEP" && sha256sum --check --quiet SHA256SUMS); then
+  rm -rf /tmp/wheels && mkdir -p /tmp/wheels
+  cat "$KEEP"/part-* | tar -xf - -C /tmp/wheels
+  if "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site /tmp/wheels/*.whl; then
+    # PYTHONPATH is no site directory: the folders its .pth files name (cutlass's) join it by hand.
+    site_path=/tmp/site
+    for pth in /tmp/site/*.pth; do
+      [ -f "$pth" ] || continue
+      while IFS= read -r line || [ -n "$line" ]; do
+        case $line in import* | "") ;; *) site_path=$site_path:/tmp/site/$line ;; esac
+      done <"$pth"
+    done
+    export PYTHONPATH=$site_path${PYTHONPATH:+:$PYTHONPATH}
+  else
+    echo "FlashAttention 4's wheels did not install: the FA4 arms will say so"
+  fi
+else
+  echo "FlashAttention 4's wheel parts are not all here: the FA4 arms will say so"
+fi
+
+rm -rf /tmp/pkg && mkdir -p /tmp/pkg
+cp -r threadweaver /tmp/pkg/
+for plugin in plugins/*/; do cp -r "$plugin" /tmp/pkg/threadweaver/; done
+export PYTHONPATH=/tmp/pkg${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+
+if [ $# -eq 0 ]; then
+  set -- --thread-tokens 1000 --sizes 4096 32768 --kernel-sizes 32768 --sweep-size 0 \
+    --profile-size 0 --dense-max 0 --budget-s 360
+fi
+"$PYTHON" bench/tree_attention_gpu.py --out "$OUT/tree_attention_gpu.json" "$@" 2>&1 | tee "$OUT/tree_attention_gpu.log"
