@@ -131,38 +131,3 @@ def test_tree_json_nests_threads(fmt):
         },
         {"text": " done"},
     ]
-
-
-def test_a_ctrl_c_that_lands_in_a_weakref_callback_still_stops_the_run():
-    """Python prints and drops a KeyboardInterrupt raised inside a weakref callback (or a ``__del__``):
-    with its own handler, this Ctrl-C was lost and the run went on. The first Ctrl-C now cancels."""
-    import os
-    import signal
-    import weakref
-
-    from threadweaver.batch import run_sync
-
-    unwound = []
-
-    async def work():
-        class Thing:
-            pass
-
-        def press_ctrl_c(_ref):
-            os.kill(os.getpid(), signal.SIGINT)
-            for _ in range(1000):  # Python runs the signal's handler here, inside the callback
-                pass
-
-        thing = Thing()
-        ref = weakref.ref(thing, press_ctrl_c)
-        del thing
-        try:
-            await asyncio.sleep(5)
-        finally:
-            await asyncio.sleep(0)  # the task unwinds on its loop: cleanup may still await
-            unwound.append(ref)
-        return "went on"
-
-    with pytest.raises(KeyboardInterrupt):
-        run_sync(work())
-    assert unwound and signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import signal
 import threading
 import time
 from collections import Counter
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from threadweaver.format import Format
+from threadweaver.interrupts import run_until_complete
 from threadweaver.jsonl import RowError, appending, read_jsonl, row_name
 from threadweaver.orchestrator import Limits, Orchestrator, Trajectory
 from threadweaver.rows import RowReader, tokenizer_field
@@ -194,7 +194,9 @@ def run_sync(coroutine):
 
     Each thread keeps one event loop between calls, so what an engine binds to it (an
     HTTP session) serves every call. Called inside a running loop (a notebook), the
-    coroutine runs on a worker thread of its own.
+    coroutine runs on a worker thread of its own. On the main thread Ctrl-C (and SIGTERM or
+    SIGHUP where :func:`~threadweaver.interrupts.interrupt_like_ctrl_c` asked) cancels it, and
+    KeyboardInterrupt is raised once it has unwound.
     """
     global _worker
     try:
@@ -203,43 +205,6 @@ def run_sync(coroutine):
         loop = getattr(_loops, "loop", None)
         if loop is None or loop.is_closed():
             loop = _loops.loop = asyncio.new_event_loop()
-        return _run_until_complete(loop, coroutine)
+        return run_until_complete(loop, coroutine)
     _worker = _worker or ThreadPoolExecutor(1, thread_name_prefix="threadweaver-run-sync")
     return _worker.submit(run_sync, coroutine).result()
-
-
-def _run_until_complete(loop: asyncio.AbstractEventLoop, coroutine):
-    """``loop.run_until_complete``, where the first Ctrl-C cancels the coroutine, as ``asyncio.run`` does.
-
-    Python's own Ctrl-C raises KeyboardInterrupt wherever the main thread is, and where that is a
-    weakref callback or a ``__del__``, Python prints it and drops it: the command went on (seen in
-    ``curate``). So on the main thread, with Python's handler in place, the first Ctrl-C only cancels
-    the task, which unwinds (its ``finally`` blocks may still await), and KeyboardInterrupt is raised
-    here after. A second Ctrl-C raises at once.
-    """
-    on_main = threading.current_thread() is threading.main_thread()
-    if not on_main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return loop.run_until_complete(coroutine)
-    task = loop.create_task(coroutine)
-    interrupted = False
-
-    def cancel(signum, frame):
-        nonlocal interrupted
-        if interrupted or task.done():
-            raise KeyboardInterrupt
-        interrupted = True
-        task.cancel()
-        loop.call_soon_threadsafe(lambda: None)  # wake the loop from its wait
-
-    signal.signal(signal.SIGINT, cancel)
-    try:
-        result = loop.run_until_complete(task)
-    except asyncio.CancelledError:
-        if interrupted:
-            raise KeyboardInterrupt from None
-        raise
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if interrupted:  # the coroutine caught its cancellation and finished
-        raise KeyboardInterrupt
-    return result

@@ -21,7 +21,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 
 from threadweaver.cli_args import option
 from threadweaver.hosts import check_host
+from threadweaver.interrupts import interrupt_like_ctrl_c
 from threadweaver.orchestrator import Limits
 
 from .openai_api import ServerSettings, branching_default_option, max_trajectories_option
@@ -125,10 +125,6 @@ def _stop_running() -> None:
         server.stop()
 
 
-def _interrupt_on_signal(signum, _frame) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 @functools.cache
 def stop_on_exit() -> None:
     """Once per process: stop every server still running at exit, and let SIGTERM and SIGHUP (a
@@ -137,11 +133,7 @@ def stop_on_exit() -> None:
     runs in a process group of its own, so without this it would outlive a killed command. The
     integration tests call it for the whole run: a killed ``pytest`` then tears down its fixtures."""
     atexit.register(_stop_running)
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(signum) is signal.SIG_DFL:
-            signal.signal(signum, _interrupt_on_signal)
+    interrupt_like_ctrl_c(signal.SIGTERM, signal.SIGHUP)
 
 
 class VLLMServer:

@@ -1,0 +1,110 @@
+"""Stopping a command: the first Ctrl-C (or SIGTERM, where asked) cancels the coroutine and unwinds it."""
+
+import asyncio
+import os
+import signal
+import threading
+import weakref
+
+import pytest
+
+from threadweaver.batch import run_sync
+from threadweaver.interrupts import interrupt_like_ctrl_c, raise_keyboard_interrupt
+
+
+@pytest.fixture
+def sigterm_interrupts():
+    """SIGTERM interrupts as Ctrl-C does for the test (as ``serve.stop_on_exit`` asks), then as before."""
+    before = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    interrupt_like_ctrl_c(signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is raise_keyboard_interrupt
+    yield
+    signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_that_lands_in_a_weakref_callback_still_stops_the_run(signum, request):
+    """Python prints and drops a KeyboardInterrupt raised inside a weakref callback (or a ``__del__``):
+    raised by the signal's own handler there, the signal was lost and the run went on. The first
+    signal now cancels the task, which unwinds on its loop, and KeyboardInterrupt follows."""
+    if signum == signal.SIGTERM:
+        request.getfixturevalue("sigterm_interrupts")
+    handler = signal.getsignal(signum)
+    unwound = []
+
+    async def work():
+        class Thing:
+            pass
+
+        def send_the_signal(_ref):
+            os.kill(os.getpid(), signum)
+            for _ in range(1000):  # Python runs the signal's handler here, inside the callback
+                pass
+
+        thing = Thing()
+        ref = weakref.ref(thing, send_the_signal)
+        del thing
+        try:
+            await asyncio.sleep(5)
+        finally:
+            await asyncio.sleep(0)  # the task unwinds on its loop: cleanup may still await
+            unwound.append(ref)
+        return "went on"
+
+    with pytest.raises(KeyboardInterrupt) as raised:
+        run_sync(work())
+    assert unwound and signal.getsignal(signum) is handler
+    assert raised.value.args == (() if signum == signal.SIGINT else ("SIGTERM",))
+
+
+def test_a_second_signal_raises_at_once_while_the_task_unwinds(sigterm_interrupts):
+    """A cleanup that hangs is not waited for: the second signal raises inside it."""
+    reached = []
+
+    async def work():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(5)
+        finally:
+            reached.append("cleanup")
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(5)
+            reached.append("cleanup done")
+
+    with pytest.raises(KeyboardInterrupt) as raised:
+        run_sync(work())
+    assert reached == ["cleanup"] and raised.value.args == ()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) is raise_keyboard_interrupt
+
+
+def test_a_signal_someone_else_handles_is_left_alone():
+    """A host's own SIGTERM handler (a trainer's, a server's) stays, and the run is the plain call."""
+    seen = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        interrupt_like_ctrl_c(signal.SIGTERM)
+
+        async def work():
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(0.05)
+            return "finished"
+
+        assert run_sync(work()) == "finished"
+        assert seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_off_the_main_thread_nothing_is_installed():
+    """Python runs signal handlers on the main thread only: a worker thread leaves them as they are."""
+    before = signal.getsignal(signal.SIGHUP)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        thread = threading.Thread(target=interrupt_like_ctrl_c, args=(signal.SIGHUP,))
+        thread.start()
+        thread.join()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, before)

@@ -1,0 +1,82 @@
+"""Stopping a command: Ctrl-C, and SIGTERM or SIGHUP where asked, cancel its coroutine and unwind it.
+
+Python's own Ctrl-C handler raises KeyboardInterrupt wherever the main thread is. Where that is
+a weakref callback or a ``__del__``, Python prints the exception and drops it, and the command
+goes on (seen in ``curate``). :func:`run_until_complete` therefore turns the first such signal
+into a cancellation of the running task, which unwinds (its ``finally`` blocks may still await),
+and raises KeyboardInterrupt after. A second signal raises at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+OPTIONAL = (signal.SIGTERM, signal.SIGHUP)
+"""The signals :func:`interrupt_like_ctrl_c` can make interrupt; SIGINT does by default."""
+
+
+def raise_keyboard_interrupt(signum: int, _frame) -> None:
+    """A signal handler: the signal interrupts the program as Ctrl-C does."""
+    raise _interrupt(signum)
+
+
+def _interrupt(signum: int) -> KeyboardInterrupt:
+    """Ctrl-C's KeyboardInterrupt as Python raises it; another signal's names the signal."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def interrupt_like_ctrl_c(*signums: signal.Signals) -> None:
+    """On the main thread, make each of ``signums`` that nothing else handles interrupt as Ctrl-C does
+    (a job scheduler's SIGTERM, a closed terminal's SIGHUP), so that ``with`` blocks and ``finally``
+    clauses run; :func:`run_until_complete` cancels its task first."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in signums:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            signal.signal(signum, raise_keyboard_interrupt)
+
+
+def _interrupting() -> dict[signal.Signals, Any]:
+    """The signals whose handler now raises KeyboardInterrupt, and that handler."""
+    handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
+    handlers.update((signum, signal.getsignal(signum)) for signum in OPTIONAL)
+    ours = (signal.default_int_handler, raise_keyboard_interrupt)
+    return {signum: handler for signum, handler in handlers.items() if handler in ours}
+
+
+def run_until_complete(loop: asyncio.AbstractEventLoop, coroutine: Coroutine):
+    """``loop.run_until_complete(coroutine)``, where the first interrupting signal cancels the
+    coroutine (as ``asyncio.run`` does for Ctrl-C) and KeyboardInterrupt is raised once it has
+    unwound. Off the main thread, or where no signal interrupts, it is the plain call."""
+    on_main = threading.current_thread() is threading.main_thread()
+    handlers = _interrupting() if on_main else {}
+    if not handlers:
+        return loop.run_until_complete(coroutine)
+    task = loop.create_task(coroutine)
+    interrupted: list[int] = []
+
+    def cancel(signum, _frame):
+        if interrupted or task.done():
+            raise _interrupt(signum)
+        interrupted.append(signum)
+        task.cancel()
+        loop.call_soon_threadsafe(lambda: None)  # wake the loop from its wait
+
+    for signum in handlers:
+        signal.signal(signum, cancel)
+    try:
+        result = loop.run_until_complete(task)
+    except asyncio.CancelledError:
+        if interrupted:
+            raise _interrupt(interrupted[0]) from None
+        raise
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    if interrupted:  # the coroutine caught its cancellation and finished
+        raise _interrupt(interrupted[0])
+    return result
