@@ -9,14 +9,21 @@
 # parts small enough to travel beside the working tree (about 17 MiB) under the 64 MiB a device
 # call carries: one part a call. bench/tree_attention_gpu_device.sh puts them back together
 # and installs them there. The device image already has cuda-bindings, einops and numpy.
+# CUDA=12 takes CuTe DSL's CUDA 12 build instead of its CUDA 13 one (the two are the same size,
+# and a CUDA 13 driver runs either).
 set -euo pipefail
 
 OUT=${1:-.gpu_wheels}
 PART_MIB=${PART_MIB:-40}
+case ${CUDA:-13} in
+  13) CUTE_LIBS=nvidia-cutlass-dsl-libs-cu13==4.4.2 ;;
+  12) CUTE_LIBS=nvidia-cutlass-dsl-libs-base==4.4.2 ;;
+  *) echo "gpu_wheels: CUDA is 12 or 13, not ${CUDA}" >&2; exit 2 ;;
+esac
 WHEELS=(
   flash-attn-4==4.0.0b7
   nvidia-cutlass-dsl==4.4.2
-  nvidia-cutlass-dsl-libs-base==4.4.2
+  "$CUTE_LIBS"
   quack-kernels==0.3.7
   apache-tvm-ffi==0.1.9
   torch-c-dlpack-ext==0.1.5
@@ -33,8 +40,8 @@ if [ "$count" -ne "${#WHEELS[@]}" ]; then
   exit 1
 fi
 
-rm -rf "$OUT"
 mkdir -p "$OUT"
+rm -f "$OUT"/part-* "$OUT"/SHA256SUMS
 tar -C "$download" -cf - . | split --bytes="${PART_MIB}M" - "$OUT/part-"
 (cd "$OUT" && sha256sum part-* >SHA256SUMS)
 echo "gpu_wheels: $count wheels in $(ls "$OUT"/part-* | wc -l) parts of at most $PART_MIB MiB under $OUT:"

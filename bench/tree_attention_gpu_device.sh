@@ -19,9 +19,9 @@ KEEP=/tmp/gpu_wheels
 OUT=${OUT:-runs}
 PYTHON=${PYTHON:-python3}
 mkdir -p "$KEEP" "$OUT"
-if compgen -G ".gpu_wheels/part-*" >/dev/null; then
-  cp .gpu_wheels/part-* .gpu_wheels/SHA256SUMS "$KEEP"/
-fi
+for carried in .gpu_wheels/part-* .gpu_wheels/SHA256SUMS; do
+  [ -f "$carried" ] && cp "$carried" "$KEEP"/
+done
 echo "wheel parts kept: $(cd "$KEEP" && ls part-* 2>/dev/null | tr '\n' ' ')"
 if [ "${1:-}" = stash ]; then
   nvidia-smi -L
@@ -31,7 +31,7 @@ fi
 
 if [ -f "$KEEP/SHA256SUMS" ] && (cd "$KEEP" && sha256sum --check --quiet SHA256SUMS); then
   rm -rf /tmp/wheels && mkdir -p /tmp/wheels
-  cat "$KEEP"/part-* | tar -xf - -C /tmp/wheels
+  (cd "$KEEP" && cat $(awk '{print $2}' SHA256SUMS)) | tar -xf - -C /tmp/wheels  # the listed parts, in order
   if "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site /tmp/wheels/*.whl; then
     # PYTHONPATH is no site directory: the folders its .pth files name (cutlass's) join it by hand.
@@ -39,7 +39,7 @@ if [ -f "$KEEP/SHA256SUMS" ] && (cd "$KEEP" && sha256sum --check --quiet SHA256S
     for pth in /tmp/site/*.pth; do
       [ -f "$pth" ] || continue
       while IFS= read -r line || [ -n "$line" ]; do
-        case $line in import* | "") ;; *) site_path=$site_path:/tmp/site/$line ;; esac
+        case $line in import* | "#"* | "") ;; *) site_path=$site_path:/tmp/site/$line ;; esac
       done <"$pth"
     done
     export PYTHONPATH=$site_path${PYTHONPATH:+:$PYTHONPATH}
@@ -57,6 +57,6 @@ export PYTHONPATH=/tmp/pkg${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
 if [ $# -eq 0 ]; then
   set -- --thread-tokens 1000 --sizes 4096 32768 --kernel-sizes 32768 --sweep-size 0 \
-    --profile-size 0 --dense-max 0 --budget-s 360
+    --profile-size 0 --dense-max 0 --budget-s 330
 fi
 "$PYTHON" bench/tree_attention_gpu.py --out "$OUT/tree_attention_gpu.json" "$@" 2>&1 | tee "$OUT/tree_attention_gpu.log"
