@@ -9,27 +9,29 @@ import weakref
 import pytest
 
 from threadweaver.batch import run_sync
-from threadweaver.interrupts import interrupt_like_ctrl_c, raise_keyboard_interrupt
+from threadweaver.interrupts import interrupt_like_ctrl_c, raise_keyboard_interrupt, run_until_complete
 
 
 @pytest.fixture
-def sigterm_interrupts():
-    """SIGTERM interrupts as Ctrl-C does for the test (as ``serve.stop_on_exit`` asks), then as before."""
-    before = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    interrupt_like_ctrl_c(signal.SIGTERM)
-    assert signal.getsignal(signal.SIGTERM) is raise_keyboard_interrupt
+def stopping_signals_interrupt():
+    """SIGTERM and SIGHUP interrupt as Ctrl-C does for the test (as ``serve.stop_on_exit`` asks), then as before."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    for signum in before:
+        signal.signal(signum, signal.SIG_DFL)
+    interrupt_like_ctrl_c(signal.SIGTERM, signal.SIGHUP)
+    assert all(signal.getsignal(signum) is raise_keyboard_interrupt for signum in before)
     yield
-    signal.signal(signal.SIGTERM, before)
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["ctrl-c", "sigterm", "sighup"])
 def test_a_signal_that_lands_in_a_weakref_callback_still_stops_the_run(signum, request):
     """Python prints and drops a KeyboardInterrupt raised inside a weakref callback (or a ``__del__``):
     raised by the signal's own handler there, the signal was lost and the run went on. The first
     signal now cancels the task, which unwinds on its loop, and KeyboardInterrupt follows."""
-    if signum == signal.SIGTERM:
-        request.getfixturevalue("sigterm_interrupts")
+    if signum != signal.SIGINT:
+        request.getfixturevalue("stopping_signals_interrupt")
     handler = signal.getsignal(signum)
     unwound = []
 
@@ -55,32 +57,55 @@ def test_a_signal_that_lands_in_a_weakref_callback_still_stops_the_run(signum, r
     with pytest.raises(KeyboardInterrupt) as raised:
         run_sync(work())
     assert unwound and signal.getsignal(signum) is handler
-    assert raised.value.args == (() if signum == signal.SIGINT else ("SIGTERM",))
+    assert raised.value.args == (() if signum == signal.SIGINT else (signal.Signals(signum).name,))
 
 
-def test_a_second_signal_raises_at_once_while_the_task_unwinds(sigterm_interrupts):
-    """A cleanup that hangs is not waited for: the second signal raises inside it."""
+def test_a_second_signal_raises_at_once_while_the_task_unwinds(stopping_signals_interrupt):
+    """The first signal cancels (the coroutine sees CancelledError, not KeyboardInterrupt); a cleanup
+    that hangs is not waited for: the second signal raises inside it."""
     reached = []
 
     async def work():
         try:
             os.kill(os.getpid(), signal.SIGTERM)
             await asyncio.sleep(5)
-        finally:
-            reached.append("cleanup")
+        except BaseException as err:
+            reached.append(type(err).__name__)
             os.kill(os.getpid(), signal.SIGINT)
             await asyncio.sleep(5)
             reached.append("cleanup done")
 
-    with pytest.raises(KeyboardInterrupt) as raised:
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(KeyboardInterrupt) as raised:
+            run_until_complete(loop, work())
+        assert reached == ["CancelledError"] and raised.value.args == ()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) is raise_keyboard_interrupt
+    finally:
+        for task in asyncio.all_tasks(loop):  # the task left unwinding on the loop, as documented
+            task.cancel()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+
+
+def test_an_error_restores_the_handlers_and_a_handler_set_meanwhile_stays(stopping_signals_interrupt):
+    mine = []
+
+    async def work():
+        signal.signal(signal.SIGHUP, lambda signum, frame: mine.append(signum))  # e.g. a library's own
+        raise ValueError("the coroutine's own error")
+
+    with pytest.raises(ValueError, match="own error"):
         run_sync(work())
-    assert reached == ["cleanup"] and raised.value.args == ()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert signal.getsignal(signal.SIGTERM) is raise_keyboard_interrupt
+    os.kill(os.getpid(), signal.SIGHUP)
+    assert mine == [signal.SIGHUP]
 
 
 def test_a_signal_someone_else_handles_is_left_alone():
-    """A host's own SIGTERM handler (a trainer's, a server's) stays, and the run is the plain call."""
+    """A host's own SIGTERM handler (a trainer's, a server's) stays and runs; the coroutine finishes."""
     seen = []
     before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
     try:

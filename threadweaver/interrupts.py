@@ -15,8 +15,9 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
-OPTIONAL = (signal.SIGTERM, signal.SIGHUP)
-"""The signals :func:`interrupt_like_ctrl_c` can make interrupt; SIGINT does by default."""
+STOPPING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+"""A job scheduler's and a closed terminal's: the signals :func:`interrupt_like_ctrl_c` can make interrupt
+(SIGINT does already; Windows has no SIGHUP)."""
 
 
 def raise_keyboard_interrupt(signum: int, _frame) -> None:
@@ -43,7 +44,7 @@ def interrupt_like_ctrl_c(*signums: signal.Signals) -> None:
 def _interrupting() -> dict[signal.Signals, Any]:
     """The signals whose handler now raises KeyboardInterrupt, and that handler."""
     handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
-    handlers.update((signum, signal.getsignal(signum)) for signum in OPTIONAL)
+    handlers.update((signum, signal.getsignal(signum)) for signum in STOPPING_SIGNALS)
     ours = (signal.default_int_handler, raise_keyboard_interrupt)
     return {signum: handler for signum, handler in handlers.items() if handler in ours}
 
@@ -51,32 +52,42 @@ def _interrupting() -> dict[signal.Signals, Any]:
 def run_until_complete(loop: asyncio.AbstractEventLoop, coroutine: Coroutine):
     """``loop.run_until_complete(coroutine)``, where the first interrupting signal cancels the
     coroutine (as ``asyncio.run`` does for Ctrl-C) and KeyboardInterrupt is raised once it has
-    unwound. Off the main thread, or where no signal interrupts, it is the plain call."""
+    unwound. Off the main thread, or where no signal interrupts, it is the plain call.
+
+    A second signal raises at once and leaves the task, still unwinding, on ``loop``: a caller
+    that must see its cleanup through runs the loop until it is done (``curate`` does).
+    """
     on_main = threading.current_thread() is threading.main_thread()
     handlers = _interrupting() if on_main else {}
     if not handlers:
         return loop.run_until_complete(coroutine)
-    task = loop.create_task(coroutine)
+    task: asyncio.Task | None = None
     interrupted: list[int] = []
 
     def cancel(signum, _frame):
-        if interrupted or task.done():
+        if interrupted or task is None or task.done():
             raise _interrupt(signum)
         interrupted.append(signum)
         task.cancel()
         loop.call_soon_threadsafe(lambda: None)  # wake the loop from its wait
 
-    for signum in handlers:
-        signal.signal(signum, cancel)
+    replaced = {}
     try:
+        for signum, handler in handlers.items():  # a signal meanwhile raises here, and nothing has run
+            signal.signal(signum, cancel)
+            replaced[signum] = handler
+        task = loop.create_task(coroutine)
         result = loop.run_until_complete(task)
     except asyncio.CancelledError:
         if interrupted:
             raise _interrupt(interrupted[0]) from None
         raise
     finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
+        for signum, handler in replaced.items():
+            if signal.getsignal(signum) is cancel:  # a handler set during the run stays
+                signal.signal(signum, handler)
+        if task is None:
+            coroutine.close()
     if interrupted:  # the coroutine caught its cancellation and finished
         raise _interrupt(interrupted[0])
     return result

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from threadweaver.cli_args import option
 from threadweaver.hosts import check_host
-from threadweaver.interrupts import interrupt_like_ctrl_c
+from threadweaver.interrupts import STOPPING_SIGNALS, interrupt_like_ctrl_c
 from threadweaver.orchestrator import Limits
 
 from .openai_api import ServerSettings, branching_default_option, max_trajectories_option
@@ -133,7 +133,7 @@ def stop_on_exit() -> None:
     runs in a process group of its own, so without this it would outlive a killed command. The
     integration tests call it for the whole run: a killed ``pytest`` then tears down its fixtures."""
     atexit.register(_stop_running)
-    interrupt_like_ctrl_c(signal.SIGTERM, signal.SIGHUP)
+    interrupt_like_ctrl_c(*STOPPING_SIGNALS)
 
 
 class VLLMServer:
