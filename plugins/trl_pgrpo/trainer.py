@@ -39,6 +39,7 @@ from threadweaver.rows import RowReader
 from threadweaver.trl_pgrpo.config import PGRPOConfig
 from threadweaver.trl_pgrpo.idle_steps import SkipIdleSteps
 from threadweaver.trl_pgrpo.rewards import GOLD_COLUMN, is_correct, pgrpo_rewards
+from threadweaver.trl_pgrpo.scoring import parent_logps
 from threadweaver.trl_pgrpo.trl_internals import replace_step_metric, with_completions
 from threadweaver.trl_pgrpo.vllm_sync import use_vllm_reload
 
@@ -213,7 +214,12 @@ class PGRPOTrainer(GRPOTrainer):
         compute_aux_loss=False,
         **multimodal,
     ):
-        """Per completion token, its log-prob from its trie parent's logits under the tree mask."""
+        """Per completion token, its log-prob from its trie parent's logits under the tree mask.
+
+        Only the last ``logits_to_keep + 1`` positions get logits: every completion token's parent is
+        the prompt's last token or a completion token. They are read a chunk at a time
+        (:func:`~threadweaver.trl_pgrpo.scoring.parent_logps`), never copied whole.
+        """
         if self._tree is None:
             raise RuntimeError("PGRPOTrainer scores only the trie rows of its own rollouts")
         if any(value is not None for value in multimodal.values()):
@@ -222,17 +228,22 @@ class PGRPOTrainer(GRPOTrainer):
         prompt_width = length - logits_to_keep
         batch_size = batch_size or rows_in_batch
         logps, entropies = [], []
+        kept = logits_to_keep + 1
         for start in range(0, rows_in_batch, batch_size):
             rows = slice(start, start + batch_size)
             parent, position, end = _row_layout(self._tree, rows, attention_mask[rows], prompt_width)
             batch = {"input_ids": input_ids[rows], "attention_mask": attention_mask[rows], "position_ids": position}
             with self.accelerator.autocast():
-                logits = model(**batch, subtree_end=end, fused_lm_head=False).logits
-            index = parent[:, prompt_width:, None].expand(-1, -1, logits.shape[-1])
-            scores = torch.log_softmax(logits.gather(1, index).float() / self.temperature, dim=-1)
-            logps.append(scores.gather(-1, input_ids[rows, prompt_width:, None])[..., 0])
-            if compute_entropy:
-                entropies.append(-(scores.exp() * scores).sum(-1))
+                logits = model(**batch, subtree_end=end, fused_lm_head=False, logits_to_keep=kept).logits
+            scored = parent_logps(
+                logits,
+                parent[:, prompt_width:] - (length - kept),
+                input_ids[rows, prompt_width:],
+                self.temperature,
+                entropy=compute_entropy,
+            )
+            logps.append(scored[0])
+            entropies.append(scored[1])
         return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
 
 
