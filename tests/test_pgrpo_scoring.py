@@ -54,6 +54,20 @@ def test_chunked_parent_log_probs_equal_the_gathered_log_softmax(dtype, temperat
     assert (parents[:, 1:] != parents[:, :-1] + 1).any(), "no fork: the gather was never tested"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: checks every tensor stays on the logits' device")
+def test_on_a_gpu_every_tensor_stays_on_the_logits_device():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 9, 30, generator=g).to("cuda", torch.bfloat16).requires_grad_()
+    parents = trie_parents(2, 9, 8, g).cuda()
+    tokens = torch.randint(30, (2, 8), generator=g).cuda()
+    logps, entropy = parent_logps(logits, parents, tokens, 0.8, entropy=True, chunk=4)
+    logps.sum().backward()
+    expected, expected_entropy = gathered(logits.detach().double(), parents, tokens, 0.8)
+    assert torch.allclose(logps.double(), expected, atol=1e-5)
+    assert torch.allclose(entropy.double(), expected_entropy, atol=1e-5)
+    assert logits.grad.device == logits.device
+
+
 def test_without_entropy_none_is_computed():
     logits = torch.randn(1, 4, 6)
     logps, entropy = parent_logps(logits, torch.tensor([[0, 1, 1]]), torch.tensor([[2, 3, 4]]))

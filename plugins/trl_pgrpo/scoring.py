@@ -65,13 +65,14 @@ class _ParentLogps(torch.autograd.Function):
         weight = torch.zeros(positions, dtype=torch.float32, device=flat.device).index_add_(0, where, grad_logps)
         order = torch.argsort(where)
         where, tokens, grad_logps = where[order], tokens[order], grad_logps[order]
-        bounds = torch.searchsorted(where, torch.tensor([s for s, _ in _chunks(positions, chunk)] + [positions]))
+        starts = torch.tensor([s for s, _ in _chunks(positions, chunk)] + [positions], device=where.device)
+        bounds = torch.searchsorted(where, starts).tolist()  # the tokens predicted in each chunk
         grad = torch.empty_like(flat)
         buffer = torch.empty(min(chunk, positions), flat.shape[1], dtype=torch.float32, device=flat.device)
         for i, (start, end) in enumerate(_chunks(positions, chunk)):
             scores = _scores(flat[start:end], temperature, buffer)
             part = scores.sub_(lse[start:end, None]).exp_().mul_(-weight[start:end, None])
-            lo, hi = int(bounds[i]), int(bounds[i + 1])
+            lo, hi = bounds[i], bounds[i + 1]
             part.index_put_((where[lo:hi] - start, tokens[lo:hi]), grad_logps[lo:hi], accumulate=True)
             grad[start:end] = part
         return grad.view_as(logits), None, None, None, None, None
