@@ -235,6 +235,7 @@ class PGRPOTrainer(GRPOTrainer):
             batch = {"input_ids": input_ids[rows], "attention_mask": attention_mask[rows], "position_ids": position}
             with self.accelerator.autocast():
                 logits = model(**batch, subtree_end=end, fused_lm_head=False, logits_to_keep=kept).logits
+            logits = logits[:, -kept:]  # a model that ignores logits_to_keep gives every position's
             scored = parent_logps(
                 logits,
                 parent[:, prompt_width:] - (length - kept),
