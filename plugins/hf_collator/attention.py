@@ -20,6 +20,10 @@ forward, the mask their backend needs:
 
 ``bench/tree_attention_gpu.py`` measures the GPU ones against plain causal attention.
 
+Under ``torch.compile`` (the whole model, or each layer) the mask is built in every layer's graph
+rather than cached, and ``threadweaver_flex`` runs the whole trie on one ``BlockMask``: no graph
+break for sdpa, eager or flex. ``threadweaver_varlen`` plans on the host and breaks the graph.
+
 Select one with ``from_pretrained(..., attn_implementation="threadweaver_sdpa")`` or
 :func:`use_tree_attention` on a loaded model. Without ``subtree_end`` (generation) each
 behaves exactly like its base implementation (``threadweaver_varlen``: sdpa). A model on
@@ -99,12 +103,17 @@ def tree_block_mask(subtree_end: torch.Tensor, compile: bool | None = None, firs
 
     if compile is None:
         compile = subtree_end.device.type == "cuda"
-    # A tensor, not an int: a compiled mask function would be specialised to each value.
-    offset = torch.tensor(first_query, dtype=subtree_end.dtype, device=subtree_end.device)
 
     def mask_mod(b, h, q, kv):
-        q = q + offset
         return (kv <= q) & (q < subtree_end[b, kv])
+
+    if first_query:
+        # A tensor, not an int: a compiled mask function would be specialised to each value.
+        offset = torch.tensor(first_query, dtype=subtree_end.dtype, device=subtree_end.device)
+        whole_tree = mask_mod
+
+        def mask_mod(b, h, q, kv):
+            return whole_tree(b, h, q + offset, kv)
 
     batch, n = subtree_end.shape
     build = _compiled_create_block_mask() if compile else create_block_mask
@@ -116,13 +125,19 @@ class SplitTreeMask:
     """The trie mask for ``threadweaver_flex``: causal below ``head``, a ``BlockMask`` after it."""
 
     head: int
-    """Queries ``[0, head)`` attend causally (:func:`causal_head`)."""
+    """Queries ``[0, head)`` attend causally (:func:`causal_head`); 0 inside ``torch.compile``."""
     branches: Any
     """The ``BlockMask`` of queries ``[head, N)`` over keys ``[0, N)``; None where ``head == N``."""
 
 
 def split_tree_mask(subtree_end: torch.Tensor, compile: bool | None = None) -> SplitTreeMask:
-    head = causal_head(subtree_end)
+    """The split, or inside ``torch.compile`` the whole trie on one ``BlockMask`` (``head == 0``).
+
+    The head's length is data: reading it inside a compiled model would break the graph in
+    every layer, and an in-graph slice of the queries is misread by inductor's CPU FlexAttention
+    (torch 2.13, silently wrong outputs).
+    """
+    head = 0 if torch.compiler.is_compiling() else causal_head(subtree_end)
     rest = tree_block_mask(subtree_end, compile, first_query=head) if head < subtree_end.shape[-1] else None
     return SplitTreeMask(head, rest)
 
@@ -190,11 +205,12 @@ def _split_flex_attention(module, query, key, value, mask: SplitTreeMask, **kwar
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     head = mask.head
-    parts = [
-        sdpa_attention_forward(
-            module, query[:, :, :head], key[:, :, :head], value[:, :, :head], None, **{**kwargs, "is_causal": True}
-        )[0]
-    ]
+    parts = []
+    if head:
+        causal = {**kwargs, "is_causal": True}
+        parts.append(
+            sdpa_attention_forward(module, query[:, :, :head], key[:, :, :head], value[:, :, :head], None, **causal)[0]
+        )
     if mask.branches is not None:
         parts.append(flex_attention_forward(module, query[:, :, head:], key, value, mask.branches, **kwargs)[0])
     return (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]), None
@@ -255,11 +271,16 @@ def _tree_attention(name: str, attention: Callable, build_tree_mask: Callable, t
             )
         if kwargs.get("sliding_window") is not None:
             raise TreeAttentionError(f"{name}: sliding-window layers are not supported with a trie")
-        mask = _CACHE.get(
-            subtree_end,
-            (name, query.dtype, query.device),
-            lambda: build_tree_mask(subtree_end.to(query.device), query.dtype),
-        )
+        if torch.compiler.is_compiling():
+            # Traced, the cache's weakref and identity checks become guards that can hand one batch
+            # another's mask (a compiled layer with the cache hit baked in): every layer builds it.
+            mask = build_tree_mask(subtree_end.to(query.device), query.dtype)
+        else:
+            mask = _CACHE.get(
+                subtree_end,
+                (name, query.dtype, query.device),
+                lambda: build_tree_mask(subtree_end.to(query.device), query.dtype),
+            )
         return tree_attend(module, query, key, value, mask, **kwargs)
 
     tree_attention.__name__ = name
