@@ -30,7 +30,11 @@ ids; the model is built from Qwen3-0.6B's config with random weights, bf16, no d
   runs), the mask and plan build times, and the error against float32 attention under the
   dense mask; then
   FlexAttention ``kernel_options`` tried on the split at the sweep size, and the full
-  model again with the fastest of them where it beats the default by 3%.
+  model again with the fastest of them where it beats the default by 3%;
+* last, the full model at ``--compile-size`` with each decoder layer compiled (regional
+  compilation), causal against ``threadweaver_flex`` (whole trie on one BlockMask under compile).
+  Each timed arm also gives the host's time to queue its step: near the step's own time, the
+  step is bound by Python and kernel launches, which compiling removes.
 
 Phases past ``--budget-s`` seconds are skipped and say so; the JSON is rewritten after each
 phase, so a run cut short keeps what it measured. ``--smoke`` runs on CPU with a tiny shape:
@@ -311,12 +315,16 @@ def set_checkpointing(model, memory_saving: str) -> None:
 
 
 def time_arm(model, batch, arm, device, warmups, repeats, memory_saving, kernel_options=None) -> dict:
-    """Median seconds of forward+backward (forward only for flex on CPU) and peak GiB."""
+    """Median seconds of forward+backward (forward only for flex on CPU) and peak GiB.
+
+    ``issue_seconds``: until the host has queued the step, before waiting for the GPU. Close to
+    ``seconds``, the step is bound by Python and kernel launches, not by the GPU.
+    """
     set_arm(model, arm)
     kernel_options = kernel_options or base_arm(arm)[1]
     backward = device.type == "cuda" or "flex" not in arm
     inputs = arm_inputs(batch, arm)
-    times = []
+    times, issued = [], []
     try:
         for i in range(warmups + repeats):
             sync(device)
@@ -324,9 +332,11 @@ def time_arm(model, batch, arm, device, warmups, repeats, memory_saving, kernel_
                 torch.cuda.reset_peak_memory_stats()
             start = time.perf_counter()
             step(model, inputs, backward, kernel_options, memory_saving)
+            issue = time.perf_counter() - start
             sync(device)
             if i >= warmups:
                 times.append(time.perf_counter() - start)
+                issued.append(issue)
     except torch.OutOfMemoryError:
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
@@ -337,7 +347,12 @@ def time_arm(model, batch, arm, device, warmups, repeats, memory_saving, kernel_
         return {"error": failure(err)}
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
     model.zero_grad(set_to_none=True)
-    return {"seconds": statistics.median(times), "peak_gib": peak, "backward": backward}
+    return {
+        "seconds": statistics.median(times),
+        "issue_seconds": statistics.median(issued),
+        "peak_gib": peak,
+        "backward": backward,
+    }
 
 
 def agreement(model, batch, device) -> dict:
@@ -447,6 +462,47 @@ def full_model(bench: Bench, args, device: torch.device, shape: dict):
             reference = {"tokens": tokens, "params_gib": params, **entry["arms"]["causal"]}
         del batch
     return model
+
+
+COMPILED_ARMS = ("causal", "threadweaver_flex", "threadweaver_flex" + FA4)
+"""Under compile ``threadweaver_flex`` runs the whole trie on one BlockMask (plugins/hf_collator/attention.py)."""
+
+
+def compiled_model(bench: Bench, args, device: torch.device, model) -> None:
+    """The full model again with each decoder layer compiled (regional compilation, inductor; on
+    CPU ``aot_eager``, which only traces): Python and launch overhead leave both arms. Last, as
+    compiling changes the model for good."""
+    if not args.compile_size:
+        return
+    entry = bench.results["compiled"] = {"size": args.compile_size}
+    if bench.over_budget():
+        entry["skipped"] = "time budget"
+        return
+    batch = trie_batch(args.compile_size, device, bench.thread_tokens)
+    entry["tokens"] = batch["input_ids"].shape[1]
+    set_checkpointing(model, MEMORY_SAVING[0])
+    with torch.no_grad():
+        set_arm(model, "threadweaver_sdpa")
+        dense = step(model, arm_inputs(batch, "threadweaver_sdpa"), False, None, MEMORY_SAVING[0]).float().item()
+    entry["backend"] = "inductor" if device.type == "cuda" else "aot_eager"
+    for layer in model.model.layers:
+        layer.compile(backend=entry["backend"])
+    warmups, repeats = bench.model_timing
+    entry["arms"] = {}
+    for arm in COMPILED_ARMS:
+        if bench.over_budget() or (arm.endswith(FA4) and fa4_missing(device)):
+            entry["arms"][arm] = {"skipped": "time budget" if bench.over_budget() else fa4_missing(device)}
+            continue
+        start = bench.elapsed()
+        result = time_arm(model, batch, arm, device, warmups, repeats, MEMORY_SAVING[0])
+        result["with_compile_s"] = round(bench.elapsed() - start, 1)
+        if "seconds" in result and arm != "causal":
+            with torch.no_grad():
+                loss = step(model, arm_inputs(batch, arm), False, base_arm(arm)[1], MEMORY_SAVING[0])
+            result["loss_difference_from_dense"] = abs(loss.float().item() - dense)
+        entry["arms"][arm] = result
+        print(f"[{bench.elapsed():.0f} s, compiled] {entry['tokens']} tokens, {arm}: {result}", flush=True)
+        bench.save()
 
 
 def tuned_full_model(bench: Bench, model, device: torch.device, options_name: str) -> None:
@@ -763,6 +819,20 @@ def report(results: dict) -> str:
                 cells += [_s(a.get(arm)), _ratio(c, a.get(arm))]
             cells.append(" / ".join(_gib(a.get(x)) for x in PEAK_ARMS))
             lines.append(" | ".join(cells))
+    if full:
+        lines.append("host time to queue the step (s; near the step's time: bound by Python and launches):")
+        for e in full:
+            timed = {a: r for a, r in e["arms"].items() if "issue_seconds" in r}
+            issue = {SHORT_NAMES.get(a, a): round(r["issue_seconds"], 3) for a, r in timed.items()}
+            lines.append(f"  {e['tokens']}: {issue}")
+    compiled = results.get("compiled", {})
+    if compiled.get("arms"):
+        c = compiled["arms"].get("causal")
+        lines.append(f"\neach layer compiled ({compiled['backend']}), {compiled['tokens']} tokens, against causal:")
+        shown = ("issue_seconds", "with_compile_s", "loss_difference_from_dense")
+        for arm, r in compiled["arms"].items():
+            extra = {k: v for k, v in r.items() if k in shown}
+            lines.append(f"  {arm}: {_s(r)} | {_ratio(c, r)} | {extra}")
     if "agreement" in results:
         lines.append(f"\nagainst the dense mask: {results['agreement']}")
     kern = [e for e in results.get("kernel", []) if "flash causal ms" in e]
@@ -806,6 +876,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--thread-tokens", type=int, default=100, help="Tokens in a thread of bench/collator.py's trajectory."
     )
+    parser.add_argument(
+        "--compile-size", type=int, default=4096, help="Trie tokens of the compiled full model, last (0: none)."
+    )
     parser.add_argument("--dense-max", type=int, default=32768, help="Largest row the dense-mask arm runs.")
     parser.add_argument("--budget-s", type=float, default=420, help="Skip the phases that start after this.")
     parser.add_argument("--out", type=Path, default=Path("runs/tree_attention_gpu.json"), help="Results (JSON).")
@@ -820,6 +893,7 @@ def main(argv: list[str] | None = None) -> dict:
         device, shape = torch.device("cpu"), TINY
         # One row twice: the second time with the memory savers, so that the smoke runs them too.
         args.sizes, args.kernel_sizes, args.sweep_size, args.profile_size = [2048, 2048], [2048], 2048, 2048
+        args.compile_size = 2048
         flex_uncompiled()
     elif not torch.cuda.is_available():
         parser.error("no CUDA device: run with --smoke on CPU")
@@ -845,6 +919,7 @@ def main(argv: list[str] | None = None) -> dict:
     sweep = bench.results.get("kernel_options", {}).get("split ms", {})
     if best != "default" and isinstance(sweep.get("default"), float) and sweep[best] < 0.97 * sweep["default"]:
         tuned_full_model(bench, model, device, best)
+    compiled_model(bench, args, device, model)
     bench.save()
     print(report(bench.results))
     return bench.results
