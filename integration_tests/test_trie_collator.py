@@ -247,6 +247,42 @@ def test_compiled_tree_attention_has_no_graph_break_and_gives_each_batch_its_mas
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
+@pytest.mark.parametrize("region", ["model", "layers"])
+def test_compiled_varlen_plans_once_a_forward(tokenizer, monkeypatch, region):
+    """threadweaver_varlen plans its segments on the host, which breaks the graph: under compile it keeps
+    one plan a forward, from the cache, and each batch of one shape still gets its own."""
+    from threadweaver.hf_collator import attention
+
+    plans = []
+
+    def counted_plan(subtree_end):
+        plans.append(subtree_end)
+        return plan(subtree_end)
+
+    plan = attention.trie_plan
+    monkeypatch.setattr(attention, "trie_plan", counted_plan)
+    collator = TrieCollator(tokenizer, pad_to_multiple_of=160)
+    first = collator([chat("a")])
+    batches = [first, dict(first, subtree_end=collator([chat("b", NESTED_TWICE)])["subtree_end"])]
+    model = tiny_qwen3(tokenizer, TinyQwen3Config(hidden_size=64, num_hidden_layers=3, intermediate_size=128)).eval()
+    use_tree_attention(model, "sdpa")
+    with torch.no_grad():
+        expected = [model(**batch, use_cache=False).logits for batch in batches]
+    use_tree_attention(model, "varlen")
+    torch._dynamo.reset()
+    if region == "model":
+        compiled = torch.compile(model, backend="aot_eager")
+    else:
+        for layer in model.model.layers:
+            layer.compile(backend="aot_eager")
+        compiled = model
+    with torch.no_grad():
+        for batch, logits in zip(batches, expected):
+            torch.testing.assert_close(compiled(**batch, use_cache=False).logits, logits, rtol=0, atol=1e-5)
+    assert len(plans) == len(batches), f"{len(plans)} plans for {len(batches)} forwards"
+    assert all(end is batch["subtree_end"] for end, batch in zip(plans, batches))
+
+
 def test_a_cached_mask_outlives_the_previous_batch():
     """The previous batch's tensor can die while the next one's mask is being cached (a garbage
     collection between the two assignments): its late callback must not clear the new mask."""

@@ -103,6 +103,7 @@ def tree_block_mask(subtree_end: torch.Tensor, compile: bool | None = None, firs
 
     if compile is None:
         compile = subtree_end.device.type == "cuda"
+    compile = compile and not torch.compiler.is_compiling()  # inside a compiled model it is compiled with it
 
     def mask_mod(b, h, q, kv):
         return (kv <= q) & (q < subtree_end[b, kv])
@@ -191,6 +192,16 @@ class _TreeMaskCache:
 _CACHE = _TreeMaskCache()
 
 
+@torch.compiler.disable
+def _cached_mask(build_tree_mask: Callable, subtree_end: torch.Tensor, name: str, query: torch.Tensor):
+    """The forward's mask from :data:`_CACHE`, built on a miss; never traced (see ``_tree_attention``)."""
+    return _CACHE.get(
+        subtree_end,
+        (name, query.dtype, query.device),
+        lambda: build_tree_mask(subtree_end.to(query.device), query.dtype),
+    )
+
+
 def _eager_base(module, query, key, value, attention_mask, **kwargs):
     """The model's own eager attention (each modeling file defines ``eager_attention_forward``)."""
     eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
@@ -271,16 +282,13 @@ def _tree_attention(name: str, attention: Callable, build_tree_mask: Callable, t
             )
         if kwargs.get("sliding_window") is not None:
             raise TreeAttentionError(f"{name}: sliding-window layers are not supported with a trie")
-        if torch.compiler.is_compiling():
-            # Traced, the cache's weakref and identity checks become guards that can hand one batch
-            # another's mask (a compiled layer with the cache hit baked in): every layer builds it.
+        if torch.compiler.is_compiling() and name != NAMES["varlen"]:
+            # Traced, the cache's weakref and identity checks would become guards that can hand one
+            # batch another's mask (a compiled layer with the cache hit baked in): every layer builds
+            # it in the graph. varlen plans on the host, which breaks the graph anyway: it keeps the cache.
             mask = build_tree_mask(subtree_end.to(query.device), query.dtype)
         else:
-            mask = _CACHE.get(
-                subtree_end,
-                (name, query.dtype, query.device),
-                lambda: build_tree_mask(subtree_end.to(query.device), query.dtype),
-            )
+            mask = _cached_mask(build_tree_mask, subtree_end, name, query)
         return tree_attend(module, query, key, value, mask, **kwargs)
 
     tree_attention.__name__ = name
