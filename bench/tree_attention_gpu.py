@@ -33,8 +33,8 @@ ids; the model is built from Qwen3-0.6B's config with random weights, bf16, no d
   model again with the fastest of them where it beats the default by 3%;
 * last, the full model at ``--compile-size`` with each decoder layer compiled (regional
   compilation), causal against ``threadweaver_flex`` (whole trie on one BlockMask under compile).
-  Each timed arm also gives the host's time to queue its step: near the step's own time, the
-  step is bound by Python and kernel launches, which compiling removes.
+  Each timed arm also gives the host's time to queue its step: well below the step's own time,
+  the GPU is the bound (near it, launches may be, or a full launch queue made the host wait).
 
 Phases past ``--budget-s`` seconds are skipped and say so; the JSON is rewritten after each
 phase, so a run cut short keeps what it measured. ``--smoke`` runs on CPU with a tiny shape:
@@ -317,8 +317,9 @@ def set_checkpointing(model, memory_saving: str) -> None:
 def time_arm(model, batch, arm, device, warmups, repeats, memory_saving, kernel_options=None) -> dict:
     """Median seconds of forward+backward (forward only for flex on CPU) and peak GiB.
 
-    ``issue_seconds``: until the host has queued the step, before waiting for the GPU. Close to
-    ``seconds``, the step is bound by Python and kernel launches, not by the GPU.
+    ``issue_seconds``: until the host has queued the step, before waiting for the GPU. Well below
+    ``seconds``, the GPU is the bound; near it, either Python and kernel launches are, or the
+    launch queue filled up and made the host wait: the compiled phase tells the two apart.
     """
     set_arm(model, arm)
     kernel_options = kernel_options or base_arm(arm)[1]
@@ -487,6 +488,8 @@ def compiled_model(bench: Bench, args, device: torch.device, model) -> None:
     except Exception as err:
         traceback.print_exc()
         dense, entry["dense_error"] = None, failure(err)
+    from torch._dynamo.utils import counters
+
     entry["backend"] = "inductor" if device.type == "cuda" else "aot_eager"
     for layer in model.model.layers:
         layer.compile(backend=entry["backend"])
@@ -497,8 +500,10 @@ def compiled_model(bench: Bench, args, device: torch.device, model) -> None:
             entry["arms"][arm] = {"skipped": "time budget" if bench.over_budget() else fa4_missing(device)}
             continue
         start = bench.elapsed()
+        counters.clear()
         result = time_arm(model, batch, arm, device, warmups, repeats, MEMORY_SAVING[0])
         result["with_compile_s"] = round(bench.elapsed() - start, 1)
+        result["graph_breaks"] = sum(counters["graph_break"].values())  # a break times a partly eager model
         if "seconds" in result and arm != "causal" and dense is not None:
             try:
                 loss = step(model, arm_inputs(batch, arm), False, base_arm(arm)[1], MEMORY_SAVING[0])
@@ -826,16 +831,16 @@ def report(results: dict) -> str:
             cells.append(" / ".join(_gib(a.get(x)) for x in PEAK_ARMS))
             lines.append(" | ".join(cells))
     if full:
-        lines.append("host time to queue the step (s; near the step's time: bound by Python and launches):")
+        lines.append("\nhost time to queue the step, s (well below the step's time: bound by the GPU):")
         for e in full:
             timed = {a: r for a, r in e["arms"].items() if "issue_seconds" in r}
             issue = {SHORT_NAMES.get(a, a): round(r["issue_seconds"], 3) for a, r in timed.items()}
-            lines.append(f"  {e['tokens']}: {issue}")
+            lines.append(f"  {e['tokens']}, {e['memory_saving']}: {issue}")
     compiled = results.get("compiled", {})
     if compiled.get("arms"):
         c = compiled["arms"].get("causal")
         lines.append(f"\neach layer compiled ({compiled['backend']}), {compiled['tokens']} tokens, against causal:")
-        shown = ("issue_seconds", "with_compile_s", "loss_difference_from_dense")
+        shown = ("issue_seconds", "with_compile_s", "graph_breaks", "loss_difference_from_dense")
         for arm, r in compiled["arms"].items():
             extra = {k: v for k, v in r.items() if k in shown}
             lines.append(f"  {arm}: {_s(r)} | {_ratio(c, r)} | {extra}")

@@ -47,6 +47,7 @@ def test_the_smoke_runs_every_arm_and_agrees_with_the_dense_mask(tmp_path):
     compiled = results["compiled"]["arms"]  # each layer compiled (aot_eager on CPU)
     assert compiled["causal"]["seconds"] > 0
     assert compiled["threadweaver_flex"]["loss_difference_from_dense"] < 1e-5
+    assert compiled["causal"]["graph_breaks"] == compiled["threadweaver_flex"]["graph_breaks"] == 0
     assert compiled["threadweaver_flex FA4"] == {"skipped": "FlashAttention 4 needs CUDA"}
     assert all(0 < arm["issue_seconds"] <= arm["seconds"] for arm in full[0]["arms"].values() if "seconds" in arm)
     assert "full model, forward+backward" in done.stdout and "attention kernel alone" in done.stdout
