@@ -213,28 +213,22 @@ def test_the_split_mask_is_the_tree(collator):
     assert not dense[:, 0, head, : head + 1].all(dim=-1).all()
 
 
-@pytest.mark.parametrize("region", ["model", "layers"])
-@pytest.mark.parametrize("backend", ["sdpa", "eager", "flex_attention"])
-def test_compiled_tree_attention_has_no_graph_break_and_gives_each_batch_its_mask(tokenizer, backend, region):
-    """Under ``torch.compile``: the whole model (``TrainingArguments(torch_compile=True)``) or each decoder
-    layer (regional compilation). Two batches of one shape with different trees must each get their own
-    mask: a cache hit traced into a compiled layer used to hand the second batch the first one's mask.
-    ``aot_eager`` traces what inductor compiles; FlexAttention's compiled kernels and its backward run on
-    GPU only (bench/tree_attention_gpu.py)."""
-    from torch._dynamo.utils import counters
-
+def _compiled_matches_the_dense_mask(tokenizer, backend: str, region: str, layers: int = 2) -> list[dict]:
+    """Two batches of one shape, the same tokens under two trees (only the mask tells them apart), through
+    the model compiled whole (``TrainingArguments(torch_compile=True)``) or a layer at a time (regional
+    compilation) with ``aot_eager``, which traces what inductor compiles: each must give the uncompiled
+    dense mask's logits. ``use_cache=False`` as in training."""
     collator = TrieCollator(tokenizer, pad_to_multiple_of=160)
     first = collator([chat("a")])
-    # The same tokens under another tree: only the mask tells the two apart.
     batches = [first, dict(first, subtree_end=collator([chat("b", NESTED_TWICE)])["subtree_end"])]
-    model = tiny_qwen3(tokenizer, TinyQwen3Config(hidden_size=64, num_hidden_layers=2, intermediate_size=128)).eval()
+    config = TinyQwen3Config(hidden_size=64, num_hidden_layers=layers, intermediate_size=128)
+    model = tiny_qwen3(tokenizer, config).eval()
     use_tree_attention(model, "sdpa")
     with torch.no_grad():
-        expected = [model(**batch, use_cache=False).logits for batch in batches]  # as in training
+        expected = [model(**batch, use_cache=False).logits for batch in batches]
     assert (expected[0] - expected[1]).abs().max() > 0.01, "the two trees should give different logits"
     use_tree_attention(model, backend)
     torch._dynamo.reset()
-    counters.clear()
     if region == "model":
         compiled = torch.compile(model, backend="aot_eager")
     else:
@@ -244,6 +238,19 @@ def test_compiled_tree_attention_has_no_graph_break_and_gives_each_batch_its_mas
     with torch.no_grad():
         for batch, logits in zip(batches, expected):
             torch.testing.assert_close(compiled(**batch, use_cache=False).logits, logits, rtol=0, atol=1e-5)
+    return batches
+
+
+@pytest.mark.parametrize("region", ["model", "layers"])
+@pytest.mark.parametrize("backend", ["sdpa", "eager", "flex_attention"])
+def test_compiled_tree_attention_has_no_graph_break_and_gives_each_batch_its_mask(tokenizer, backend, region):
+    """A cache hit traced into a compiled layer used to hand the second batch the first one's mask, and the
+    split's head length (``.item()``) broke the graph in every layer. FlexAttention's compiled kernels and
+    its backward run on GPU only (bench/tree_attention_gpu.py)."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    _compiled_matches_the_dense_mask(tokenizer, backend, region)
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
@@ -261,24 +268,7 @@ def test_compiled_varlen_plans_once_a_forward(tokenizer, monkeypatch, region):
 
     plan = attention.trie_plan
     monkeypatch.setattr(attention, "trie_plan", counted_plan)
-    collator = TrieCollator(tokenizer, pad_to_multiple_of=160)
-    first = collator([chat("a")])
-    batches = [first, dict(first, subtree_end=collator([chat("b", NESTED_TWICE)])["subtree_end"])]
-    model = tiny_qwen3(tokenizer, TinyQwen3Config(hidden_size=64, num_hidden_layers=3, intermediate_size=128)).eval()
-    use_tree_attention(model, "sdpa")
-    with torch.no_grad():
-        expected = [model(**batch, use_cache=False).logits for batch in batches]
-    use_tree_attention(model, "varlen")
-    torch._dynamo.reset()
-    if region == "model":
-        compiled = torch.compile(model, backend="aot_eager")
-    else:
-        for layer in model.model.layers:
-            layer.compile(backend="aot_eager")
-        compiled = model
-    with torch.no_grad():
-        for batch, logits in zip(batches, expected):
-            torch.testing.assert_close(compiled(**batch, use_cache=False).logits, logits, rtol=0, atol=1e-5)
+    batches = _compiled_matches_the_dense_mask(tokenizer, "varlen", region, layers=3)
     assert len(plans) == len(batches), f"{len(plans)} plans for {len(batches)} forwards"
     assert all(end is batch["subtree_end"] for end, batch in zip(plans, batches))
 
