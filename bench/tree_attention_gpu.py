@@ -473,6 +473,8 @@ def compiled_model(bench: Bench, args, device: torch.device, model) -> None:
     """The full model again with each decoder layer compiled (regional compilation, inductor; on
     CPU ``aot_eager``, which only traces): Python and launch overhead leave both arms. Last, as
     compiling changes the model for good."""
+    from torch._dynamo.utils import counters
+
     if not args.compile_size:
         return
     entry = bench.results["compiled"] = {"size": args.compile_size}
@@ -488,16 +490,15 @@ def compiled_model(bench: Bench, args, device: torch.device, model) -> None:
     except Exception as err:
         traceback.print_exc()
         dense, entry["dense_error"] = None, failure(err)
-    from torch._dynamo.utils import counters
-
     entry["backend"] = "inductor" if device.type == "cuda" else "aot_eager"
     for layer in model.model.layers:
         layer.compile(backend=entry["backend"])
     warmups, repeats = bench.model_timing
     entry["arms"] = {}
     for arm in COMPILED_ARMS:
-        if bench.over_budget() or (arm.endswith(FA4) and fa4_missing(device)):
-            entry["arms"][arm] = {"skipped": "time budget" if bench.over_budget() else fa4_missing(device)}
+        skipped = "time budget" if bench.over_budget() else arm.endswith(FA4) and fa4_missing(device)
+        if skipped:
+            entry["arms"][arm] = {"skipped": skipped}
             continue
         start = bench.elapsed()
         counters.clear()

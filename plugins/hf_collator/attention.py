@@ -193,13 +193,9 @@ _CACHE = _TreeMaskCache()
 
 
 @torch.compiler.disable
-def _cached_mask(build_tree_mask: Callable, subtree_end: torch.Tensor, name: str, query: torch.Tensor):
+def _cached_mask(subtree_end: torch.Tensor, key: tuple, build: Callable[[], Any]):
     """The forward's mask from :data:`_CACHE`, built on a miss; never traced (see ``_tree_attention``)."""
-    return _CACHE.get(
-        subtree_end,
-        (name, query.dtype, query.device),
-        lambda: build_tree_mask(subtree_end.to(query.device), query.dtype),
-    )
+    return _CACHE.get(subtree_end, key, build)
 
 
 def _eager_base(module, query, key, value, attention_mask, **kwargs):
@@ -282,13 +278,17 @@ def _tree_attention(name: str, attention: Callable, build_tree_mask: Callable, t
             )
         if kwargs.get("sliding_window") is not None:
             raise TreeAttentionError(f"{name}: sliding-window layers are not supported with a trie")
+
+        def build():
+            return build_tree_mask(subtree_end.to(query.device), query.dtype)
+
         if torch.compiler.is_compiling() and name != NAMES["varlen"]:
             # Traced, the cache's weakref and identity checks would become guards that can hand one
             # batch another's mask (a compiled layer with the cache hit baked in): every layer builds
             # it in the graph. varlen plans on the host, which breaks the graph anyway: it keeps the cache.
-            mask = build_tree_mask(subtree_end.to(query.device), query.dtype)
+            mask = build()
         else:
-            mask = _cached_mask(build_tree_mask, subtree_end, name, query)
+            mask = _cached_mask(subtree_end, (name, query.dtype, query.device), build)
         return tree_attend(module, query, key, value, mask, **kwargs)
 
     tree_attention.__name__ = name
