@@ -163,6 +163,39 @@ def test_sequential_baseline_trains_plain_sequences(tmp_path):
     assert [e["step"] for e in history if "loss" in e] == [1, 2]
 
 
+def test_padding_free_trains_to_the_padded_losses(tmp_path, monkeypatch):
+    """--padding_free true (TRL's flag, which the collator takes: TRL refuses it with a custom collator)
+    packs each batch's tries into one row: the same tokens under the same trees, so the same losses."""
+    from threadweaver.hf_collator import TrieCollator, sft
+
+    run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
+    run("synth", "--out", str(tmp_path / "data"), "--train", "4", "--validation", "1", *SYNTH)
+    shapes, collate = [], TrieCollator.__call__
+
+    def recorded(self, features):
+        batch = collate(self, features)
+        shapes.append((len(features), *batch["input_ids"].shape))
+        return batch
+
+    monkeypatch.setattr(TrieCollator, "__call__", recorded)
+    losses = {}
+    for padding_free in ("false", "true"):
+        shapes.clear()
+        out = tmp_path / f"out-{padding_free}"
+        data = str(tmp_path / "data" / "parallel" / "train.jsonl")
+        sft.main(
+            [str(tmp_path / "kit"), data, "--padding_free", padding_free, "--output-dir", str(out)]
+            + ["--max-steps", "2", "--per-device-train-batch-size", "2", "--logging-steps", "1"]
+        )
+        history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+        losses[padding_free] = [e["loss"] for e in history if "loss" in e]
+        assert {rows for rows, batch, _ in shapes} == {2} and {batch for _, batch, _ in shapes} == (
+            {1} if padding_free == "true" else {2}
+        ), shapes
+    assert len(losses["true"]) == 2
+    assert losses["true"] == pytest.approx(losses["false"], rel=1e-4)
+
+
 def test_example_script_trains_with_sfttrainer(tmp_path):
     run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
     run("synth", "--out", str(tmp_path / "data"), "--train", "8", "--validation", "1", *SYNTH)

@@ -100,6 +100,47 @@ def test_sequential_mode_is_plain_causal(tokenizer):
     assert batch["position_ids"][0].tolist() == list(range(len(prompt) + len(trajectory)))
 
 
+def test_padding_free_packs_each_row_as_its_own_tree(tokenizer, collator):
+    """One row, no padding: the rows' tokens one after another, and its tree mask the rows' own
+    masks on the diagonal (no token sees another row's), also cut at ``pad_to_multiple_of``."""
+    from threadweaver.hf_collator.attention import tree_bool_mask
+
+    rows = [chat("a"), chat("b", NESTED_TWICE), chat("c", "<think>\nshort</think>\n\\boxed{5}")]
+    padded = collator(rows)
+    lengths = padded["attention_mask"].sum(1).tolist()
+    packed = TrieCollator(tokenizer, padding_free=True, pad_to_multiple_of=64)(rows)
+    total = sum(lengths)
+    length = packed["input_ids"].shape[1]
+    assert packed["input_ids"].shape[0] == 1 and length == -(-total // 64) * 64 > total
+    for key in ("input_ids", "labels", "position_ids"):
+        assert torch.equal(packed[key][0, :total], torch.cat([padded[key][b, :n] for b, n in enumerate(lengths)]))
+    assert packed["attention_mask"][0].tolist() == [1] * total + [0] * (length - total)
+    own = [tree_bool_mask(padded["subtree_end"][b : b + 1, :n])[0, 0] for b, n in enumerate(lengths)]
+    padding = torch.eye(length - total, dtype=torch.bool)
+    assert torch.equal(tree_bool_mask(packed["subtree_end"])[0, 0], torch.block_diag(*own, padding))
+
+
+def test_padding_free_plain_rows_are_separate_sequences_to_the_model(tokenizer):
+    """Plain rows carry no tree: packed, their positions restart and no attention_mask is sent, from
+    which transformers finds the sequences (TRL's padding-free batches) in a training forward, without
+    a KV cache (TRL's ``compute_loss`` passes ``use_cache=False``): the logits are each row's own."""
+    collator = TrieCollator(tokenizer, branching=False, padding_free=True)
+    rows = [chat("a"), chat("c", "<think>\nshort</think>\n\\boxed{5}")]
+    packed = collator(rows)
+    assert "attention_mask" not in packed and "subtree_end" not in packed
+    model = tiny_qwen3(tokenizer, TinyQwen3Config(hidden_size=64, num_hidden_layers=2, intermediate_size=128)).eval()
+    with torch.no_grad():
+        logits = model(**packed, use_cache=False).logits[0]
+        start = 0
+        for row in rows:
+            ids = torch.tensor([collator.flatten(row).input_ids])
+            n = ids.shape[1]
+            assert packed["position_ids"][0, start : start + n].tolist() == list(range(n))
+            torch.testing.assert_close(logits[start : start + n], model(ids).logits[0], rtol=0, atol=1e-5)
+            start += n
+        assert start == packed["input_ids"].shape[1]
+
+
 MALFORMED = TRAJECTORY.replace("<Thread>2: b is 3</Thread>", "<Thread>3: b is 3</Thread>")
 
 
@@ -213,11 +254,11 @@ def test_the_split_mask_is_the_tree(collator):
     assert not dense[:, 0, head, : head + 1].all(dim=-1).all()
 
 
-def _compiled_matches_the_dense_mask(tokenizer, backend: str, region: str, layers: int = 2) -> list[dict]:
+def _compiled_matches_the_dense_mask(tokenizer, backend: str, region: str | None, layers: int = 2) -> list[dict]:
     """Two batches of one shape, the same tokens under two trees (only the mask tells them apart), through
     the model compiled whole (``TrainingArguments(torch_compile=True)``) or a layer at a time (regional
-    compilation) with ``aot_eager``, which traces what inductor compiles: each must give the uncompiled
-    dense mask's logits. ``use_cache=False`` as in training."""
+    compilation) with ``aot_eager``, which traces what inductor compiles, or (``None``) not compiled: each
+    must give the uncompiled dense mask's logits. ``use_cache=False`` as in training."""
     collator = TrieCollator(tokenizer, pad_to_multiple_of=160)
     first = collator([chat("a")])
     batches = [first, dict(first, subtree_end=collator([chat("b", NESTED_TWICE)])["subtree_end"])]
@@ -229,7 +270,9 @@ def _compiled_matches_the_dense_mask(tokenizer, backend: str, region: str, layer
     assert (expected[0] - expected[1]).abs().max() > 0.01, "the two trees should give different logits"
     use_tree_attention(model, backend)
     torch._dynamo.reset()
-    if region == "model":
+    if region is None:
+        compiled = model
+    elif region == "model":
         compiled = torch.compile(model, backend="aot_eager")
     else:
         for layer in model.model.layers:
@@ -273,24 +316,29 @@ def test_compiled_varlen_plans_once_a_forward(tokenizer, monkeypatch, region):
     assert all(end is batch["subtree_end"] for end, batch in zip(plans, batches))
 
 
-def test_a_cached_mask_outlives_the_previous_batch():
-    """The previous batch's tensor can die while the next one's mask is being cached (a garbage
-    collection between the two assignments): its late callback must not clear the new mask."""
-    from threadweaver.hf_collator.attention import _TreeMaskCache
+@pytest.mark.parametrize("region", [None, "model", "layers"])
+@pytest.mark.parametrize(
+    ("backend", "builder"),
+    [("sdpa", "tree_bool_mask"), ("eager", "tree_bool_mask"), ("flex_attention", "split_tree_mask")],
+)
+def test_one_tree_mask_a_forward(tokenizer, monkeypatch, backend, builder, region):
+    """The first layer builds the tree mask and the others take it from the object transformers hands
+    every layer of the forward as its attention_mask: once a forward, uncompiled and compiled (where the
+    mask used to be built in every layer's graph), and each batch its own. The dense reference's
+    forwards (sdpa) build ``tree_bool_mask`` too, and so does the eager mask."""
+    from threadweaver.hf_collator import attention
 
-    cache, built = _TreeMaskCache(), []
+    built = []
+    build = getattr(attention, builder)
 
-    def build():
-        built.append(object())
-        return built[-1]
+    def counted(*args):
+        built.append(None)
+        return build(*args)
 
-    previous, current = torch.arange(1, 5), torch.arange(1, 5)
-    cache.get(previous, ("key",), build)
-    previous_ref = cache._source
-    mask = cache.get(current, ("key",), build)
-    cache._forget(previous_ref)  # what the weakref calls when ``previous`` dies
-    assert cache.get(current, ("key",), build) is mask
-    assert len(built) == 2
+    monkeypatch.setattr(attention, builder, counted)
+    batches = _compiled_matches_the_dense_mask(tokenizer, backend, region, layers=3)
+    forwards = 2 * len(batches) if builder == "tree_bool_mask" else len(batches)
+    assert len(built) == forwards, f"{len(built)} masks built for {forwards} forwards"
 
 
 NESTED_TWICE = (
@@ -360,6 +408,20 @@ def test_the_varlen_plan_of_left_padded_rows_is_the_tree_and_gathers_as_little(c
     assert torch.equal(flat.shared.cu_k, right.shared.cu_k) and torch.equal(flat.shared.cu_q, right.shared.cu_q)
     one_level = trie_plan(left[[0, 2]]).local  # one level of threads: no key off the first path
     assert torch.equal(one_level.key_index, one_level.query_index)
+
+
+def test_the_varlen_plan_of_packed_rows_is_the_tree_and_gathers_as_little(tokenizer, collator):
+    """``padding_free``: each packed row is a tree with its own first path, so its threads see their
+    prompt through the shared call, as in a padded batch, and no token sees another row's."""
+    from threadweaver.hf_collator.attention import tree_bool_mask
+    from threadweaver.hf_collator.segments import trie_plan
+
+    rows = [chat("a"), chat("b", NESTED_TWICE), chat("c", "<think>\nshort</think>\n\\boxed{5}")]
+    end = TrieCollator(tokenizer, padding_free=True)(rows)["subtree_end"]
+    packed, padded = trie_plan(end), trie_plan(collator(rows)["subtree_end"])
+    assert torch.equal(_visible_under(packed, end.shape[1]), tree_bool_mask(end)[0, 0])
+    assert len(packed.local.key_index) == len(padded.local.key_index)  # the nested block's ancestors only
+    assert torch.equal(packed.shared.cu_k, padded.shared.cu_k) and torch.equal(packed.shared.cu_q, padded.shared.cu_q)
 
 
 def test_varlen_attention_and_its_gradients_equal_the_dense_mask(collator):

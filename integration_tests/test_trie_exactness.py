@@ -95,12 +95,16 @@ def _request_logprobs(model, ids):
     return torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
 
 
-def _errors(model, tokenizer, backend, tree_attention=True, compiled=False):
+def _errors(model, tokenizer, backend, tree_attention=True, compiled=False, padding_free=False):
     """Per compared token, |trie log-prob - separate-request log-prob|; ``compiled``: the trie forward
-    runs under ``torch.compile`` (inductor), the separate requests do not."""
-    collator = TrieCollator(tokenizer, max_length=MAX_LENGTH)
+    runs under ``torch.compile`` (inductor), the separate requests do not; ``padding_free``: the rows
+    are packed into one."""
+    collator = TrieCollator(tokenizer, max_length=MAX_LENGTH, padding_free=padding_free)
     batch = collator(ROWS)
-    assert batch["input_ids"].shape[0] == 3 and (batch["attention_mask"] == 0).any(), "expected padding"
+    if padding_free:
+        assert batch["input_ids"].shape[0] == 1 and batch["attention_mask"].all(), "expected one packed row"
+    else:
+        assert batch["input_ids"].shape[0] == 3 and (batch["attention_mask"] == 0).any(), "expected padding"
     if tree_attention:
         use_tree_attention(model, backend)
     else:
@@ -109,16 +113,18 @@ def _errors(model, tokenizer, backend, tree_attention=True, compiled=False):
         logits = (torch.compile(model) if compiled else model)(**batch, use_cache=False).logits.float()
     model.set_attn_implementation("sdpa" if backend == "varlen" else backend)  # varlen's base: sdpa
 
-    errors = []
+    errors, start = [], 0
     for b, row in enumerate(ROWS):
         prompt, trajectory = collator.encode(row)
         nodes = parse(trajectory, collator.fmt).nodes
         plan = plan_requests(prompt, nodes, collator.fmt)
         flat = trajectory_trie(prompt, nodes, collator.fmt, train_injected=True)
         cut = min(len(flat), MAX_LENGTH)
-        assert batch["input_ids"][b, :cut].tolist() == flat.input_ids[:cut]
+        batch_row, start = (0, start) if padding_free else (b, 0)
+        assert batch["input_ids"][batch_row, start : start + cut].tolist() == flat.input_ids[:cut]
         node_of = {(p, t): j for j, (p, t) in enumerate(zip(flat.parent, flat.input_ids))}
-        trie_lp = torch.log_softmax(logits[b], -1)
+        trie_lp = torch.log_softmax(logits[batch_row, start : start + cut], -1)
+        start += cut
         for request in plan.requests:
             ids = list(request.context + request.completion)
             separate = _request_logprobs(model, ids)
@@ -134,6 +140,14 @@ def _errors(model, tokenizer, backend, tree_attention=True, compiled=False):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_trie_forward_equals_separate_request_forwards(arch, model, tokenizer, backend):
     errors = _errors(model, tokenizer, backend)
+    assert len(errors) > 500
+    assert max(errors) < TOLERANCE[arch]
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex_attention", "varlen"])
+def test_packed_trie_forward_equals_separate_request_forwards(arch, model, tokenizer, backend):
+    """``padding_free``: the three rows in one, each its own tree; no token may see another row's."""
+    errors = _errors(model, tokenizer, backend, padding_free=True)
     assert len(errors) > 500
     assert max(errors) < TOLERANCE[arch]
 

@@ -3,8 +3,8 @@
 A batch from :class:`~threadweaver.hf_collator.TrieCollator` carries ``subtree_end``
 ([batch, N] integers) instead of an N x N mask: key ``kv`` is visible to query ``q`` iff
 ``kv <= q < subtree_end[b, kv]``. Transformers passes extra forward kwargs down to the
-attention function, so the functions registered here receive it and build, once per
-forward, the mask their backend needs:
+attention function, so the functions registered here receive it and build the mask their
+backend needs:
 
 * ``threadweaver_sdpa``: a dense bool mask for ``scaled_dot_product_attention`` (CPU training);
 * ``threadweaver_eager``: an additive float mask for the model's own eager attention;
@@ -20,9 +20,11 @@ forward, the mask their backend needs:
 
 ``bench/tree_attention_gpu.py`` measures the GPU ones against plain causal attention.
 
-Under ``torch.compile`` (the whole model, or each layer) the mask is built in every layer's graph
-rather than cached, and ``threadweaver_flex`` runs the whole trie on one ``BlockMask``: no graph
-break for sdpa, eager or flex. ``threadweaver_varlen`` plans on the host and breaks the graph.
+The first layer builds the mask and keeps it on the :class:`DeferredMask` transformers hands every
+layer of the forward as its ``attention_mask``: one mask a forward, compiled or not. Under
+``torch.compile`` (the whole model, or each layer) ``threadweaver_flex`` runs the whole trie on one
+``BlockMask``: no graph break for sdpa, eager or flex. ``threadweaver_varlen`` plans on the host and
+breaks the graph.
 
 Select one with ``from_pretrained(..., attn_implementation="threadweaver_sdpa")`` or
 :func:`use_tree_attention` on a loaded model. Without ``subtree_end`` (generation) each
@@ -35,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -152,50 +153,29 @@ def _compiled_create_block_mask():
 
 
 class DeferredMask:
-    """The mask transformers would build for a plain forward, built only when a layer needs it.
+    """What transformers hands every layer of one forward as its ``attention_mask``.
 
-    Training batches carry a tree, so the standard (padding-aware, N x N) mask is never
-    materialised for them.
+    For a plain forward it is the standard (padding-aware, N x N) mask, built only when a layer
+    needs it, so a training batch never materialises one. For a trie forward it holds the tree
+    mask the first layer builds, for the rest: one mask a forward, scoped to that forward, also
+    inside ``torch.compile``.
     """
 
     def __init__(self, build: Callable[..., Any], kwargs: dict):
         self._build, self._kwargs = build, kwargs
         self._built, self._mask = False, None
+        self._tree_masks: dict[str, Any] = {}
 
     def materialize(self):
         if not self._built:
             self._mask, self._built = self._build(**self._kwargs), True
         return self._mask
 
-
-class _TreeMaskCache:
-    """One mask per forward: every layer receives the same ``subtree_end`` tensor object."""
-
-    def __init__(self) -> None:
-        self._source: weakref.ref | None = None
-        self._key: tuple = ()
-        self._mask: Any = None
-
-    def get(self, subtree_end: torch.Tensor, key: tuple, build: Callable[[], Any]):
-        if self._source is not None and self._source() is subtree_end and self._key == key:
-            return self._mask
-        mask = build()
-        self._source, self._key, self._mask = weakref.ref(subtree_end, self._forget), key, mask
-        return mask
-
-    def _forget(self, ref: weakref.ref) -> None:
-        # The previous batch's tensor can die after the next one's mask is cached: keep that mask.
-        if ref is self._source:
-            self._source, self._mask = None, None
-
-
-_CACHE = _TreeMaskCache()
-
-
-@torch.compiler.disable
-def _cached_mask(subtree_end: torch.Tensor, key: tuple, build: Callable[[], Any]):
-    """The forward's mask from :data:`_CACHE`, built on a miss; never traced (see ``_tree_attention``)."""
-    return _CACHE.get(subtree_end, key, build)
+    def tree_mask(self, key: str, build: Callable[[], Any]):
+        """The forward's tree mask for ``key`` (the layer's dtype and device), built on first use."""
+        if key not in self._tree_masks:
+            self._tree_masks[key] = build()
+        return self._tree_masks[key]
 
 
 def _eager_base(module, query, key, value, attention_mask, **kwargs):
@@ -282,13 +262,10 @@ def _tree_attention(name: str, attention: Callable, build_tree_mask: Callable, t
         def build():
             return build_tree_mask(subtree_end.to(query.device), query.dtype)
 
-        if torch.compiler.is_compiling() and name != NAMES["varlen"]:
-            # Traced, the cache's weakref and identity checks would become guards that can hand one
-            # batch another's mask (a compiled layer with the cache hit baked in): every layer builds
-            # it in the graph. varlen plans on the host, which breaks the graph anyway: it keeps the cache.
+        if isinstance(attention_mask, DeferredMask):
+            mask = attention_mask.tree_mask(f"{query.dtype} {query.device}", build)
+        else:  # a model that makes its masks without transformers' mask interface: each layer builds one
             mask = build()
-        else:
-            mask = _cached_mask(subtree_end, (name, query.dtype, query.device), build)
         return tree_attend(module, query, key, value, mask, **kwargs)
 
     tree_attention.__name__ = name

@@ -13,6 +13,10 @@ once, in one row of the batch. The batch is:
 
 With ``branching=False`` rows are plain causal sequences (prompt + trajectory, the tags
 as ordinary tokens): the paper's sequential baseline, for any attention implementation.
+
+With ``padding_free=True`` the batch is one row: the rows one after another, each its own tree,
+so no compute is spent on padding. Set it here, not on ``SFTConfig`` (TRL refuses a custom
+collator with its own ``padding_free``).
 """
 
 from __future__ import annotations
@@ -68,6 +72,12 @@ class TrieCollator:
     )
     max_depth: int = option(DEFAULT_MAX_DEPTH, "Deepest nesting of parallel blocks accepted.")
     pad_to_multiple_of: int | None = option(None, "Pad the batch length to a multiple.")
+    padding_free: bool = option(
+        False,
+        "Pack the batch's rows into one row, each its own tree (no padding, no token sees another "
+        "row's); plain rows (branching off) restart their positions instead, as TRL's padding-free "
+        "batches do.",
+    )
     row_key: str = option("id", "Row field that names a row in errors and logs.")
     skipped: int = field(default=0, init=False)
 
@@ -128,7 +138,31 @@ class TrieCollator:
                 ", ".join(str(r.get(self.row_key, "?")) for r in features),
                 f"every row of the batch is malformed ({self.skipped} skipped so far)",
             )
-        return self.pad(rows)
+        return self.pack(rows) if self.padding_free else self.pad(rows)
+
+    def pack(self, rows: list[FlatRow]) -> dict[str, torch.Tensor]:
+        """The rows one after another in a single row, each row's subtree ends moved to where it starts.
+
+        A row's root ends its subtree where the row ends, so no later token sees it. Plain rows carry
+        no tree: their positions restart at 0 and no ``attention_mask`` is given, from which
+        transformers (and flash's varlen kernels) find the sequences in a forward without a KV cache
+        (``use_cache=False``, as TRL's trainers pass), as in TRL's padding-free batches.
+        """
+        start, ends = 0, []
+        for row in rows:
+            if row.subtree_end is not None:
+                ends.extend(end + start for end in row.subtree_end)
+            start += len(row.input_ids)
+        packed = FlatRow(
+            [token for row in rows for token in row.input_ids],
+            [label for row in rows for label in row.labels],
+            [position for row in rows for position in row.position_ids],
+            ends if self.branching else None,
+        )
+        batch = self.pad([packed])
+        if not self.branching:
+            del batch["attention_mask"]
+        return batch
 
     def pad(self, rows: list[FlatRow]) -> dict[str, torch.Tensor]:
         length = max(len(r.input_ids) for r in rows)

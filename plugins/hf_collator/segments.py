@@ -1,10 +1,11 @@
 """Tree attention as flash attention's variable-length kernel (``threadweaver_varlen``).
 
 Cut a pre-order trie after each leaf and it falls into segments: runs of tokens, each the
-child of the one before it. A row's first path is its first root-to-leaf path (the trajectory's
-sequential request), after any left padding. A query in a later segment sees a prefix of that path
-(up to where its branch leaves it), its ancestors off the path, and its own segment up to
-itself. So the tree mask is the sum of two calls of flash's varlen kernel:
+child of the one before it. A tree's first path is its first root-to-leaf path (the trajectory's
+sequential request); a row holds one tree after any left padding, or several packed
+(``padding_free``). A query in a later segment sees a prefix of its tree's first path (up to where
+its branch leaves it), its ancestors off the path, and its own segment up to itself. So the
+tree mask is the sum of two calls of flash's varlen kernel:
 
 * ``local``: every segment, causal over its off-path ancestors and itself (the first path is
   one causal sequence), queries aligned to the end of their keys (flash's bottom-right causal);
@@ -83,25 +84,25 @@ def trie_plan(subtree_end: torch.Tensor) -> TriePlan:
     tokens = torch.arange(batch * n, device=device)
     row_start = torch.arange(batch, device=device) * n
     end = (subtree_end.long() + row_start[:, None]).flatten()
-    ends = torch.nonzero(end == tokens + 1).flatten() + 1  # after each leaf; every row ends on one
+    leaf = end == tokens + 1
+    ends = torch.nonzero(leaf).flatten() + 1  # after each leaf; every row ends on one
     starts = torch.cat([ends.new_zeros(1), ends[:-1]])
     lengths = ends - starts
-    # A row's first path starts at its first token with children: left padding (TRL's layout) is
-    # leaves of their own, which would otherwise make every segment gather its whole ancestry.
-    # It runs down to the first leaf, the smallest subtree end from there on.
-    by_row = end.view(batch, n)
-    has_children = by_row > tokens.view(batch, n) + 1
-    path_start = has_children.int().argmax(1) + row_start  # argmax: the first such token, else the first
-    path_end = by_row.masked_fill(tokens.view(batch, n) < path_start[:, None], batch * n).min(1).values
-    on_path = (tokens >= path_start.repeat_interleave(n)) & (tokens < path_end.repeat_interleave(n))
+    # Each tree's first path runs from its root down to its first leaf. A root is a token outside
+    # every earlier subtree: a row's tree, each row of a packed one, and each pad (a tree of one,
+    # so that left padding, TRL's layout, does not make every segment gather its whole ancestry).
+    reach = torch.cummax(end, 0).values  # a row's subtrees end within the row
+    is_root = torch.cat([reach.new_zeros(1), reach[:-1]]) <= tokens
+    root = torch.cummax(torch.where(is_root, tokens, 0), 0).values  # each token's tree
+    leaves_before = leaf.long().cumsum(0) - leaf.long()
+    on_path = leaves_before == leaves_before[root]
 
     # Ancestors of a segment starting at s: the tokens kv < s of its row with subtree_end[kv] > s.
-    reach = torch.cummax(end, 0).values  # a row's subtrees end within the row
     with_ancestors = torch.nonzero((starts > 0) & (reach[(starts - 1).clamp(min=0)] > starts)).flatten()
     s = starts[with_ancestors, None]
     keys = (s // n) * n + torch.arange(n, device=device)  # [segments with ancestors, N]: the row's tokens
     visible = (keys < s) & (end[keys] > s)
-    # Per segment: how much of its row's first path it sees (always a prefix of that path).
+    # Per segment: how much of its tree's first path it sees (always a prefix of that path).
     prefix = torch.zeros_like(lengths).index_put_((with_ancestors,), (visible & on_path[keys]).sum(1))
     off_path = visible & ~on_path[keys]
     counts = off_path.sum(1)
@@ -118,7 +119,7 @@ def trie_plan(subtree_end: torch.Tensor) -> TriePlan:
         starts, lengths, ancestors, prefix = (x[kept] for x in (starts, lengths, ancestors, prefix))
     some_left_out = lone_tokens is not None
     local = _local(tokens, starts, lengths, ancestors, segment_of, keys[which, column], counts, some_left_out)
-    shared = _shared(tokens, starts, lengths, prefix, path_start[starts // n])
+    shared = _shared(tokens, starts, lengths, prefix, root[starts])
     return TriePlan(local, shared, lone_tokens)
 
 
@@ -147,12 +148,14 @@ def _local(tokens, starts, lengths, ancestors, segment_of, ancestor, counts, som
 
 
 def _shared(tokens, starts, lengths, prefix, path_start) -> Varlen | None:
-    """The off-path queries, grouped by the first-path prefix they see, over that prefix."""
+    """The off-path queries, grouped by the first-path prefix they see, over that prefix.
+
+    ``path_start``: per segment, where its tree's first path starts (the tree's root)."""
     sees = prefix > 0
     if not bool(sees.any()):
         return None
     starts, lengths, prefix, path_start = starts[sees], lengths[sees], prefix[sees], path_start[sees]
-    # Consecutive segments seeing the same prefix of the same row are one group.
+    # Consecutive segments seeing the same prefix of the same tree are one group.
     same = (prefix[1:] == prefix[:-1]) & (path_start[1:] == path_start[:-1])
     first = torch.cat([same.new_ones(1), ~same])
     group = first.cumsum(0) - 1

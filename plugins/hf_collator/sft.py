@@ -37,8 +37,10 @@ DEFAULTS = {
     "save_strategy": "no",
     "report_to": "none",
 }
-SHARED_WITH_CONFIG = ("max_length", "pad_to_multiple_of")
-"""Collator settings that ``SFTConfig`` declares already: the collator takes them from it."""
+SHARED_WITH_CONFIG = ("max_length", "pad_to_multiple_of", "padding_free")
+"""Collator settings that ``SFTConfig`` declares already: the collator takes them from it.
+
+TRL refuses a custom collator with its own ``padding_free``, so the collator packs instead."""
 NOT_FLAGS = ("tokenizer", "row_key", *SHARED_WITH_CONFIG)
 COLLATOR_FLAGS = tuple(f.name for f in dataclasses.fields(TrieCollator) if f.init and f.name not in NOT_FLAGS)
 ATTENTION = ("auto", "sdpa", "eager", "flex_attention", "varlen")
@@ -152,7 +154,8 @@ def train(model_dir: str, data: str, config, attention: str = "auto", **collator
     if collator.branching:
         use_tree_attention(model, attention)
     rows = load_rows(data, collator)
-    # The collator does the tokenising: TRL must keep every column and prepare nothing.
+    # The collator does the tokenising (and the packing): TRL must keep every column and prepare nothing.
+    config.padding_free = False
     config.remove_unused_columns = False
     config.dataset_kwargs = {**(config.dataset_kwargs or {}), "skip_prepare_dataset": True}
     trainer = SFTTrainer(
