@@ -31,6 +31,9 @@ ids; the model is built from Qwen3-0.6B's config with random weights, bf16, no d
   dense mask; then
   FlexAttention ``kernel_options`` tried on the split at the sweep size, and the full
   model again with the fastest of them where it beats the default by 3%;
+* a batch of four rows of different lengths (``--packed-size`` tokens in all), padded to the
+  longest against packed into one row (``TrieCollator(padding_free=True)``), on
+  ``threadweaver_flex``, and causal over the packed tokens as one sequence;
 * last, the full model at ``--compile-size`` with each decoder layer compiled (regional
   compilation), causal against ``threadweaver_flex`` (whole trie on one BlockMask under compile).
   Each timed arm also gives the host's time to queue its step: well below the step's own time,
@@ -180,15 +183,24 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def trie_batch(size: int, device: torch.device, width: int) -> dict[str, torch.Tensor]:
-    """One trie row of about ``size`` tokens of bench/collator.py's trajectory, threads of ``width``, on ``device``."""
+def trie_batch(
+    sizes: int | list[int], device: torch.device, width: int, padding_free: bool = False
+) -> dict[str, torch.Tensor]:
+    """A trie row of about ``sizes`` tokens of bench/collator.py's trajectory, threads of ``width``,
+    on ``device``; or a row for each of ``sizes``, padded or ``padding_free``, threads of at most
+    a tenth of the row."""
     sys.path.insert(0, str(Path(__file__).parent))
     from collator import row
 
     from threadweaver.hf_collator import TrieCollator
     from threadweaver.kit.tokenizers import synth_tokenizer
 
-    return {k: v.to(device) for k, v in TrieCollator(synth_tokenizer())([row(size, width)]).items()}
+    if isinstance(sizes, int):
+        rows = [row(sizes, width)]
+    else:  # a row holds one block at least: narrower threads for the shorter rows
+        rows = [row(size, min(width, size // 10)) for size in sizes]
+    batch = TrieCollator(synth_tokenizer(), padding_free=padding_free)(rows)
+    return {k: v.to(device) for k, v in batch.items()}
 
 
 def pair_shares(subtree_end: torch.Tensor) -> dict[str, float]:
@@ -463,6 +475,51 @@ def full_model(bench: Bench, args, device: torch.device, shape: dict):
             reference = {"tokens": tokens, "params_gib": params, **entry["arms"]["causal"]}
         del batch
     return model
+
+
+PACKED_ROWS = (1 / 2, 1 / 4, 1 / 8, 1 / 8)
+"""A batch's rows, as shares of ``--packed-size``: each row is padded to the longest, twice the tokens."""
+
+
+PACKED_ARMS = (
+    ("causal, one sequence", "packed", "causal"),
+    ("flex, padded", "padded", "threadweaver_flex"),
+    ("flex, packed", "packed", "threadweaver_flex"),
+)
+"""(name, batch layout, attention arm) of the packed phase."""
+
+
+def packed_batch(bench: Bench, args, device: torch.device, model) -> None:
+    """Rows of different lengths in one batch, padded to the longest against packed into one row
+    (``TrieCollator(padding_free=True)``): the same tokens under the same trees, without the padding's
+    compute. Causal runs the packed tokens as one sequence."""
+    if not args.packed_size:
+        return
+    entry = bench.results["packed"] = {"size": args.packed_size}
+    if bench.over_budget():
+        entry["skipped"] = "time budget"
+        return
+    sizes = [int(args.packed_size * share) for share in PACKED_ROWS]
+    batches = {
+        "padded": trie_batch(sizes, device, bench.thread_tokens),
+        "packed": trie_batch(sizes, device, bench.thread_tokens, padding_free=True),
+    }
+    entry["tokens"] = {name: list(batch["input_ids"].shape) for name, batch in batches.items()}
+    set_checkpointing(model, MEMORY_SAVING[0])
+    warmups, repeats = bench.model_timing
+    entry["arms"], losses = {}, {}
+    for name, layout, arm in PACKED_ARMS:
+        if bench.over_budget():
+            entry["arms"][name] = {"skipped": "time budget"}
+            continue
+        batch = batches[layout]
+        result = entry["arms"][name] = time_arm(model, batch, arm, device, warmups, repeats, MEMORY_SAVING[0])
+        if "seconds" in result and arm != "causal":
+            losses[name] = step(model, arm_inputs(batch, arm), False, None, MEMORY_SAVING[0]).float().item()
+        print(f"[{bench.elapsed():.0f} s, packed] {entry['tokens'][layout]}, {name}: {result}", flush=True)
+        bench.save()
+    if len(losses) == 2:
+        entry["loss_difference_packed_from_padded"] = abs(losses["flex, packed"] - losses["flex, padded"])
 
 
 COMPILED_ARMS = ("causal", "threadweaver_flex", "threadweaver_flex" + FA4)
@@ -837,6 +894,15 @@ def report(results: dict) -> str:
             timed = {a: r for a, r in e["arms"].items() if "issue_seconds" in r}
             issue = {SHORT_NAMES.get(a, a): round(r["issue_seconds"], 3) for a, r in timed.items()}
             lines.append(f"  {e['tokens']}, {e['memory_saving']}: {issue}")
+    packed = results.get("packed", {})
+    if packed.get("arms"):
+        c = packed["arms"].get("causal, one sequence")
+        shapes = packed["tokens"]
+        lines.append(f"\nrows of one batch, padded {shapes['padded']} or packed {shapes['packed']}, against causal:")
+        for name, r in packed["arms"].items():
+            lines.append(f"  {name}: {_s(r)} | {_ratio(c, r)} | peak GiB {_gib(r)}")
+        if "loss_difference_packed_from_padded" in packed:
+            lines.append(f"  loss, packed against padded: {packed['loss_difference_packed_from_padded']:.2e}")
     compiled = results.get("compiled", {})
     if compiled.get("arms"):
         c = compiled["arms"].get("causal")
@@ -891,6 +957,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--compile-size", type=int, default=4096, help="Trie tokens of the compiled full model, last (0: none)."
     )
+    parser.add_argument(
+        "--packed-size",
+        type=int,
+        default=8192,
+        help="Trie tokens of a batch of four rows, padded against packed (padding_free; 0: none).",
+    )
     parser.add_argument("--dense-max", type=int, default=32768, help="Largest row the dense-mask arm runs.")
     parser.add_argument("--budget-s", type=float, default=420, help="Skip the phases that start after this.")
     parser.add_argument("--out", type=Path, default=Path("runs/tree_attention_gpu.json"), help="Results (JSON).")
@@ -905,7 +977,7 @@ def main(argv: list[str] | None = None) -> dict:
         device, shape = torch.device("cpu"), TINY
         # One row twice: the second time with the memory savers, so that the smoke runs them too.
         args.sizes, args.kernel_sizes, args.sweep_size, args.profile_size = [2048, 2048], [2048], 2048, 2048
-        args.compile_size = 2048
+        args.compile_size = args.packed_size = 2048
         flex_uncompiled()
     elif not torch.cuda.is_available():
         parser.error("no CUDA device: run with --smoke on CPU")
@@ -931,6 +1003,7 @@ def main(argv: list[str] | None = None) -> dict:
     sweep = bench.results.get("kernel_options", {}).get("split ms", {})
     if best != "default" and isinstance(sweep.get("default"), float) and sweep[best] < 0.97 * sweep["default"]:
         tuned_full_model(bench, model, device, best)
+    packed_batch(bench, args, device, model)
     compiled_model(bench, args, device, model)
     bench.save()
     print(report(bench.results))

@@ -12,8 +12,9 @@
 # threadweaver.<name>). $PYTHON (python3) runs it; the results and the log go to $OUT (the
 # device's folder that comes back), or runs/ elsewhere. With no BENCH_ARGS, the run issue 40
 # waits for: threads of 1,000 tokens, the full model at 4k and 32k (the sizes of its goal) with
-# every arm but the dense one, the kernels at 32k, and last, if the budget leaves time, the
-# model at 4k with each layer compiled; about 8 minutes on an H200.
+# every arm but the dense one, the kernels at 32k, four rows of one batch padded against packed
+# (8k tokens), and last, if the budget leaves time, the model at 4k with each layer compiled;
+# about 8 minutes on an H200.
 set -uo pipefail
 
 KEEP=/tmp/gpu_wheels

@@ -44,6 +44,11 @@ def test_the_smoke_runs_every_arm_and_agrees_with_the_dense_mask(tmp_path):
         assert kernel[f"relative error, {arm}"] < 1e-5, arm
     assert "segments" in results["trie_varlen_profile"]
     assert all(isinstance(ms, float) for ms in results["kernel_options"]["split ms"].values())
+    packed = results["packed"]  # four rows, padded to the longest against packed into one (padding_free)
+    (rows, longest), (one, total) = packed["tokens"]["padded"], packed["tokens"]["packed"]
+    assert rows == 4 and one == 1 and longest < total < rows * longest
+    assert all(arm["seconds"] > 0 for arm in packed["arms"].values()), packed["arms"]
+    assert packed["loss_difference_packed_from_padded"] < 1e-5
     compiled = results["compiled"]["arms"]  # each layer compiled (aot_eager on CPU)
     assert compiled["causal"]["seconds"] > 0
     assert compiled["threadweaver_flex"]["loss_difference_from_dense"] < 1e-5
@@ -51,4 +56,4 @@ def test_the_smoke_runs_every_arm_and_agrees_with_the_dense_mask(tmp_path):
     assert compiled["threadweaver_flex FA4"] == {"skipped": "FlashAttention 4 needs CUDA"}
     assert all(0 < arm["issue_seconds"] <= arm["seconds"] for arm in full[0]["arms"].values() if "seconds" in arm)
     assert "full model, forward+backward" in done.stdout and "attention kernel alone" in done.stdout
-    assert "each layer compiled" in done.stdout
+    assert "each layer compiled" in done.stdout and "rows of one batch, padded" in done.stdout
