@@ -163,9 +163,10 @@ def test_sequential_baseline_trains_plain_sequences(tmp_path):
     assert [e["step"] for e in history if "loss" in e] == [1, 2]
 
 
-def test_padding_free_trains_to_the_padded_losses(tmp_path, monkeypatch):
+def test_padding_free_trains_to_the_padded_losses(tmp_path, monkeypatch, caplog):
     """--padding_free true (TRL's flag, which the collator takes: TRL refuses it with a custom collator)
-    packs each batch's tries into one row: the same tokens under the same trees, so the same losses."""
+    packs each batch's tries into one row: the same tokens under the same trees, so the same losses.
+    On CPU (sdpa's dense mask) it is slower, and the command says so."""
     from threadweaver.hf_collator import TrieCollator, sft
 
     run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
@@ -194,6 +195,10 @@ def test_padding_free_trains_to_the_padded_losses(tmp_path, monkeypatch):
         ), shapes
     assert len(losses["true"]) == 2
     assert losses["true"] == pytest.approx(losses["false"], rel=1e-4)
+    warned = [r.getMessage() for r in caplog.records if r.name == sft.__name__ and "--padding_free" in r.getMessage()]
+    assert len(warned) == 1 and "--attention sdpa" in warned[0], warned
+    with pytest.raises(ValueError, match="--padding_free true packs a batch's rows whole"):  # not TRL's packing
+        sft.main([str(tmp_path / "kit"), data, "--packing", "true", "--output-dir", str(tmp_path / "packing")])
 
 
 def test_example_script_trains_with_sfttrainer(tmp_path):

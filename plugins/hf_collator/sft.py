@@ -44,6 +44,8 @@ TRL refuses a custom collator with its own ``padding_free``, so the collator pac
 NOT_FLAGS = ("tokenizer", "row_key", *SHARED_WITH_CONFIG)
 COLLATOR_FLAGS = tuple(f.name for f in dataclasses.fields(TrieCollator) if f.init and f.name not in NOT_FLAGS)
 ATTENTION = ("auto", "sdpa", "eager", "flex_attention", "varlen")
+DENSE_MASK = ("sdpa", "eager")
+"""Tree attention over an N x N mask: packing rows makes it cost the square of the batch's tokens."""
 NEEDS_CUDA = ("flex_attention", "varlen")
 """FlexAttention has no CPU backward; varlen runs flash's kernel (a slow reference elsewhere)."""
 
@@ -70,6 +72,10 @@ def parser():
         "variable-length kernel, GPU only).",
     )
     add_arguments(parser, TrieCollator, include=COLLATOR_FLAGS)
+    shared = {f.name: f.metadata["help"] for f in dataclasses.fields(TrieCollator) if f.name in SHARED_WITH_CONFIG}
+    for action in parser._actions:  # what the flag does here, not what TRL's own collator would do
+        if action.dest in shared:
+            action.help = shared[action.dest]
     parser.set_defaults(**DEFAULTS, use_cpu=not cuda, bf16=cuda and torch.cuda.is_bf16_supported())
     return parser
 
@@ -139,6 +145,11 @@ def train(model_dir: str, data: str, config, attention: str = "auto", **collator
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
+    if config.packing:
+        raise ValueError(
+            "--packing concatenates and cuts token sequences, which would cut the trajectories' trees: "
+            "--padding_free true packs a batch's rows whole, each its own tree"
+        )
     cuda = torch.cuda.is_available()
     attention = attention if attention != "auto" else ("flex_attention" if cuda else "sdpa")
     if attention in NEEDS_CUDA and not cuda:
@@ -153,6 +164,13 @@ def train(model_dir: str, data: str, config, attention: str = "auto", **collator
     )
     if collator.branching:
         use_tree_attention(model, attention)
+    if collator.padding_free and attention in DENSE_MASK:
+        logger.warning(
+            "--padding_free with --attention %s: a dense mask over the whole packed row costs the square of the "
+            "batch's tokens, not of each row's; padded batches train faster with it (bench/RESULTS.md). Pack on "
+            "a GPU, with flex_attention or varlen, which skip what the mask hides",
+            attention,
+        )
     rows = load_rows(data, collator)
     # The collator does the tokenising (and the packing): TRL must keep every column and prepare nothing.
     config.padding_free = False
