@@ -183,23 +183,26 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def trie_batch(
-    sizes: int | list[int], device: torch.device, width: int, padding_free: bool = False
-) -> dict[str, torch.Tensor]:
-    """A trie row of about ``sizes`` tokens of bench/collator.py's trajectory, threads of ``width``,
-    on ``device``; or a row for each of ``sizes``, padded or ``padding_free``, threads of at most
-    a tenth of the row."""
+def trie_batch(size: int, device: torch.device, width: int) -> dict[str, torch.Tensor]:
+    """One trie row of about ``size`` tokens of bench/collator.py's trajectory, threads of ``width``, on ``device``."""
+    return collated([(size, width)], device)
+
+
+def rows_batch(sizes: list[int], device: torch.device, width: int, padding_free: bool) -> dict[str, torch.Tensor]:
+    """A trie row for each of ``sizes``, padded to the longest or ``padding_free``, threads of ``width``
+    or, where the row is shorter than ten of them, of a tenth of the row (a row holds one block at least)."""
+    return collated([(size, min(width, size // 10)) for size in sizes], device, padding_free)
+
+
+def collated(rows: list[tuple[int, int]], device: torch.device, padding_free: bool = False) -> dict[str, torch.Tensor]:
+    """``TrieCollator``'s batch of bench/collator.py's rows, each (tokens, thread width), on ``device``."""
     sys.path.insert(0, str(Path(__file__).parent))
     from collator import row
 
     from threadweaver.hf_collator import TrieCollator
     from threadweaver.kit.tokenizers import synth_tokenizer
 
-    if isinstance(sizes, int):
-        rows = [row(sizes, width)]
-    else:  # a row holds one block at least: narrower threads for the shorter rows
-        rows = [row(size, min(width, size // 10)) for size in sizes]
-    batch = TrieCollator(synth_tokenizer(), padding_free=padding_free)(rows)
+    batch = TrieCollator(synth_tokenizer(), padding_free=padding_free)([row(*shape) for shape in rows])
     return {k: v.to(device) for k, v in batch.items()}
 
 
@@ -501,8 +504,8 @@ def packed_batch(bench: Bench, args, device: torch.device, model) -> None:
         return
     sizes = [int(args.packed_size * share) for share in PACKED_ROWS]
     batches = {
-        "padded": trie_batch(sizes, device, bench.thread_tokens),
-        "packed": trie_batch(sizes, device, bench.thread_tokens, padding_free=True),
+        "padded": rows_batch(sizes, device, bench.thread_tokens, padding_free=False),
+        "packed": rows_batch(sizes, device, bench.thread_tokens, padding_free=True),
     }
     entry["tokens"] = {name: list(batch["input_ids"].shape) for name, batch in batches.items()}
     set_checkpointing(model, MEMORY_SAVING[0])

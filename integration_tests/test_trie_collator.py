@@ -299,14 +299,16 @@ def test_compiled_tree_attention_has_no_graph_break_and_gives_each_batch_its_mas
 
 @pytest.mark.parametrize("region", ["model", "layers"])
 def test_compiled_varlen_plans_once_a_forward(tokenizer, monkeypatch, region):
-    """threadweaver_varlen plans its segments on the host, which breaks the graph: under compile it keeps
-    one plan a forward, from the cache, and each batch of one shape still gets its own."""
+    """threadweaver_varlen plans its segments on the host, which breaks the graph: under compile it makes
+    one plan a forward, each batch of one shape its own, and the planning is never traced (its sizes are
+    data: traced, it broke the graph at every step of it, three times as often in all)."""
     from threadweaver.hf_collator import attention
 
-    plans = []
+    plans, traced = [], []
 
     def counted_plan(subtree_end):
         plans.append(subtree_end)
+        traced.append(torch.compiler.is_compiling())
         return plan(subtree_end)
 
     plan = attention.trie_plan
@@ -314,6 +316,7 @@ def test_compiled_varlen_plans_once_a_forward(tokenizer, monkeypatch, region):
     batches = _compiled_matches_the_dense_mask(tokenizer, "varlen", region, layers=3)
     assert len(plans) == len(batches), f"{len(plans)} plans for {len(batches)} forwards"
     assert all(end is batch["subtree_end"] for end, batch in zip(plans, batches))
+    assert not any(traced), "the plan was traced"
 
 
 @pytest.mark.parametrize("region", [None, "model", "layers"])

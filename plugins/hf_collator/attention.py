@@ -12,7 +12,8 @@ backend needs:
   path out first, and up to its leaf the tree mask is plain causal: those queries run the
   causal ``sdpa`` kernel (flash on GPU), and only the queries after it run FlexAttention,
   over a ``BlockMask`` (compiled ``create_block_mask`` on GPU). In a trajectory's trie that
-  path is the sequential request, about 60% of the tokens and of the visible pairs.
+  path is the sequential request, about 60% of the tokens and of the visible pairs. The causal
+  part is as long as the shortest such path of the batch's rows (packed: the first row's).
 * ``threadweaver_varlen``: a :class:`~threadweaver.hf_collator.segments.TriePlan`, the trie as
   two calls of flash attention's variable-length kernel (torch's own; CUDA, bf16 or fp16)
   merged by their log-sum-exps, at a cost that follows the visible pairs. Elsewhere a
@@ -164,18 +165,25 @@ class DeferredMask:
     def __init__(self, build: Callable[..., Any], kwargs: dict):
         self._build, self._kwargs = build, kwargs
         self._built, self._mask = False, None
-        self._tree_masks: dict[str, Any] = {}
+        self._tree_masks: dict[tuple, Any] = {}
 
     def materialize(self):
         if not self._built:
             self._mask, self._built = self._build(**self._kwargs), True
         return self._mask
 
-    def tree_mask(self, key: str, build: Callable[[], Any]):
+    def tree_mask(self, key: tuple, build: Callable[[], Any]):
         """The forward's tree mask for ``key`` (the layer's dtype and device), built on first use."""
         if key not in self._tree_masks:
             self._tree_masks[key] = build()
         return self._tree_masks[key]
+
+
+@torch.compiler.disable
+def _varlen_plan(subtree_end: torch.Tensor, dtype: torch.dtype) -> TriePlan:
+    """``threadweaver_varlen``'s plan, made on the host and never traced: its sizes are data, which
+    a compiled model would break its graph on (and recompile for) at every step of the planning."""
+    return trie_plan(subtree_end)
 
 
 def _eager_base(module, query, key, value, attention_mask, **kwargs):
@@ -240,7 +248,7 @@ def _bases() -> dict[str, tuple[Callable, Callable, Callable, Callable]]:
             lambda end, dtype: split_tree_mask(end),
             _split_flex_attention,
         ),
-        "varlen": (sdpa_attention_forward, sdpa_mask, lambda end, dtype: trie_plan(end), _trie_varlen_attention),
+        "varlen": (sdpa_attention_forward, sdpa_mask, _varlen_plan, _trie_varlen_attention),
     }
 
 
@@ -263,7 +271,7 @@ def _tree_attention(name: str, attention: Callable, build_tree_mask: Callable, t
             return build_tree_mask(subtree_end.to(query.device), query.dtype)
 
         if isinstance(attention_mask, DeferredMask):
-            mask = attention_mask.tree_mask(f"{query.dtype} {query.device}", build)
+            mask = attention_mask.tree_mask((query.dtype, query.device), build)
         else:  # a model that makes its masks without transformers' mask interface: each layer builds one
             mask = build()
         return tree_attend(module, query, key, value, mask, **kwargs)

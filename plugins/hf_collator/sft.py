@@ -164,11 +164,11 @@ def train(model_dir: str, data: str, config, attention: str = "auto", **collator
     )
     if collator.branching:
         use_tree_attention(model, attention)
-    if collator.padding_free and attention in DENSE_MASK:
+    if collator.padding_free and (attention if collator.branching else base) in DENSE_MASK:
         logger.warning(
             "--padding_free with --attention %s: a dense mask over the whole packed row costs the square of the "
             "batch's tokens, not of each row's; padded batches train faster with it (bench/RESULTS.md). Pack on "
-            "a GPU, with flex_attention or varlen, which skip what the mask hides",
+            "a GPU, with flex_attention (or varlen, for trie rows), which skip what the mask hides",
             attention,
         )
     rows = load_rows(data, collator)
