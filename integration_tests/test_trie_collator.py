@@ -105,7 +105,7 @@ def test_padding_free_packs_each_row_as_its_own_tree(tokenizer, collator):
     masks on the diagonal (no token sees another row's), also cut at ``pad_to_multiple_of``."""
     from threadweaver.hf_collator.attention import tree_bool_mask
 
-    rows = [chat("a"), chat("b", NESTED_TWICE), chat("c", "<think>\nshort</think>\n\\boxed{5}")]
+    rows = three_rows()
     padded = collator(rows)
     lengths = padded["attention_mask"].sum(1).tolist()
     packed = TrieCollator(tokenizer, padding_free=True, pad_to_multiple_of=64)(rows)
@@ -353,6 +353,11 @@ NESTED_TWICE = (
 """A block nested in a second thread: its branches have ancestors off the row's first path."""
 
 
+def three_rows() -> list[dict]:
+    """Rows of three lengths: one block, a block nested off the first path, and no block."""
+    return [chat("a"), chat("b", NESTED_TWICE), chat("c", "<think>\nshort</think>\n\\boxed{5}")]
+
+
 def _visible_under(plan, tokens: int) -> torch.Tensor:
     """The [tokens, tokens] visibility the varlen plan's two calls give, one query at a time."""
     seen = torch.zeros(tokens, tokens, dtype=torch.bool)
@@ -378,7 +383,7 @@ def test_the_varlen_plan_is_the_tree(collator):
     from threadweaver.hf_collator.attention import tree_bool_mask
     from threadweaver.hf_collator.segments import trie_plan
 
-    collated = collator([chat("a"), chat("b", NESTED_TWICE), chat("c", "<think>\nshort</think>\n\\boxed{5}")])
+    collated = collator(three_rows())
     end = collated["subtree_end"]
     plan = trie_plan(end)
     assert plan.local.key_index is not None, "the nested block's branches see ancestors off the first path"
@@ -397,7 +402,7 @@ def test_the_varlen_plan_of_left_padded_rows_is_the_tree_and_gathers_as_little(c
     from threadweaver.hf_collator.attention import tree_bool_mask
     from threadweaver.hf_collator.segments import trie_plan
 
-    batch = collator([chat("a"), chat("b", NESTED_TWICE), chat("c", "<think>\nshort</think>\n\\boxed{5}")])
+    batch = collator(three_rows())
     end, real = batch["subtree_end"].long(), batch["attention_mask"].sum(1)
     n = end.shape[1]
     left = torch.stack([torch.cat([torch.arange(1, n - r + 1), end[b, :r] + n - r]) for b, r in enumerate(real)])
@@ -419,7 +424,7 @@ def test_the_varlen_plan_of_packed_rows_is_the_tree_and_gathers_as_little(tokeni
     from threadweaver.hf_collator.attention import tree_bool_mask
     from threadweaver.hf_collator.segments import trie_plan
 
-    rows = [chat("a"), chat("b", NESTED_TWICE), chat("c", "<think>\nshort</think>\n\\boxed{5}")]
+    rows = three_rows()
     end = TrieCollator(tokenizer, padding_free=True)(rows)["subtree_end"]
     packed, padded = trie_plan(end), trie_plan(collator(rows)["subtree_end"])
     assert torch.equal(_visible_under(packed, end.shape[1]), tree_bool_mask(end)[0, 0])
