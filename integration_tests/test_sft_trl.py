@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from trained_model import run_cli
+from trained_model import CLI, run_cli
 from vllm_server import have_vllm, post, vllm_server
 
 pytestmark = pytest.mark.slow
@@ -199,6 +199,44 @@ def test_padding_free_trains_to_the_padded_losses(tmp_path, monkeypatch, caplog)
     assert len(warned) == 1 and "--attention sdpa" in warned[0], warned
     with pytest.raises(ValueError, match="--padding_free true packs a batch's rows whole"):  # not TRL's packing
         sft.main([str(tmp_path / "kit"), data, "--packing", "true", "--output-dir", str(tmp_path / "packing")])
+
+
+def test_regional_compilation_trains_to_the_uncompiled_losses(tmp_path):
+    """The README's fastest GPU setting compiles each decoder layer through accelerate's regional
+    compilation (``ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=1`` with ``--torch_compile true``). On CPU,
+    with the dense-mask trie (FlexAttention has no CPU backward), the layers compile as regions of their
+    own and train to the uncompiled run's losses."""
+    run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
+    run("synth", "--out", str(tmp_path / "data"), "--train", "4", "--validation", "1", *SYNTH)
+    losses = {}
+    for name, compiled in (("plain", []), ("regional", ["--torch_compile", "true"])):
+        done = subprocess.run(
+            [CLI, "sft", str(tmp_path / "kit"), str(tmp_path / "data" / "parallel" / "train.jsonl"), *compiled]
+            + ["--output-dir", str(tmp_path / name), "--max-steps", "2", "--per-device-train-batch-size", "2"]
+            + ["--logging-steps", "1"],
+            env={**os.environ, "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1", "TORCH_LOGS": "graph_code"},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        history = json.loads((tmp_path / name / "trainer_state.json").read_text())["log_history"]
+        losses[name] = [e["loss"] for e in history if "loss" in e]
+        layer_graphs = [line for line in done.stderr.splitlines() if "def forward(self, L_hidden_states_" in line]
+        assert bool(layer_graphs) == bool(compiled), done.stderr[-2000:]
+    assert len(losses["plain"]) == 2
+    assert losses["regional"] == pytest.approx(losses["plain"], rel=1e-5)
+
+
+def test_flex_backend_needs_flex_attention_and_flash_needs_flash_attention_4(tmp_path):
+    """FlexAttention's kernel backend is refused, before anything loads, for a model that would not use it,
+    and FLASH where FlashAttention 4 is missing (as here: it needs a Hopper or Blackwell GPU)."""
+    from threadweaver.hf_collator import sft
+
+    args = [str(tmp_path / "model"), str(tmp_path / "data.jsonl"), "--flex_backend=FLASH"]
+    with pytest.raises(ValueError, match="--flex_backend FLASH picks FlexAttention's kernels: use --attention flex"):
+        sft.main([*args, "--attention=sdpa"])
+    with pytest.raises(ValueError, match=r"--flex_backend FLASH: FlashAttention 4 is not installed \(pip install"):
+        sft.main([*args, "--attention=flex_attention"])
 
 
 def test_example_script_trains_with_sfttrainer(tmp_path):

@@ -334,9 +334,9 @@ def test_one_tree_mask_a_forward(tokenizer, monkeypatch, backend, builder, regio
     built = []
     build = getattr(attention, builder)
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         built.append(None)
-        return build(*args)
+        return build(*args, **kwargs)
 
     monkeypatch.setattr(attention, builder, counted)
     batches = _compiled_matches_the_dense_mask(tokenizer, backend, region, layers=3)
@@ -356,6 +356,47 @@ NESTED_TWICE = (
 def three_rows() -> list[dict]:
     """Rows of three lengths: one block, a block nested off the first path, and no block."""
     return [chat("a"), chat("b", NESTED_TWICE), chat("c", "<think>\nshort</think>\n\\boxed{5}")]
+
+
+def test_flex_kernel_options_reach_every_layer_and_flash_runs_the_whole_tree(tokenizer, collator, monkeypatch):
+    """``use_tree_attention``'s kernel options stay on the config and reach each layer's FlexAttention call.
+    On the FLASH backend (FlashAttention 4) every query runs on one BlockMask, and no call asks for the
+    log-sum-exp, which FA4's backward cannot differentiate through. The CPU has no FLASH backend: the spy
+    records each call and hands the real kernel the rest, whose logits must be the dense mask's."""
+    from transformers.integrations import flex_attention as integration
+
+    from threadweaver.hf_collator.attention import KERNEL_OPTIONS, causal_head
+
+    kernel, calls = integration.compile_friendly_flex_attention, []
+
+    def recorded(query, key, value, **kwargs):
+        calls.append((query.shape[2], kwargs))
+        options = {k: v for k, v in (kwargs.get("kernel_options") or {}).items() if k != "BACKEND"}
+        return kernel(query, key, value, **{**kwargs, "kernel_options": options or None})
+
+    monkeypatch.setattr(integration, "compile_friendly_flex_attention", recorded)
+    batch = collator(three_rows())
+    n, head = batch["input_ids"].shape[1], causal_head(batch["subtree_end"])
+    assert 0 < head < n
+    model = tiny_qwen3(tokenizer, TinyQwen3Config(hidden_size=64, num_hidden_layers=2, intermediate_size=128)).eval()
+    use_tree_attention(model, "sdpa")
+    with torch.no_grad():
+        dense = model(**batch, use_cache=False).logits
+    flash = {"BACKEND": "FLASH"}
+    with pytest.raises(TreeAttentionError, match="kernel_options are FlexAttention's"):
+        use_tree_attention(model, "sdpa", kernel_options=flash)
+    for options, queries in ((flash, {n}), (None, {n}), ({}, {n - head})):
+        use_tree_attention(model, "flex_attention", kernel_options=options)  # None keeps the model's
+        calls.clear()
+        with torch.no_grad():
+            torch.testing.assert_close(model(**batch, use_cache=False).logits, dense, rtol=0, atol=1e-5)
+        assert len(calls) == 2 and {length for length, _ in calls} == queries, calls
+        expected = flash if options is None else options or None
+        assert all(kwargs["kernel_options"] == expected for _, kwargs in calls), calls
+        assert not any({"return_lse", "return_aux"} & kwargs.keys() for _, kwargs in calls), calls
+        assert getattr(model.config, KERNEL_OPTIONS, None) == expected
+    use_tree_attention(model, "sdpa")
+    assert not hasattr(model.config, KERNEL_OPTIONS), "another backend drops FlexAttention's options"
 
 
 def _visible_under(plan, tokens: int) -> torch.Tensor:

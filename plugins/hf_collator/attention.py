@@ -13,7 +13,10 @@ backend needs:
   causal ``sdpa`` kernel (flash on GPU), and only the queries after it run FlexAttention,
   over a ``BlockMask`` (compiled ``create_block_mask`` on GPU). In a trajectory's trie that
   path is the sequential request, about 60% of the tokens and of the visible pairs. The causal
-  part is as long as the shortest such path of the batch's rows (packed: the first row's).
+  part is as long as the shortest such path of the batch's rows (packed: the first row's). On
+  FlexAttention's FLASH backend (FlashAttention 4, ``use_tree_attention(..., kernel_options=
+  {"BACKEND": "FLASH"})``) every query runs on one ``BlockMask``: its kernel outruns flash's
+  causal one on the tree.
 * ``threadweaver_varlen``: a :class:`~threadweaver.hf_collator.segments.TriePlan`, the trie as
   two calls of flash attention's variable-length kernel (torch's own; CUDA, bf16 or fp16)
   merged by their log-sum-exps, at a cost that follows the visible pairs. Elsewhere a
@@ -64,6 +67,12 @@ FLASH_REFUSAL = (
     "use_tree_attention(model), which switches it to 'threadweaver_varlen' (the trie cut into causal "
     "segments for flash's variable-length kernel)"
 )
+
+
+KERNEL_OPTIONS = "threadweaver_flex_kernel_options"
+"""The model config's attribute that holds ``threadweaver_flex``'s FlexAttention kernel options for trie
+forwards (see :func:`use_tree_attention`); options passed to the forward as ``kernel_options`` take
+precedence."""
 
 
 class TreeAttentionError(ValueError):
@@ -133,14 +142,15 @@ class SplitTreeMask:
     """The ``BlockMask`` of queries ``[head, N)`` over keys ``[0, N)``; None where ``head == N``."""
 
 
-def split_tree_mask(subtree_end: torch.Tensor, compile: bool | None = None) -> SplitTreeMask:
-    """The split, or inside ``torch.compile`` the whole trie on one ``BlockMask`` (``head == 0``).
+def split_tree_mask(subtree_end: torch.Tensor, compile: bool | None = None, whole: bool = False) -> SplitTreeMask:
+    """The split, or the whole trie on one ``BlockMask`` (``head == 0``) where ``whole`` or inside
+    ``torch.compile``.
 
     The head's length is data: reading it inside a compiled model would break the graph in
     every layer, and an in-graph slice of the queries is misread by inductor's CPU FlexAttention
     (torch 2.13, silently wrong outputs).
     """
-    head = 0 if torch.compiler.is_compiling() else causal_head(subtree_end)
+    head = 0 if whole or torch.compiler.is_compiling() else causal_head(subtree_end)
     rest = tree_block_mask(subtree_end, compile, first_query=head) if head < subtree_end.shape[-1] else None
     return SplitTreeMask(head, rest)
 
@@ -179,8 +189,27 @@ class DeferredMask:
         return self._tree_masks[key]
 
 
+def flash_attention_4_missing() -> str | None:
+    """Why FlexAttention's FLASH backend (FlashAttention 4) cannot run here, or None where it can."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch._inductor.kernel.flex.flex_flash_attention") is None:
+        return f"torch {torch.__version__} has no FLASH backend for FlexAttention"
+    try:
+        found = importlib.util.find_spec("flash_attn.cute") is not None
+    except ImportError:
+        found = False
+    return None if found else "FlashAttention 4 is not installed (pip install flash-attn-4)"
+
+
+def _on_flash_backend(kernel_options: dict | None) -> bool:
+    """FlashAttention 4 runs the whole trie: its kernel beats flash's causal one on the tree (3.2x at
+    32k on an H200, bench/RESULTS.md), and it failed to build the split's offset query mask."""
+    return bool(kernel_options) and kernel_options.get("BACKEND") == "FLASH"
+
+
 @torch.compiler.disable
-def _varlen_plan(subtree_end: torch.Tensor, dtype: torch.dtype) -> TriePlan:
+def _varlen_plan(subtree_end: torch.Tensor) -> TriePlan:
     """``threadweaver_varlen``'s plan, made on the host and never traced: its sizes are data, which
     a compiled model would break its graph on (and recompile for) at every step of the planning."""
     return trie_plan(subtree_end)
@@ -194,9 +223,30 @@ def _eager_base(module, query, key, value, attention_mask, **kwargs):
     return eager(module, query, key, value, attention_mask, **kwargs)
 
 
-def _split_flex_attention(module, query, key, value, mask: SplitTreeMask, **kwargs):
+def _flex_attention(module, query, key, value, block_mask, scaling=None, kernel_options=None, **kwargs):
+    """FlexAttention over the tree's ``BlockMask``, [B, N, heads, dim] out, without the log-sum-exp that
+    transformers' ``flex_attention_forward`` returns on GPU: FlashAttention 4's backward cannot
+    differentiate through one, so training on its FLASH backend failed to compile."""
+    from transformers.integrations.flex_attention import compile_friendly_flex_attention
+
+    for unsupported in ("softcap", "s_aux", "position_bias", "dropout"):
+        if kwargs.get(unsupported):
+            raise TreeAttentionError(f"threadweaver_flex: {unsupported} is not supported with a trie")
+    out = compile_friendly_flex_attention(
+        query,
+        key,
+        value,
+        block_mask=block_mask,
+        enable_gqa=query.shape[1] != key.shape[1],
+        scale=scaling,
+        kernel_options=kernel_options,
+        training=module.training,
+    )
+    return out.transpose(1, 2).contiguous()
+
+
+def _split_flex_attention(module, query, key, value, mask: SplitTreeMask, kernel_options=None, **kwargs):
     """Causal ``sdpa`` over the head's queries, FlexAttention over the rest; one output."""
-    from transformers.integrations.flex_attention import flex_attention_forward
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     head = mask.head
@@ -207,7 +257,11 @@ def _split_flex_attention(module, query, key, value, mask: SplitTreeMask, **kwar
             sdpa_attention_forward(module, query[:, :, :head], key[:, :, :head], value[:, :, :head], None, **causal)[0]
         )
     if mask.branches is not None:
-        parts.append(flex_attention_forward(module, query[:, :, head:], key, value, mask.branches, **kwargs)[0])
+        parts.append(
+            _flex_attention(
+                module, query[:, :, head:], key, value, mask.branches, kernel_options=kernel_options, **kwargs
+            )
+        )
     return (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]), None
 
 
@@ -234,21 +288,33 @@ def _trie_varlen_attention(module, query, key, value, plan: TriePlan, **kwargs):
 
 
 def _bases() -> dict[str, tuple[Callable, Callable, Callable, Callable]]:
-    """Per base name: (attention function, standard mask function, tree mask builder, attention over that mask)."""
+    """Per base name: (attention function, standard mask function, tree mask builder, attention over that mask).
+
+    A builder takes (``subtree_end``, the layer's dtype, FlexAttention's kernel options)."""
     from transformers.integrations.flex_attention import flex_attention_forward
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import eager_mask, flex_attention_mask, sdpa_mask
 
     return {
-        "sdpa": (sdpa_attention_forward, sdpa_mask, lambda end, dtype: tree_bool_mask(end), sdpa_attention_forward),
-        "eager": (_eager_base, eager_mask, tree_additive_mask, _eager_base),
+        "sdpa": (
+            sdpa_attention_forward,
+            sdpa_mask,
+            lambda end, dtype, options: tree_bool_mask(end),
+            sdpa_attention_forward,
+        ),
+        "eager": (_eager_base, eager_mask, lambda end, dtype, options: tree_additive_mask(end, dtype), _eager_base),
         "flex_attention": (
             flex_attention_forward,
             flex_attention_mask,
-            lambda end, dtype: split_tree_mask(end),
+            lambda end, dtype, options: split_tree_mask(end, whole=_on_flash_backend(options)),
             _split_flex_attention,
         ),
-        "varlen": (sdpa_attention_forward, sdpa_mask, _varlen_plan, _trie_varlen_attention),
+        "varlen": (
+            sdpa_attention_forward,
+            sdpa_mask,
+            lambda end, dtype, options: _varlen_plan(end),
+            _trie_varlen_attention,
+        ),
     }
 
 
@@ -266,9 +332,11 @@ def _tree_attention(name: str, attention: Callable, build_tree_mask: Callable, t
             )
         if kwargs.get("sliding_window") is not None:
             raise TreeAttentionError(f"{name}: sliding-window layers are not supported with a trie")
+        if kwargs.get("kernel_options") is None and hasattr(getattr(module, "config", None), KERNEL_OPTIONS):
+            kwargs["kernel_options"] = getattr(module.config, KERNEL_OPTIONS)
 
         def build():
-            return build_tree_mask(subtree_end.to(query.device), query.dtype)
+            return build_tree_mask(subtree_end.to(query.device), query.dtype, kwargs.get("kernel_options"))
 
         if isinstance(attention_mask, DeferredMask):
             mask = attention_mask.tree_mask((query.dtype, query.device), build)
@@ -299,25 +367,35 @@ def register() -> None:
         AttentionMaskInterface.register(name, _deferred(standard_mask))
 
 
-def use_tree_attention(model, backend: str | None = None):
+def use_tree_attention(model, backend: str | None = None, kernel_options: dict | None = None):
     """Switch ``model`` to tree attention in place and return it.
 
     ``backend`` is ``"sdpa"``, ``"eager"``, ``"flex_attention"`` or ``"varlen"``; by default the
     model's current implementation, where ``flash_attention_*`` means ``"varlen"``.
+    ``kernel_options`` are FlexAttention's for ``"flex_attention"``, kept on the model's config
+    (:data:`KERNEL_OPTIONS`) so that every trie forward uses them (None keeps the model's, ``{}``
+    drops them); ``{"BACKEND": "FLASH"}`` runs FlashAttention 4 (``flash-attn-4``, Hopper or
+    Blackwell) over the whole trie.
     """
     current = model.config._attn_implementation
+    config = model.config.get_text_config()
     if backend is None:
-        if current in NAMES.values():
-            return model
-        backend = current
+        backend = next((base for base, name in NAMES.items() if name == current), current)
     if backend.startswith("flash"):
         backend = "varlen"
     if backend not in NAMES:
         raise TreeAttentionError(f"no tree attention for {backend!r}; choose one of {sorted(NAMES)}")
-    layer_types = set(getattr(model.config.get_text_config(), "layer_types", None) or ["full_attention"])
+    if kernel_options and backend != "flex_attention":
+        raise TreeAttentionError(f"kernel_options are FlexAttention's: use backend 'flex_attention', not {backend!r}")
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
     if layer_types != {"full_attention"}:
         raise TreeAttentionError(f"tree attention needs full-attention layers only, not {sorted(layer_types)}")
-    model.set_attn_implementation(NAMES[backend])
+    if current != NAMES[backend]:
+        model.set_attn_implementation(NAMES[backend])
+    if kernel_options:
+        setattr(config, KERNEL_OPTIONS, dict(kernel_options))
+    elif hasattr(config, KERNEL_OPTIONS) and (kernel_options is not None or backend != "flex_attention"):
+        delattr(config, KERNEL_OPTIONS)
     return model
 
 
