@@ -15,9 +15,10 @@ ids; the model is built from Qwen3-0.6B's config with random weights, bf16, no d
   - ``threadweaver_flex``: the causal head on flash, the branches on FlexAttention;
   - ``whole-tree flex``: every query through one FlexAttention ``BlockMask`` (how
     ``threadweaver_flex`` ran before the split);
-  - ``threadweaver_flex FA4`` and ``whole-tree flex FA4``: the same on FlexAttention's FLASH
-    backend (FlashAttention 4 through CuTe DSL), where ``flash_attn.cute`` is installed
-    (bench/gpu_wheels.sh carries it to a machine without a network); skipped, and said, elsewhere;
+  - ``threadweaver_flex FA4``: ``use_tree_attention(model, "flex_attention", kernel_options=
+    {"BACKEND": "FLASH"})``, the whole tree on FlexAttention's FLASH backend (FlashAttention 4
+    through CuTe DSL), where ``flash_attn.cute`` is installed (bench/gpu_wheels.sh carries it to a
+    machine without a network); skipped, and said, elsewhere;
   - ``threadweaver_sdpa``: the dense-mask oracle (up to ``--dense-max`` tokens);
   where the predicted peak would not fit, gradient checkpointing and a chunked cross-entropy
   (the logits are most of the memory: 151,936 x N floats), said in the table;
@@ -26,16 +27,17 @@ ids; the model is built from Qwen3-0.6B's config with random weights, bf16, no d
 * the attention kernel alone (q 16 heads, k/v 8, head dim 128, bf16, forward+backward, laid
   out in memory as the model lays them out: tokens before heads):
   flash causal, flex with a causal and with the trie ``BlockMask``, the split, the trie on
-  flash's varlen kernel, the trie ``BlockMask`` and the split on the FLASH backend (where it
-  runs), the mask and plan build times, and the error against float32 attention under the
+  flash's varlen kernel, the trie ``BlockMask`` on the FLASH backend (where it runs), the mask
+  and plan build times, and the error against float32 attention under the
   dense mask; then
   FlexAttention ``kernel_options`` tried on the split at the sweep size, and the full
   model again with the fastest of them where it beats the default by 3%;
 * a batch of four rows of different lengths (``--packed-size`` tokens in all), padded to the
   longest against packed into one row (``TrieCollator(padding_free=True)``), on
   ``threadweaver_flex``, and causal over the packed tokens as one sequence;
-* last, the full model at ``--compile-size`` with each decoder layer compiled (regional
-  compilation), causal against ``threadweaver_flex`` (whole trie on one BlockMask under compile).
+* last, the full model at each of ``--compile-sizes`` with each decoder layer compiled (regional
+  compilation), causal against ``threadweaver_flex`` (whole trie on one BlockMask under compile)
+  and its FA4 arm.
   Each timed arm also gives the host's time to queue its step: well below the step's own time,
   the GPU is the bound (near it, launches may be, or a full launch queue made the host wait).
 
@@ -110,7 +112,6 @@ ARMS = (
     "threadweaver_flex",
     "whole-tree flex",
     "threadweaver_flex" + FA4,
-    "whole-tree flex" + FA4,
     "threadweaver_sdpa",
 )
 SHORT_NAMES = {
@@ -119,7 +120,6 @@ SHORT_NAMES = {
     "threadweaver_flex": "flex",
     "whole-tree flex": "whole",
     "threadweaver_flex" + FA4: "flex FA4",
-    "whole-tree flex" + FA4: "whole FA4",
     "threadweaver_sdpa": "dense",
 }
 """Each arm's column in the printed table."""
@@ -131,7 +131,7 @@ PEAK_ARMS = (
     "threadweaver_flex" + FA4,
     "threadweaver_sdpa",
 )
-"""The arms whose peak memory the table shows (all but whole-tree FA4)."""
+"""The arms whose peak memory the table shows."""
 
 
 class Bench:
@@ -160,18 +160,11 @@ class Bench:
 
 
 def fa4_missing(device: torch.device) -> str | None:
-    """Why the FLASH backend cannot run here, or None where it can."""
-    import importlib.util
+    """Why the FLASH backend cannot run here, or None where it can (bench/gpu_wheels.sh carries it to a
+    machine without a network)."""
+    from threadweaver.hf_collator.attention import flash_attention_4_missing
 
-    if device.type != "cuda":
-        return "FlashAttention 4 needs CUDA"
-    if importlib.util.find_spec("torch._inductor.kernel.flex.flex_flash_attention") is None:
-        return f"torch {torch.__version__} has no FLASH backend for FlexAttention"
-    try:
-        found = importlib.util.find_spec("flash_attn.cute") is not None
-    except ImportError:
-        found = False
-    return None if found else "flash_attn.cute is not installed (bench/gpu_wheels.sh)"
+    return "FlashAttention 4 needs CUDA" if device.type != "cuda" else flash_attention_4_missing()
 
 
 def failure(err: Exception) -> str:
@@ -257,15 +250,17 @@ def base_arm(arm: str) -> tuple[str, dict | None]:
 
 
 def set_arm(model, arm: str) -> None:
+    """The arm's attention, as a user sets it: an FA4 arm's options go on the model through
+    ``use_tree_attention`` (and forward kwargs, the tuned arm's, take precedence over them)."""
     from threadweaver.hf_collator import use_tree_attention
 
-    arm = base_arm(arm)[0]
+    arm, options = base_arm(arm)
     if arm == "causal":
         model.set_attn_implementation("sdpa")
     elif arm == "whole-tree flex":
         model.set_attn_implementation(WHOLE_TREE_FLEX)
     else:
-        use_tree_attention(model, BACKENDS[arm])
+        use_tree_attention(model, BACKENDS[arm], kernel_options=options or {})
 
 
 def arm_inputs(batch: dict, arm: str) -> dict:
@@ -337,7 +332,6 @@ def time_arm(model, batch, arm, device, warmups, repeats, memory_saving, kernel_
     launch queue filled up and made the host wait: the compiled phase tells the two apart.
     """
     set_arm(model, arm)
-    kernel_options = kernel_options or base_arm(arm)[1]
     backward = device.type == "cuda" or "flex" not in arm
     inputs = arm_inputs(batch, arm)
     times, issued = [], []
@@ -379,7 +373,7 @@ def agreement(model, batch, device) -> dict:
     def loss_and_grad(arm: str) -> tuple[float, torch.Tensor | None]:
         backward = device.type == "cuda" or "flex" not in arm
         set_arm(model, arm)
-        loss = step(model, arm_inputs(batch, arm), backward, base_arm(arm)[1], "none").float().item()
+        loss = step(model, arm_inputs(batch, arm), backward, None, "none").float().item()
         if not backward:
             return loss, None
         grad = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
@@ -393,7 +387,7 @@ def agreement(model, batch, device) -> dict:
     out = {"loss_dense": dense, "chunked_loss_difference": abs(chunked - dense)}
     compared = ["threadweaver_varlen", "threadweaver_flex"]
     if fa4_missing(device) is None:
-        compared += ["threadweaver_flex" + FA4, "whole-tree flex" + FA4]
+        compared.append("threadweaver_flex" + FA4)
     for arm in compared:
         try:
             loss, grad = loss_and_grad(arm)
@@ -532,27 +526,37 @@ COMPILED_ARMS = ("causal", "threadweaver_flex", "threadweaver_flex" + FA4)
 def compiled_model(bench: Bench, args, device: torch.device, model) -> None:
     """The full model again with each decoder layer compiled (regional compilation, inductor; on
     CPU ``aot_eager``, which only traces): Python and launch overhead leave both arms. Last, as
-    compiling changes the model for good."""
-    from torch._dynamo.utils import counters
-
-    if not args.compile_size:
-        return
-    entry = bench.results["compiled"] = {"size": args.compile_size}
-    if bench.over_budget():
-        entry["skipped"] = "time budget"
-        return
-    batch = trie_batch(args.compile_size, device, bench.thread_tokens)
-    entry["tokens"] = batch["input_ids"].shape[1]
+    compiling changes the model for good; the dense mask's losses, the trie arms' reference, first."""
+    entries = bench.results["compiled"] = []
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    batches, dense = {}, {}
     set_checkpointing(model, MEMORY_SAVING[0])
     set_arm(model, "threadweaver_sdpa")
-    try:  # the dense mask's loss, uncompiled: the reference for the compiled trie arms
-        dense = step(model, arm_inputs(batch, "threadweaver_sdpa"), False, None, MEMORY_SAVING[0]).float().item()
-    except Exception as err:
-        traceback.print_exc()
-        dense, entry["dense_error"] = None, failure(err)
-    entry["backend"] = "inductor" if device.type == "cuda" else "aot_eager"
-    for layer in model.model.layers:
-        layer.compile(backend=entry["backend"])
+    for size in args.compile_sizes:
+        entry = {"size": size, "backend": backend}
+        entries.append(entry)
+        if bench.over_budget():
+            entry["skipped"] = "time budget"
+            continue
+        batches[size] = batch = trie_batch(size, device, bench.thread_tokens)
+        entry["tokens"] = batch["input_ids"].shape[1]
+        try:
+            loss = step(model, arm_inputs(batch, "threadweaver_sdpa"), False, None, MEMORY_SAVING[0])
+            dense[size] = loss.float().item()
+        except Exception as err:
+            traceback.print_exc()
+            entry["dense_error"] = failure(err)
+    if batches:
+        for layer in model.model.layers:
+            layer.compile(backend=backend)
+    for entry in entries:
+        if entry["size"] in batches:
+            compiled_arms(bench, entry, model, batches[entry["size"]], device, dense.get(entry["size"]))
+
+
+def compiled_arms(bench: Bench, entry: dict, model, batch: dict, device: torch.device, dense: float | None) -> None:
+    from torch._dynamo.utils import counters
+
     warmups, repeats = bench.model_timing
     entry["arms"] = {}
     for arm in COMPILED_ARMS:
@@ -567,7 +571,7 @@ def compiled_model(bench: Bench, args, device: torch.device, model) -> None:
         result["graph_breaks"] = sum(counters["graph_break"].values())  # a break times a partly eager model
         if "seconds" in result and arm != "causal" and dense is not None:
             try:
-                loss = step(model, arm_inputs(batch, arm), False, base_arm(arm)[1], MEMORY_SAVING[0])
+                loss = step(model, arm_inputs(batch, arm), False, None, MEMORY_SAVING[0])
                 result["loss_difference_from_dense"] = abs(loss.float().item() - dense)
             except Exception as err:  # the timing stands
                 traceback.print_exc()
@@ -792,15 +796,13 @@ def kernels(bench: Bench, args, device: torch.device, shape: dict) -> str:
 
 
 def fa4_kernels(k: Kernels, entry: dict, measure_error: bool) -> None:
-    """The trie ``BlockMask`` and the split on the FLASH backend, or why not; a failure is a result."""
+    """The trie ``BlockMask`` on the FLASH backend, or why not; a failure is a result. (The split's
+    query-offset mask failed to build there, torch 2.11: ``threadweaver_flex`` runs FA4 on the whole tree.)"""
     missing = fa4_missing(k.device)
     if missing:
         entry["FA4"] = missing
         return
-    for name, attention in (
-        ("flex trie", k.flex_with(k.tree_mask, FA4_OPTIONS)),
-        ("split", k.split_attention(FA4_OPTIONS)),
-    ):
+    for name, attention in (("flex trie", k.flex_with(k.tree_mask, FA4_OPTIONS)),):
         try:
             entry[f"{name}{FA4} ms"] = k.time(attention)
             if measure_error:
@@ -906,8 +908,9 @@ def report(results: dict) -> str:
             lines.append(f"  {name}: {_s(r)} | {_ratio(c, r)} | peak GiB {_gib(r)}")
         if "loss_difference_packed_from_padded" in packed:
             lines.append(f"  loss, packed against padded: {packed['loss_difference_packed_from_padded']:.2e}")
-    compiled = results.get("compiled", {})
-    if compiled.get("arms"):
+    for compiled in results.get("compiled", []):
+        if not compiled.get("arms"):
+            continue
         c = compiled["arms"].get("causal")
         lines.append(f"\neach layer compiled ({compiled['backend']}), {compiled['tokens']} tokens, against causal:")
         shown = ("issue_seconds", "with_compile_s", "graph_breaks", "loss_difference_from_dense")
@@ -919,7 +922,7 @@ def report(results: dict) -> str:
     kern = [e for e in results.get("kernel", []) if "flash causal ms" in e]
     if kern:
         lines.append("\nattention kernel alone, ms (forward+backward where 'backward'), speed against flash causal:")
-        fast = ["flex trie", "split", "trie varlen", "flex trie" + FA4, "split" + FA4]
+        fast = ["flex trie", "split", "trie varlen", "flex trie" + FA4]
         columns = ["flash causal", "flex causal", *fast, "mask build", "plan build"]
         lines.append("tokens | head share | " + " | ".join(columns) + f" | speed of {', '.join(fast)} against flash")
         for e in kern:
@@ -934,7 +937,8 @@ def report(results: dict) -> str:
         sweep = results["kernel_options"]
         lines.append(f"\nkernel options on the split at {sweep['tokens']} tokens, ms:")
         lines += [f"  {name}: {ms if isinstance(ms, str) else f'{ms:.2f}'}" for name, ms in sweep["split ms"].items()]
-    skipped = [e["size"] for e in results.get("full_model", []) + results.get("kernel", []) if "skipped" in e]
+    phases = results.get("full_model", []) + results.get("kernel", []) + results.get("compiled", [])
+    skipped = [e["size"] for e in phases if "skipped" in e]
     if skipped:
         lines.append(f"\nskipped (time budget): sizes {skipped}")
     lines.append(f"\n{results.get('elapsed_s', 0):.0f} s in all")
@@ -943,8 +947,8 @@ def report(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[4096, 16384, 32768, 65536])
-    parser.add_argument("--kernel-sizes", type=int, nargs="+", default=[8192, 32768, 65536])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[4096, 16384, 32768, 65536])
+    parser.add_argument("--kernel-sizes", type=int, nargs="*", default=[8192, 32768, 65536])
     parser.add_argument(
         "--sweep-size", type=int, default=32768, help="Trie tokens of the kernel-options sweep (0: none)."
     )
@@ -958,7 +962,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--thread-tokens", type=int, default=100, help="Tokens in a thread of bench/collator.py's trajectory."
     )
     parser.add_argument(
-        "--compile-size", type=int, default=4096, help="Trie tokens of the compiled full model, last (0: none)."
+        "--compile-sizes", type=int, nargs="*", default=[4096, 32768], help="Trie tokens of the compiled full model."
     )
     parser.add_argument(
         "--packed-size",
@@ -980,7 +984,7 @@ def main(argv: list[str] | None = None) -> dict:
         device, shape = torch.device("cpu"), TINY
         # One row twice: the second time with the memory savers, so that the smoke runs them too.
         args.sizes, args.kernel_sizes, args.sweep_size, args.profile_size = [2048, 2048], [2048], 2048, 2048
-        args.compile_size = args.packed_size = 2048
+        args.compile_sizes, args.packed_size = [2048], 2048
         flex_uncompiled()
     elif not torch.cuda.is_available():
         parser.error("no CUDA device: run with --smoke on CPU")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "tree_attention_gpu.py"
 ARMS = ("causal", "threadweaver_varlen", "threadweaver_flex", "whole-tree flex", "threadweaver_sdpa")
-FA4_ARMS = ("threadweaver_flex FA4", "whole-tree flex FA4")
+FA4_ARMS = ("threadweaver_flex FA4",)
 
 
 def test_the_smoke_runs_every_arm_and_agrees_with_the_dense_mask(tmp_path):
@@ -49,7 +49,7 @@ def test_the_smoke_runs_every_arm_and_agrees_with_the_dense_mask(tmp_path):
     assert rows == 4 and one == 1 and longest < total < rows * longest
     assert all(arm["seconds"] > 0 for arm in packed["arms"].values()), packed["arms"]
     assert packed["loss_difference_packed_from_padded"] < 1e-5
-    compiled = results["compiled"]["arms"]  # each layer compiled (aot_eager on CPU)
+    (compiled,) = (entry["arms"] for entry in results["compiled"])  # each layer compiled (aot_eager on CPU)
     assert compiled["causal"]["seconds"] > 0
     assert compiled["threadweaver_flex"]["loss_difference_from_dense"] < 1e-5
     assert compiled["causal"]["graph_breaks"] == compiled["threadweaver_flex"]["graph_breaks"] == 0
