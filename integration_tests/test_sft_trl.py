@@ -227,16 +227,19 @@ def test_regional_compilation_trains_to_the_uncompiled_losses(tmp_path):
     assert losses["regional"] == pytest.approx(losses["plain"], rel=1e-5)
 
 
-def test_flex_backend_needs_flex_attention_and_flash_needs_flash_attention_4(tmp_path):
-    """FlexAttention's kernel backend is refused, before anything loads, for a model that would not use it,
+def test_flex_backend_needs_flex_attention_on_trie_rows_and_flash_needs_flash_attention_4(tmp_path):
+    """FlexAttention's kernel backend is refused, before anything loads, where no trie forward would use it,
     and FLASH where FlashAttention 4 is missing (as here: it needs a Hopper or Blackwell GPU)."""
     from threadweaver.hf_collator import sft
+    from threadweaver.hf_collator.attention import flash_attention_4_missing
 
     args = [str(tmp_path / "model"), str(tmp_path / "data.jsonl"), "--flex_backend=FLASH"]
-    with pytest.raises(ValueError, match="--flex_backend FLASH picks FlexAttention's kernels: use --attention flex"):
-        sft.main([*args, "--attention=sdpa"])
-    with pytest.raises(ValueError, match=r"--flex_backend FLASH: FlashAttention 4 is not installed \(pip install"):
+    for other in (["--attention=sdpa"], ["--attention=flex_attention", "--no-branching"]):
+        with pytest.raises(ValueError, match="--flex_backend FLASH picks FlexAttention's kernels for trie rows"):
+            sft.main([*args, *other])
+    with pytest.raises(ValueError, match="--attention flex_attention trains on a GPU only"):
         sft.main([*args, "--attention=flex_attention"])
+    assert flash_attention_4_missing() == "FlashAttention 4 is not installed (pip install flash-attn-4)"
 
 
 def test_example_script_trains_with_sfttrainer(tmp_path):

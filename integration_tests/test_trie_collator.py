@@ -359,7 +359,8 @@ def three_rows() -> list[dict]:
 
 
 def test_flex_kernel_options_reach_every_layer_and_flash_runs_the_whole_tree(tokenizer, collator, monkeypatch):
-    """``use_tree_attention``'s kernel options stay on the config and reach each layer's FlexAttention call.
+    """``use_tree_attention``'s kernel options stay on the model (not in its config, which checkpoints save)
+    and reach each layer's FlexAttention call.
     On the FLASH backend (FlashAttention 4) every query runs on one BlockMask, and no call asks for the
     log-sum-exp, which FA4's backward cannot differentiate through. The CPU has no FLASH backend: the spy
     records each call and hands the real kernel the rest, whose logits must be the dense mask's."""
@@ -394,9 +395,11 @@ def test_flex_kernel_options_reach_every_layer_and_flash_runs_the_whole_tree(tok
         expected = flash if options is None else options or None
         assert all(kwargs["kernel_options"] == expected for _, kwargs in calls), calls
         assert not any({"return_lse", "return_aux"} & kwargs.keys() for _, kwargs in calls), calls
-        assert getattr(model.config, KERNEL_OPTIONS, None) == expected
+        assert [getattr(layer.self_attn, KERNEL_OPTIONS) for layer in model.model.layers] == [expected] * 2
+        assert KERNEL_OPTIONS not in model.config.to_json_string() and "FLASH" not in model.config.to_json_string()
+    use_tree_attention(model, "flex_attention", kernel_options=flash)
     use_tree_attention(model, "sdpa")
-    assert not hasattr(model.config, KERNEL_OPTIONS), "another backend drops FlexAttention's options"
+    assert [getattr(layer.self_attn, KERNEL_OPTIONS) for layer in model.model.layers] == [None] * 2, "sdpa drops them"
 
 
 def _visible_under(plan, tokens: int) -> torch.Tensor:

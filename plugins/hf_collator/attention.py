@@ -70,9 +70,10 @@ FLASH_REFUSAL = (
 
 
 KERNEL_OPTIONS = "threadweaver_flex_kernel_options"
-"""The model config's attribute that holds ``threadweaver_flex``'s FlexAttention kernel options for trie
-forwards (see :func:`use_tree_attention`); options passed to the forward as ``kernel_options`` take
-precedence."""
+"""The attribute of a model's attention modules that holds ``threadweaver_flex``'s FlexAttention kernel
+options for trie forwards (see :func:`use_tree_attention`); options passed to the forward as
+``kernel_options`` take precedence. On the modules, not the config: a setting of this run, it must not
+be saved into checkpoints and come back with them."""
 
 
 class TreeAttentionError(ValueError):
@@ -189,17 +190,27 @@ class DeferredMask:
         return self._tree_masks[key]
 
 
-def flash_attention_4_missing() -> str | None:
-    """Why FlexAttention's FLASH backend (FlashAttention 4) cannot run here, or None where it can."""
+def _importable(module: str) -> bool:
     import importlib.util
 
-    if importlib.util.find_spec("torch._inductor.kernel.flex.flex_flash_attention") is None:
-        return f"torch {torch.__version__} has no FLASH backend for FlexAttention"
     try:
-        found = importlib.util.find_spec("flash_attn.cute") is not None
-    except ImportError:
-        found = False
-    return None if found else "FlashAttention 4 is not installed (pip install flash-attn-4)"
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package is missing
+        return False
+
+
+def flash_attention_4_missing() -> str | None:
+    """Why FlexAttention's FLASH backend (FlashAttention 4) cannot run here, or None where it can."""
+    if not _importable("torch._inductor.kernel.flex.flex_flash_attention"):
+        return f"torch {torch.__version__} has no FLASH backend for FlexAttention"
+    if not _importable("flash_attn.cute"):
+        return "FlashAttention 4 is not installed (pip install flash-attn-4)"
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0):
+        major, minor = torch.cuda.get_device_capability()
+        return (
+            f"FlashAttention 4 needs a Hopper or Blackwell GPU, not {torch.cuda.get_device_name()} (sm_{major}{minor})"
+        )
+    return None
 
 
 def _on_flash_backend(kernel_options: dict | None) -> bool:
@@ -229,9 +240,11 @@ def _flex_attention(module, query, key, value, block_mask, scaling=None, kernel_
     differentiate through one, so training on its FLASH backend failed to compile."""
     from transformers.integrations.flex_attention import compile_friendly_flex_attention
 
-    for unsupported in ("softcap", "s_aux", "position_bias", "dropout"):
-        if kwargs.get(unsupported):
+    for unsupported in ("softcap", "s_aux", "position_bias"):
+        if kwargs.get(unsupported) is not None:
             raise TreeAttentionError(f"threadweaver_flex: {unsupported} is not supported with a trie")
+    if kwargs.get("dropout", 0.0) > 0:
+        raise TreeAttentionError("threadweaver_flex: attention dropout is not supported")
     out = compile_friendly_flex_attention(
         query,
         key,
@@ -319,6 +332,8 @@ def _bases() -> dict[str, tuple[Callable, Callable, Callable, Callable]]:
 
 
 def _tree_attention(name: str, attention: Callable, build_tree_mask: Callable, tree_attend: Callable) -> Callable:
+    flex = name == NAMES["flex_attention"]
+
     def tree_attention(module, query, key, value, attention_mask, subtree_end=None, **kwargs):
         if subtree_end is None:
             if isinstance(attention_mask, DeferredMask):
@@ -332,8 +347,8 @@ def _tree_attention(name: str, attention: Callable, build_tree_mask: Callable, t
             )
         if kwargs.get("sliding_window") is not None:
             raise TreeAttentionError(f"{name}: sliding-window layers are not supported with a trie")
-        if kwargs.get("kernel_options") is None and hasattr(getattr(module, "config", None), KERNEL_OPTIONS):
-            kwargs["kernel_options"] = getattr(module.config, KERNEL_OPTIONS)
+        if flex and kwargs.get("kernel_options") is None:
+            kwargs["kernel_options"] = getattr(module, KERNEL_OPTIONS, None)
 
         def build():
             return build_tree_mask(subtree_end.to(query.device), query.dtype, kwargs.get("kernel_options"))
@@ -372,10 +387,10 @@ def use_tree_attention(model, backend: str | None = None, kernel_options: dict |
 
     ``backend`` is ``"sdpa"``, ``"eager"``, ``"flex_attention"`` or ``"varlen"``; by default the
     model's current implementation, where ``flash_attention_*`` means ``"varlen"``.
-    ``kernel_options`` are FlexAttention's for ``"flex_attention"``, kept on the model's config
-    (:data:`KERNEL_OPTIONS`) so that every trie forward uses them (None keeps the model's, ``{}``
-    drops them); ``{"BACKEND": "FLASH"}`` runs FlashAttention 4 (``flash-attn-4``, Hopper or
-    Blackwell) over the whole trie.
+    ``kernel_options`` are FlexAttention's for ``"flex_attention"``, kept on the model's attention
+    modules (:data:`KERNEL_OPTIONS`) so that every trie forward uses them. None keeps those the model
+    has (another backend drops them), ``{}`` drops them; ``{"BACKEND": "FLASH"}`` runs FlashAttention
+    4 (``flash-attn-4``, Hopper or Blackwell) over the whole trie.
     """
     current = model.config._attn_implementation
     config = model.config.get_text_config()
@@ -392,10 +407,10 @@ def use_tree_attention(model, backend: str | None = None, kernel_options: dict |
         raise TreeAttentionError(f"tree attention needs full-attention layers only, not {sorted(layer_types)}")
     if current != NAMES[backend]:
         model.set_attn_implementation(NAMES[backend])
-    if kernel_options:
-        setattr(config, KERNEL_OPTIONS, dict(kernel_options))
-    elif hasattr(config, KERNEL_OPTIONS) and (kernel_options is not None or backend != "flex_attention"):
-        delattr(config, KERNEL_OPTIONS)
+    if kernel_options is not None or backend != "flex_attention":
+        for module in model.modules():
+            if getattr(module, "config", None) is config:  # the attention modules among them
+                setattr(module, KERNEL_OPTIONS, dict(kernel_options) if kernel_options else None)
     return model
 
 

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from threadweaver.cli_args import add_arguments
 from threadweaver.format import split_tags
-from threadweaver.hf_collator.attention import KERNEL_OPTIONS, flash_attention_4_missing, use_tree_attention
+from threadweaver.hf_collator.attention import flash_attention_4_missing, use_tree_attention
 from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
 from threadweaver.hf_collator.malloc import keep_freed_memory
 from threadweaver.jsonl import RowError, read_jsonl
@@ -166,12 +166,15 @@ def train(
         )
     cuda = torch.cuda.is_available()
     attention = attention if attention != "auto" else ("flex_attention" if cuda else "sdpa")
-    if flex_backend != "AUTO" and attention != "flex_attention":
-        raise ValueError(f"--flex_backend {flex_backend} picks FlexAttention's kernels: use --attention flex_attention")
-    if flex_backend == "FLASH" and flash_attention_4_missing():
-        raise ValueError(f"--flex_backend FLASH: {flash_attention_4_missing()}")
+    if flex_backend != "AUTO" and (attention != "flex_attention" or not collator_settings.get("branching", True)):
+        raise ValueError(
+            f"--flex_backend {flex_backend} picks FlexAttention's kernels for trie rows: "
+            "use --attention flex_attention, with branching"
+        )
     if attention in NEEDS_CUDA and not cuda:
         raise ValueError(f"--attention {attention} trains on a GPU only; on CPU train with --attention sdpa")
+    if flex_backend == "FLASH" and flash_attention_4_missing():
+        raise ValueError(f"--flex_backend FLASH: {flash_attention_4_missing()}")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     check_prepared(model_dir, tokenizer)
     base = "sdpa" if attention == "varlen" else attention  # varlen is a tree attention only
@@ -202,7 +205,6 @@ def train(
     if collator.skipped:
         logger.warning("%d malformed rows skipped in all", collator.skipped)
     model.set_attn_implementation("sdpa")
-    model.config.get_text_config().__dict__.pop(KERNEL_OPTIONS, None)  # a training setting, not the model's
     trainer.save_model(config.output_dir)
     tokenizer.save_pretrained(config.output_dir)
     trainer.state.save_to_json(os.path.join(config.output_dir, "trainer_state.json"))
