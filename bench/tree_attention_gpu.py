@@ -365,10 +365,10 @@ def time_arm(model, batch, arm, device, warmups, repeats, memory_saving, kernel_
     }
 
 
-def agreement(model, batch, device) -> dict:
-    """``threadweaver_varlen`` and ``threadweaver_flex`` (and on FA4, where it runs) against the dense
-    oracle (loss difference, gradient cosine; flex forward only on CPU), and the chunked loss against
-    the model's own. An arm that fails says so and the others go on."""
+def agreement(model, batch, device, arms: list[str]) -> dict:
+    """``threadweaver_varlen`` and ``threadweaver_flex`` (and on FA4, where it runs), those of ``arms``,
+    against the dense oracle (loss difference, gradient cosine; flex forward only on CPU), and the
+    chunked loss against the model's own. An arm that fails says so and the others go on."""
 
     def loss_and_grad(arm: str) -> tuple[float, torch.Tensor | None]:
         backward = device.type == "cuda" or "flex" not in arm
@@ -385,8 +385,8 @@ def agreement(model, batch, device) -> dict:
     with torch.no_grad():  # in chunks shorter than the row
         chunked = chunked_loss(model, arm_inputs(batch, "threadweaver_sdpa"), {}, chunk=1000).float().item()
     out = {"loss_dense": dense, "chunked_loss_difference": abs(chunked - dense)}
-    compared = ["threadweaver_varlen", "threadweaver_flex"]
-    if fa4_missing(device) is None:
+    compared = [arm for arm in ("threadweaver_varlen", "threadweaver_flex") if arm in arms]
+    if fa4_missing(device) is None and "threadweaver_flex" + FA4 in arms:
         compared.append("threadweaver_flex" + FA4)
     for arm in compared:
         try:
@@ -451,7 +451,7 @@ def full_model(bench: Bench, args, device: torch.device, shape: dict):
         rows.append(entry)
         if size == args.sizes[0]:
             try:
-                bench.results["agreement"] = {"tokens": tokens, **agreement(model, batch, device)}
+                bench.results["agreement"] = {"tokens": tokens, **agreement(model, batch, device, args.arms)}
             except Exception as err:
                 traceback.print_exc()
                 bench.results["agreement"] = {"tokens": tokens, "error": failure(err)}
@@ -526,22 +526,31 @@ COMPILED_ARMS = ("causal", "threadweaver_flex", "threadweaver_flex" + FA4)
 def compiled_model(bench: Bench, args, device: torch.device, model) -> None:
     """The full model again with each decoder layer compiled (regional compilation, inductor; on
     CPU ``aot_eager``, which only traces): Python and launch overhead leave both arms. Last, as
-    compiling changes the model for good; the dense mask's losses, the trie arms' reference, first."""
+    compiling changes the model for good; the dense mask's losses, the trie arms' reference, first.
+
+    Each size takes the full model's memory saving for it (none where that phase did not run it).
+    The layers compile once, as a training run compiles them: the first size's shapes are static,
+    and torch recompiles the later ones with dynamic shapes, as it does for rows of another length.
+    """
     entries = bench.results["compiled"] = []
     backend = "inductor" if device.type == "cuda" else "aot_eager"
+    saving = {}
+    for e in bench.results.get("full_model", []):  # the first row of a size (the smoke runs one twice)
+        saving.setdefault(e["size"], e.get("memory_saving"))
     batches, dense = {}, {}
-    set_checkpointing(model, MEMORY_SAVING[0])
     set_arm(model, "threadweaver_sdpa")
     for size in args.compile_sizes:
-        entry = {"size": size, "backend": backend}
+        entry = {"size": size, "backend": backend, "memory_saving": saving.get(size) or MEMORY_SAVING[0]}
+        entry["shapes"] = "dynamic" if entries else "static"
         entries.append(entry)
         if bench.over_budget():
             entry["skipped"] = "time budget"
             continue
         batches[size] = batch = trie_batch(size, device, bench.thread_tokens)
         entry["tokens"] = batch["input_ids"].shape[1]
+        set_checkpointing(model, entry["memory_saving"])
         try:
-            loss = step(model, arm_inputs(batch, "threadweaver_sdpa"), False, None, MEMORY_SAVING[0])
+            loss = step(model, arm_inputs(batch, "threadweaver_sdpa"), False, None, entry["memory_saving"])
             dense[size] = loss.float().item()
         except Exception as err:
             traceback.print_exc()
@@ -551,27 +560,29 @@ def compiled_model(bench: Bench, args, device: torch.device, model) -> None:
             layer.compile(backend=backend)
     for entry in entries:
         if entry["size"] in batches:
-            compiled_arms(bench, entry, model, batches[entry["size"]], device, dense.get(entry["size"]))
+            set_checkpointing(model, entry["memory_saving"])
+            arms = [arm for arm in COMPILED_ARMS if arm == "causal" or arm in args.arms]
+            compiled_arms(bench, entry, model, batches[entry["size"]], device, dense.get(entry["size"]), arms)
 
 
-def compiled_arms(bench: Bench, entry: dict, model, batch: dict, device: torch.device, dense: float | None) -> None:
+def compiled_arms(bench: Bench, entry: dict, model, batch: dict, device, dense: float | None, arms: list) -> None:
     from torch._dynamo.utils import counters
 
-    warmups, repeats = bench.model_timing
+    warmups, repeats, saving = *bench.model_timing, entry["memory_saving"]
     entry["arms"] = {}
-    for arm in COMPILED_ARMS:
+    for arm in arms:
         skipped = "time budget" if bench.over_budget() else arm.endswith(FA4) and fa4_missing(device)
         if skipped:
             entry["arms"][arm] = {"skipped": skipped}
             continue
         start = bench.elapsed()
         counters.clear()
-        result = time_arm(model, batch, arm, device, warmups, repeats, MEMORY_SAVING[0])
+        result = time_arm(model, batch, arm, device, warmups, repeats, saving)
         result["with_compile_s"] = round(bench.elapsed() - start, 1)
         result["graph_breaks"] = sum(counters["graph_break"].values())  # a break times a partly eager model
         if "seconds" in result and arm != "causal" and dense is not None:
             try:
-                loss = step(model, arm_inputs(batch, arm), False, None, MEMORY_SAVING[0])
+                loss = step(model, arm_inputs(batch, arm), False, None, saving)
                 result["loss_difference_from_dense"] = abs(loss.float().item() - dense)
             except Exception as err:  # the timing stands
                 traceback.print_exc()
@@ -912,7 +923,8 @@ def report(results: dict) -> str:
         if not compiled.get("arms"):
             continue
         c = compiled["arms"].get("causal")
-        lines.append(f"\neach layer compiled ({compiled['backend']}), {compiled['tokens']} tokens, against causal:")
+        how = f"{compiled['backend']}, {compiled['shapes']} shapes, memory saving: {compiled['memory_saving']}"
+        lines.append(f"\neach layer compiled ({how}), {compiled['tokens']} tokens, against causal:")
         shown = ("issue_seconds", "with_compile_s", "graph_breaks", "loss_difference_from_dense")
         for arm, r in compiled["arms"].items():
             extra = {k: v for k, v in r.items() if k in shown}
