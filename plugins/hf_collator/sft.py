@@ -173,8 +173,8 @@ def train(
         )
     if attention in NEEDS_CUDA and not cuda:
         raise ValueError(f"--attention {attention} trains on a GPU only; on CPU train with --attention sdpa")
-    if flex_backend == "FLASH" and flash_attention_4_missing():
-        raise ValueError(f"--flex_backend FLASH: {flash_attention_4_missing()}")
+    if flex_backend == "FLASH" and (missing := flash_attention_4_missing()):
+        raise ValueError(f"--flex_backend FLASH: {missing}")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     check_prepared(model_dir, tokenizer)
     base = "sdpa" if attention == "varlen" else attention  # varlen is a tree attention only
