@@ -234,6 +234,16 @@ def _eager_base(module, query, key, value, attention_mask, **kwargs):
     return eager(module, query, key, value, attention_mask, **kwargs)
 
 
+def _attention_dtype(query: torch.Tensor) -> torch.dtype:
+    """Autocast's dtype where it is on for the query's device, else the query's own.
+
+    Mixed precision (TRL's ``--bf16``) runs float32 weights under autocast, and Qwen3's query and key
+    norms hand back float32 beside a bf16 value: ``sdpa`` casts its inputs itself, but a kernel called
+    directly would get the mix (FlashAttention 4 takes bf16 or fp16 only, Triton flex would run float32)."""
+    device = query.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
+
+
 def _flex_attention(module, query, key, value, block_mask, scaling=None, kernel_options=None, **kwargs):
     """FlexAttention over the tree's ``BlockMask``, [B, N, heads, dim] out, without the log-sum-exp that
     transformers' ``flex_attention_forward`` returns on GPU: FlashAttention 4's backward cannot
@@ -245,10 +255,11 @@ def _flex_attention(module, query, key, value, block_mask, scaling=None, kernel_
             raise TreeAttentionError(f"threadweaver_flex: {unsupported} is not supported with a trie")
     if kwargs.get("dropout", 0.0) > 0:
         raise TreeAttentionError("threadweaver_flex: attention dropout is not supported")
+    dtype = _attention_dtype(query)
     out = compile_friendly_flex_attention(
-        query,
-        key,
-        value,
+        query.to(dtype),
+        key.to(dtype),
+        value.to(dtype),
         block_mask=block_mask,
         enable_gqa=query.shape[1] != key.shape[1],
         scale=scaling,
@@ -283,12 +294,9 @@ def _trie_varlen_attention(module, query, key, value, plan: TriePlan, **kwargs):
     if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
         raise TreeAttentionError("threadweaver_varlen: attention softcapping and sinks are not supported")
     batch, heads, n, dim = query.shape
-    dtype = query.dtype
-    if query.device.type == "cuda":
-        if torch.is_autocast_enabled("cuda"):
-            dtype = torch.get_autocast_dtype("cuda")
-        if dtype not in (torch.float16, torch.bfloat16):
-            raise TreeAttentionError(f"threadweaver_varlen: flash attention runs in bf16 or fp16, not {dtype}")
+    dtype = _attention_dtype(query)
+    if query.device.type == "cuda" and dtype not in (torch.float16, torch.bfloat16):
+        raise TreeAttentionError(f"threadweaver_varlen: flash attention runs in bf16 or fp16, not {dtype}")
 
     def tokens(x):
         return x.transpose(1, 2).reshape(batch * n, x.shape[1], dim).to(dtype)
