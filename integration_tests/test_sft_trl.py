@@ -227,9 +227,12 @@ def test_regional_compilation_trains_to_the_uncompiled_losses(tmp_path):
     assert losses["regional"] == pytest.approx(losses["plain"], rel=1e-5)
 
 
-def test_flex_backend_needs_flex_attention_on_trie_rows_and_flash_needs_flash_attention_4(tmp_path):
+def test_flex_backend_needs_flex_attention_on_trie_rows_and_flash_needs_flash_attention_4(tmp_path, monkeypatch):
     """FlexAttention's kernel backend is refused, before anything loads, where no trie forward would use it,
-    and FLASH where FlashAttention 4 is missing (as here: it needs a Hopper or Blackwell GPU)."""
+    and FLASH in float32 or where FlashAttention 4 is missing (as here: it needs a Hopper or Blackwell GPU)."""
+    import torch
+    from trl import SFTConfig
+
     from threadweaver.hf_collator import sft
     from threadweaver.hf_collator.attention import flash_attention_4_missing
 
@@ -240,6 +243,11 @@ def test_flex_backend_needs_flex_attention_on_trie_rows_and_flash_needs_flash_at
     with pytest.raises(ValueError, match="--attention flex_attention trains on a GPU only"):
         sft.main([*args, "--attention=flex_attention"])
     assert flash_attention_4_missing() == "FlashAttention 4 is not installed (pip install flash-attn-4)"
+    # On a GPU (this machine has none; the refusals read flags only), float32 training is refused for FLASH.
+    config = SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match="FlashAttention 4 runs in bf16 or fp16, not float32"):
+        sft.train(*args[:2], config, "flex_attention", "FLASH")
 
 
 def test_example_script_trains_with_sfttrainer(tmp_path):

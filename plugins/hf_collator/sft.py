@@ -173,6 +173,11 @@ def train(
         )
     if attention in NEEDS_CUDA and not cuda:
         raise ValueError(f"--attention {attention} trains on a GPU only; on CPU train with --attention sdpa")
+    if flex_backend == "FLASH" and not (config.bf16 or config.fp16):
+        raise ValueError(
+            "--flex_backend FLASH: FlashAttention 4 runs in bf16 or fp16, not float32: train with --bf16 true "
+            "(the default on a GPU that has bf16) or --fp16 true"
+        )
     if flex_backend == "FLASH" and (missing := flash_attention_4_missing()):
         raise ValueError(f"--flex_backend FLASH: {missing}")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
