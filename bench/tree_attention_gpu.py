@@ -2,6 +2,7 @@
 
     python bench/tree_attention_gpu.py [--sizes 4096 16384 32768 65536] [--out runs/tree_attention_gpu.json]
     python bench/tree_attention_gpu.py --thread-tokens 1000   # threads of 1,000 tokens (default 100)
+    python bench/tree_attention_gpu.py --mixed-precision   # float32 weights under bf16 autocast, as sft trains
     python bench/tree_attention_gpu.py --smoke     # CPU: tiny shape, in a minute
 
 One run prints, side by side, for trie rows of bench/collator.py's trajectory (synth token
@@ -26,7 +27,8 @@ ids; the model is built from Qwen3-0.6B's config with random weights, bf16, no d
   gradient cosine), and of the chunked cross-entropy with the model's own loss;
 * the attention kernel alone (q 16 heads, k/v 8, head dim 128, bf16, forward+backward, laid
   out in memory as the model lays them out: tokens before heads):
-  flash causal, flex with a causal and with the trie ``BlockMask``, the split, the trie on
+  flash causal (sdpa held to its flash kernel, FA2), causal sdpa on the kernel torch picks
+  itself, flex with a causal and with the trie ``BlockMask``, the split, the trie on
   flash's varlen kernel, the trie ``BlockMask`` on the FLASH backend (where it runs), the mask
   and plan build times, and the error against float32 attention under the
   dense mask; then
@@ -214,14 +216,17 @@ def pair_shares(subtree_end: torch.Tensor) -> dict[str, float]:
 # --- the full model ---------------------------------------------------------------------------
 
 
-def build_model(shape: dict, device: torch.device):
+def build_model(shape: dict, device: torch.device, mixed_precision: bool):
+    """bf16 weights on a GPU; float32 on CPU, and under ``mixed_precision``, where ``step`` runs them
+    under bf16 autocast."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(**shape, max_position_embeddings=131072, attention_dropout=0.0, use_cache=False)
     torch.manual_seed(0)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = torch.bfloat16 if device.type == "cuda" and not mixed_precision else torch.float32
     with torch.device(device):
         model = Qwen3ForCausalLM(config).to(dtype)
+    model.bench_mixed_precision = mixed_precision
     return model.train()
 
 
@@ -301,12 +306,16 @@ MEMORY_SAVING = ("none", "chunked CE", "checkpointing + chunked CE")
 
 
 def step(model, inputs: dict, backward: bool, kernel_options: dict | None, memory_saving: str) -> torch.Tensor:
+    """One forward (+backward); under the model's mixed precision, the forward runs in bf16 autocast, as
+    accelerate runs it for TRL's ``--bf16``."""
     extra = {"kernel_options": kernel_options} if kernel_options else {}
+    device = inputs["input_ids"].device.type
 
     def loss():
-        if memory_saving == "none":
-            return model(**inputs, **extra).loss
-        return chunked_loss(model, inputs, extra)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=model.bench_mixed_precision):
+            if memory_saving == "none":
+                return model(**inputs, **extra).loss
+            return chunked_loss(model, inputs, extra)
 
     if not backward:
         with torch.no_grad():
@@ -427,7 +436,7 @@ def memory_saving_for(tokens: int, reference: dict | None, vocab: int, device: t
 
 def full_model(bench: Bench, args, device: torch.device, shape: dict):
     """The full-model table's default arms; returns the model for the tuned arm."""
-    model = build_model(shape, device)
+    model = build_model(shape, device, args.mixed_precision)
     register_whole_tree_flex()
     rows = bench.results.setdefault("full_model", [])
     reference = None
@@ -688,6 +697,10 @@ class Kernels:
         with sdpa_kernel(backends):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
+    def sdpa_causal(self, q, k, v):
+        """Causal sdpa on the kernel torch picks itself, as the model's ``sdpa`` runs it."""
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
     def compiled(self, options):
         return self.flex_static if options == FA4_OPTIONS else self.flex
 
@@ -765,6 +778,7 @@ def kernels(bench: Bench, args, device: torch.device, shape: dict) -> str:
         rows.append(entry)
         try:
             entry["flash causal ms"] = k.time(k.flash_causal)
+            entry["sdpa causal ms"] = k.time(k.sdpa_causal)
             entry["flex causal ms"] = k.time(k.flex_with(k.causal_mask))
             entry["flex trie ms"] = k.time(k.flex_with(k.tree_mask))
             entry["split ms"] = k.time(k.split_attention())
@@ -935,7 +949,7 @@ def report(results: dict) -> str:
     if kern:
         lines.append("\nattention kernel alone, ms (forward+backward where 'backward'), speed against flash causal:")
         fast = ["flex trie", "split", "trie varlen", "flex trie" + FA4]
-        columns = ["flash causal", "flex causal", *fast, "mask build", "plan build"]
+        columns = ["flash causal", "sdpa causal", "flex causal", *fast, "mask build", "plan build"]
         lines.append("tokens | head share | " + " | ".join(columns) + f" | speed of {', '.join(fast)} against flash")
         for e in kern:
             f = e["flash causal ms"]
@@ -982,6 +996,11 @@ def main(argv: list[str] | None = None) -> dict:
         default=8192,
         help="Trie tokens of a batch of four rows, padded against packed (padding_free; 0: none).",
     )
+    parser.add_argument(
+        "--mixed-precision",
+        action="store_true",
+        help="Float32 weights under bf16 autocast, as `threadweaver sft` trains (TRL's --bf16); else bf16 weights.",
+    )
     parser.add_argument("--dense-max", type=int, default=32768, help="Largest row the dense-mask arm runs.")
     parser.add_argument("--budget-s", type=float, default=420, help="Skip the phases that start after this.")
     parser.add_argument("--out", type=Path, default=Path("runs/tree_attention_gpu.json"), help="Results (JSON).")
@@ -1007,14 +1026,17 @@ def main(argv: list[str] | None = None) -> dict:
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     bench = Bench(args.budget_s, args.out, args.smoke, args.thread_tokens)
+    precision = "bf16" if device.type == "cuda" else "float32"
+    precision = "float32 under bf16 autocast" if args.mixed_precision else precision
     bench.results.update(
         device=torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({platform.processor() or 'cpu'})",
         torch=torch.__version__,
         transformers=transformers.__version__,
         date=date.today().isoformat(),
         thread_tokens=args.thread_tokens,
+        mixed_precision=args.mixed_precision,
         model=("Qwen3-0.6B shape" if shape is QWEN3_06B else "tiny Qwen3")
-        + f", random weights, {'bf16' if device.type == 'cuda' else 'float32'}, {shape['num_hidden_layers']} layers",
+        + f", random weights, {precision}, {shape['num_hidden_layers']} layers",
     )
     best = kernels(bench, args, device, shape)
     bench.results["fastest_kernel_options"] = best

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "tree_attention_gpu.py"
 ARMS = ("causal", "threadweaver_varlen", "threadweaver_flex", "whole-tree flex", "threadweaver_sdpa")
 FA4_ARMS = ("threadweaver_flex FA4",)
@@ -40,6 +42,7 @@ def test_the_smoke_runs_every_arm_and_agrees_with_the_dense_mask(tmp_path):
 
     kernel = results["kernel"][0]
     assert kernel["FA4"] == "FlashAttention 4 needs CUDA"
+    assert kernel["flash causal ms"] > 0 and kernel["sdpa causal ms"] > 0
     for arm in ("split", "flex trie", "trie varlen"):
         assert kernel[f"relative error, {arm}"] < 1e-5, arm
     assert "segments" in results["trie_varlen_profile"]
@@ -57,3 +60,23 @@ def test_the_smoke_runs_every_arm_and_agrees_with_the_dense_mask(tmp_path):
     assert all(0 < arm["issue_seconds"] <= arm["seconds"] for arm in full[0]["arms"].values() if "seconds" in arm)
     assert "full model, forward+backward" in done.stdout and "attention kernel alone" in done.stdout
     assert "each layer compiled" in done.stdout and "rows of one batch, padded" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_mixed_precision_smoke_runs_the_trie_under_autocast_compiled_too(tmp_path):
+    """``--mixed-precision``: float32 weights under bf16 autocast, as ``threadweaver sft`` trains on a GPU."""
+    out = tmp_path / "mixed.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke", "--mixed-precision", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert results["mixed_precision"] and "float32 under bf16 autocast" in results["model"]
+    assert all(entry["arms"][arm]["seconds"] > 0 for entry in results["full_model"] for arm in ARMS)
+    assert results["agreement"]["threadweaver_flex loss_difference"] < 1e-3
+    (compiled,) = (entry["arms"] for entry in results["compiled"])
+    assert compiled["threadweaver_flex"]["graph_breaks"] == 0, "autocast's dtype is read inside the compiled layer"
+    assert compiled["threadweaver_flex"]["loss_difference_from_dense"] < 1e-3
