@@ -9,6 +9,9 @@
 # parts small enough to travel beside the working tree (about 17 MiB) under the 64 MiB a device
 # call carries: one part a call. bench/tree_attention_gpu_device.sh puts them back together
 # and installs them there. The device image already has cuda-bindings, einops and numpy.
+# Beside them, whole in OUT_DIR/sft: what `threadweaver sft` (bench/sft_gpu.py) needs that the image
+# lacks, TRL and the datasets library at the versions tested here (the image has accelerate,
+# pandas, pyarrow, xxhash and fsspec).
 # CUDA=12 takes CuTe DSL's CUDA 12 build instead of its CUDA 13 one (the two are the same size,
 # and a CUDA 13 driver runs either).
 set -euo pipefail
@@ -29,20 +32,30 @@ WHEELS=(
   torch-c-dlpack-ext==0.1.5
 )
 
+SFT_WHEELS=(trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19)
+
 download=$(mktemp -d)
 trap 'rm -rf "$download"' EXIT
-python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 --dest "$download" "${WHEELS[@]}"
-count=$(find "$download" -name '*.whl' | wc -l)
-if [ "$count" -ne "${#WHEELS[@]}" ]; then
-  echo "gpu_wheels: expected ${#WHEELS[@]} wheels, downloaded $count into $download" >&2
-  exit 1
-fi
+fetch() {  # DIR WHEEL...: the wheels for the device, exactly one a name
+  local dir=$1
+  shift
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --dest "$dir" "$@"
+  local count
+  count=$(find "$dir" -name '*.whl' | wc -l)
+  if [ "$count" -ne $# ]; then
+    echo "gpu_wheels: expected $# wheels, downloaded $count into $dir" >&2
+    exit 1
+  fi
+}
+fetch "$download" "${WHEELS[@]}"
+count=${#WHEELS[@]}
 
 mkdir -p "$OUT"
-rm -f "$OUT"/part-* "$OUT"/SHA256SUMS
+rm -rf "$OUT"/part-* "$OUT"/SHA256SUMS "$OUT"/sft
+fetch "$OUT/sft" "${SFT_WHEELS[@]}"
 tar -C "$download" -cf - . | split --bytes="${PART_MIB}M" - "$OUT/part-"
 (cd "$OUT" && sha256sum part-* >SHA256SUMS)
 echo "gpu_wheels: $count wheels in $(ls "$OUT"/part-* | wc -l) parts of at most $PART_MIB MiB under $OUT:"
-ls -l "$OUT"
+ls -l "$OUT" "$OUT/sft"

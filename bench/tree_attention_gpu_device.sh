@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# bench/tree_attention_gpu.py in one call of a GPU machine that has no network and no threadweaver install.
+# bench/tree_attention_gpu.py and bench/sft_gpu.py in calls of a GPU machine that has no network and no
+# threadweaver install.
 #
 #   bench/tree_attention_gpu_device.sh stash             # keep the wheel parts this call carried, and stop
-#   bench/tree_attention_gpu_device.sh [BENCH_ARGS...]   # the bench, on FA4 too where every part is here
+#   bench/tree_attention_gpu_device.sh sft [SFT_ARGS...] # bench/sft_gpu.py: the real `threadweaver sft`
+#   bench/tree_attention_gpu_device.sh [BENCH_ARGS...]   # bench/tree_attention_gpu.py
 #
-# FlashAttention 4's wheels (bench/gpu_wheels.sh) are larger than one call carries, so they
-# travel one part a call: each call keeps the parts it carried in /tmp/gpu_wheels, which lasts
-# as long as the machine stays warm. Once every part listed in SHA256SUMS is there and checks
-# out, they are installed into /tmp/site; otherwise the bench runs without them and its FA4
-# arms say why. The package runs from a copy laid out as the installed one (plugins/<name> ->
-# threadweaver.<name>). $PYTHON (python3) runs it; the results and the log go to $OUT (the
-# device's folder that comes back), or runs/ elsewhere. With no BENCH_ARGS, the runs issue 40
-# waits for, at the sizes of its goal (below); about 6 minutes on an H200.
+# bench/gpu_wheels.sh downloads what the device image lacks. FlashAttention 4's wheels are larger than
+# one call carries, so they travel one part a call: each call keeps the parts it carried in
+# /tmp/gpu_wheels, which lasts as long as the machine stays warm. Once every part listed in SHA256SUMS
+# is there and checks out, they are installed into /tmp/site; otherwise the FA4 arms say why they did
+# not run. TRL and the datasets library (.gpu_wheels/sft, a few MB) travel whole, with each call that
+# runs `threadweaver sft`. The package runs from a copy laid out as the installed one (plugins/<name>
+# and apps/<name> -> threadweaver.<name>). $PYTHON (python3) runs it; the results and the logs go to
+# $OUT (the device's folder that comes back), or runs/ elsewhere. With no arguments, the runs issue 40
+# waits for (below); about 7 minutes on an H200, after a first call of `sft` without FA4.
 set -uo pipefail
 
 KEEP=/tmp/gpu_wheels
@@ -28,9 +31,18 @@ if [ "${1:-}" = stash ]; then
   exit 0
 fi
 
+rm -rf /tmp/wheels && mkdir -p /tmp/wheels
+if [ -d .gpu_wheels/sft ]; then
+  cp .gpu_wheels/sft/*.whl /tmp/wheels/
+else
+  echo "TRL's wheels (.gpu_wheels/sft) were not carried: \`threadweaver sft\` runs only where the image has TRL"
+fi
 if [ -f "$KEEP/SHA256SUMS" ] && (cd "$KEEP" && sha256sum --check --quiet SHA256SUMS); then
-  rm -rf /tmp/wheels && mkdir -p /tmp/wheels
   (cd "$KEEP" && cat $(awk '{print $2}' SHA256SUMS)) | tar -xf - -C /tmp/wheels  # the listed parts, in order
+else
+  echo "FlashAttention 4's wheel parts are not all here: the FA4 arms will say so"
+fi
+if compgen -G "/tmp/wheels/*.whl" >/dev/null; then
   if "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site /tmp/wheels/*.whl; then
     # PYTHONPATH is no site directory: the folders its .pth files name (cutlass's) join it by hand.
@@ -43,35 +55,40 @@ if [ -f "$KEEP/SHA256SUMS" ] && (cd "$KEEP" && sha256sum --check --quiet SHA256S
     done
     export PYTHONPATH=$site_path${PYTHONPATH:+:$PYTHONPATH}
   else
-    echo "FlashAttention 4's wheels did not install: the FA4 arms will say so"
+    echo "the carried wheels did not install: the arms that need them will say so"
   fi
-else
-  echo "FlashAttention 4's wheel parts are not all here: the FA4 arms will say so"
 fi
 
 rm -rf /tmp/pkg && mkdir -p /tmp/pkg
 cp -r threadweaver /tmp/pkg/
-for plugin in plugins/*/; do cp -r "$plugin" /tmp/pkg/threadweaver/; done
+for layer in plugins/*/ apps/*/; do cp -r "$layer" /tmp/pkg/threadweaver/; done
 export PYTHONPATH=/tmp/pkg${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
-bench() {  # NAME BENCH_ARGS...: the JSON and the log under $OUT/NAME.*
-  local name=$1
-  shift
-  "$PYTHON" bench/tree_attention_gpu.py --out "$OUT/$name.json" "$@" 2>&1 | tee "$OUT/$name.log"
+bench() {  # SCRIPT NAME ARGS...: bench/SCRIPT.py, its JSON and log under $OUT/NAME.*
+  local script=$1 name=$2
+  shift 2
+  "$PYTHON" "bench/$script.py" --out "$OUT/$name.json" "$@" 2>&1 | tee "$OUT/$name.log"
 }
-if [ $# -gt 0 ]; then
-  bench tree_attention_gpu "$@"
-  exit
-fi
-# Causal and threadweaver_flex on FA4 through use_tree_attention (Triton flex, varlen and the kernels were
-# measured on 2026-11-27, bench/RESULTS.md), uncompiled and compiled: the issue's own 4k row first
-# (threads of 100 tokens, Triton flex too), then threads of 1,000 tokens at 4k and 32k. A failed run
-# does not stop the next.
+case "${1:-}" in
+  sft) shift; bench sft_gpu sft_gpu "$@"; exit ;;
+  ?*) bench tree_attention_gpu tree_attention_gpu "$@"; exit ;;
+esac
+# The defaults, for the call after a first `sft` call that ran the arms without FA4:
+# 1. `threadweaver sft` on FA4, uncompiled, compiled and packed, against the dense mask; every batch
+#    has another length, so these run FA4 with dynamic shapes;
+# 2. causal and threadweaver_flex on FA4 through use_tree_attention (Triton flex, varlen and the kernels
+#    were measured on 2026-11-27, bench/RESULTS.md), uncompiled and compiled: the issue's own 4k row
+#    (threads of 100 tokens, bf16 weights as the issue's table);
+# 3. threads of 1,000 tokens at 4k and 32k as `threadweaver sft` trains (float32 weights under bf16
+#    autocast; 2026-11-27 measured them in bf16); the compiled 32k recompiles with dynamic shapes.
+# A failed run does not stop the next.
 GOAL=(--kernel-sizes --sweep-size 0 --profile-size 0 --packed-size 0 --dense-max 0 --arms causal
   "threadweaver_flex FA4")
 status=0
-bench tree_attention_gpu_threads100 "${GOAL[@]}" threadweaver_flex --thread-tokens 100 --sizes 4096 \
-  --compile-sizes 4096 --budget-s 170 || status=$?
-bench tree_attention_gpu_threads1000 "${GOAL[@]}" --thread-tokens 1000 --sizes 4096 32768 \
-  --compile-sizes 4096 32768 --budget-s 270 || status=$?
+bench sft_gpu sft_gpu_fa4 --arms "flex FA4" "flex FA4, compiled" "flex FA4, compiled, packed" \
+  --budget-s 150 --arm-timeout-s 150 || status=$?
+bench tree_attention_gpu tree_attention_gpu_threads100 "${GOAL[@]}" --thread-tokens 100 --sizes 4096 \
+  --compile-sizes 4096 --budget-s 120 || status=$?
+bench tree_attention_gpu tree_attention_gpu_threads1000 "${GOAL[@]}" --mixed-precision --thread-tokens 1000 \
+  --sizes 4096 32768 --compile-sizes 4096 32768 --budget-s 200 || status=$?
 exit $status
