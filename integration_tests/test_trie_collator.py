@@ -405,8 +405,9 @@ def test_flex_kernel_options_reach_every_layer_and_flash_runs_the_whole_tree(tok
 def test_flex_runs_in_the_autocast_dtype_as_mixed_precision_trains(tokenizer, collator, monkeypatch):
     """TRL's ``--bf16`` (``threadweaver sft`` on a GPU) trains float32 weights under autocast, where Qwen3's
     query and key norms hand back float32 beside a bf16 value: the tree's FlexAttention call gets all three
-    in autocast's dtype (FlashAttention 4 takes no float32; Triton flex would run a float32 kernel), and
-    its logits are the dense mask's under the same autocast (``sdpa`` casts its own inputs)."""
+    in autocast's dtype (FlashAttention 4 takes no float32; Triton flex would run a float32 kernel; torch
+    casts them in FlexAttention's own autocast rule from 2.11 on only, after this call), and its logits
+    are the dense mask's under the same autocast (``sdpa`` casts its own inputs)."""
     from transformers.integrations import flex_attention as integration
 
     kernel, dtypes = integration.compile_friendly_flex_attention, []

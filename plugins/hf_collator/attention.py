@@ -238,8 +238,9 @@ def _attention_dtype(query: torch.Tensor) -> torch.dtype:
     """Autocast's dtype where it is on for the query's device, else the query's own.
 
     Mixed precision (TRL's ``--bf16``) runs float32 weights under autocast, and Qwen3's query and key
-    norms hand back float32 beside a bf16 value: ``sdpa`` casts its inputs itself, but a kernel called
-    directly would get the mix (FlashAttention 4 takes bf16 or fp16 only, Triton flex would run float32)."""
+    norms hand back float32 beside a bf16 value. ``sdpa`` casts its inputs itself, as FlexAttention does
+    from torch 2.11 on; on older torch it would get the mix (FlashAttention 4 takes bf16 or fp16 only,
+    Triton flex would run float32), and the varlen kernel is called directly."""
     device = query.device.type
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
 
