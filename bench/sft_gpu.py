@@ -16,7 +16,10 @@ steps, under the command's defaults (on a GPU, TRL's ``--bf16``: float32 weights
 * ``compiled``: ``--torch_compile true`` with accelerate's regional compilation
   (``ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=1``), the README's fastest setting; every batch
   has another length, so the layers recompile with dynamic shapes, as a training run does;
-* ``packed``: ``--padding_free true``, a batch's rows packed into one.
+* ``packed``: ``--padding_free true``, a batch's rows packed into one;
+* ``static shapes``: only where the same FA4 arm without it failed, that arm again with each new
+  length recompiled static (``TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES=0``) and batches padded to a
+  multiple of 128, so that a failure of FlashAttention 4 with dynamic shapes shows its way round.
 
 Per arm: its losses, their difference from the dense mask's at the first step (the same weights
 on the same batch) and at worst, TRL's train seconds (compiling included) and the process's, or
@@ -33,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
@@ -40,21 +44,41 @@ GPU_SHAPE = ["--hidden-size", "1024", "--num-attention-heads", "8", "--num-key-v
 GPU_SHAPE += ["--intermediate-size", "3072", "--num-hidden-layers", "2", "--max-position-embeddings", "8192"]
 """Qwen3-0.6B's head dim (128) and its query heads' grouping (two a key/value head), in two layers."""
 TINY_SHAPE = ["--hidden-size", "64", "--num-hidden-layers", "1"]
-FLEX = ["--attention", "flex_attention"]
-FA4 = [*FLEX, "--flex_backend", "FLASH"]
+STATIC_SHAPES = {"TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES": "0"}
+"""torch recompiles each new length with static shapes, not dynamic ones."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    flags: tuple[str, ...]
+    """``threadweaver sft`` flags."""
+    compiled: bool = False
+    """Each decoder layer compiled (``--torch_compile true``, accelerate's regional compilation)."""
+    env: tuple[tuple[str, str], ...] = ()
+    if_failed: str | None = None
+    """Runs only where this arm failed: the same setting, with what may mend it."""
+
+
+FLEX = ("--attention", "flex_attention")
+FA4 = (*FLEX, "--flex_backend", "FLASH")
+FA4_STATIC = (*FA4, "--pad_to_multiple_of", "128")
+"""FA4 with static shapes, the batches padded to few lengths (the recompiles stay under torch's limit)."""
 ARMS = {
-    "dense mask": (["--attention", "sdpa"], False),
-    "dense mask, compiled": (["--attention", "sdpa"], True),
-    "flex": (FLEX, False),
-    "flex, compiled": (FLEX, True),
-    "varlen": (["--attention", "varlen"], False),
-    "flex FA4": (FA4, False),
-    "flex FA4, compiled": (FA4, True),
-    "flex FA4, compiled, packed": ([*FA4, "--padding_free", "true"], True),
+    "dense mask": Arm(("--attention", "sdpa")),
+    "dense mask, compiled": Arm(("--attention", "sdpa"), compiled=True),
+    "flex": Arm(FLEX),
+    "flex, compiled": Arm(FLEX, compiled=True),
+    "varlen": Arm(("--attention", "varlen")),
+    "flex FA4": Arm(FA4),
+    "flex FA4, static shapes": Arm(FA4_STATIC, env=tuple(STATIC_SHAPES.items()), if_failed="flex FA4"),
+    "flex FA4, compiled": Arm(FA4, compiled=True),
+    "flex FA4, compiled, static shapes": Arm(
+        FA4_STATIC, compiled=True, env=tuple(STATIC_SHAPES.items()), if_failed="flex FA4, compiled"
+    ),
+    "flex FA4, compiled, packed": Arm((*FA4, "--padding_free", "true"), compiled=True),
 }
-"""Each arm's sft flags, and whether it compiles each decoder layer."""
 ORACLE = "dense mask"
-GPU_ARMS = [ORACLE, "flex", "flex, compiled", "varlen", "flex FA4", "flex FA4, compiled", "flex FA4, compiled, packed"]
+GPU_ARMS = [ORACLE, "flex", "flex, compiled", "varlen", *(arm for arm in ARMS if "FA4" in arm)]
 SMOKE_ARMS = [ORACLE, "dense mask, compiled"]
 NEEDS_CUDA = ("flex", "varlen")
 
@@ -68,24 +92,29 @@ def last_lines(done: subprocess.CompletedProcess, count: int = 15) -> str:
     return "\n".join((done.stderr or done.stdout).strip().splitlines()[-count:])
 
 
-def skipped(arm: str, cuda: bool) -> str | None:
-    """Why the arm cannot run here, or None."""
+def skipped(arm: str, cuda: bool, results: dict) -> str | None:
+    """Why the arm does not run here, or None."""
     from threadweaver.hf_collator.attention import flash_attention_4_missing
 
     if not cuda and any(word in arm for word in NEEDS_CUDA):
         return "needs CUDA"
-    if "FA4" in arm:
-        return flash_attention_4_missing()
+    if "FA4" in arm and (missing := flash_attention_4_missing()):
+        return missing
+    base = ARMS[arm].if_failed
+    if base and "error" not in results.get(base, {}):
+        return f"{base} did not fail"
     return None
 
 
 def train(arm: str, kit: Path, rows: Path, out: Path, args) -> dict:
     """One ``threadweaver sft`` process; its losses and times, or its failure."""
-    flags, compiled = ARMS[arm]
-    command = ["sft", str(kit), str(rows), *flags, "--output-dir", str(out), "--max-steps", str(args.steps)]
+    setting = ARMS[arm]
+    command = ["sft", str(kit), str(rows), *setting.flags, "--output-dir", str(out), "--max-steps", str(args.steps)]
     command += ["--per-device-train-batch-size", str(args.batch), "--logging-steps", "1", "--seed", "0"]
-    command += ["--torch_compile", "true"] if compiled else []
-    env = {**os.environ, "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1"} if compiled else None
+    command += ["--torch_compile", "true"] if setting.compiled else []
+    env = {**os.environ, **dict(setting.env)}
+    if setting.compiled:
+        env["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = "1"
     start = time.perf_counter()
     try:
         done = cli(*command, env=env, timeout=args.arm_timeout_s)
@@ -151,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("no CUDA device: run with --smoke on CPU")
     else:
         args.arms, shape = args.arms or GPU_ARMS, GPU_SHAPE
-    arms = [ORACLE, *(arm for arm in args.arms if arm != ORACLE)]
+    arms = [ORACLE, *(arm for arm in ARMS if arm in args.arms and arm != ORACLE)]  # a fallback after its arm
     results = {
         "device": torch.cuda.get_device_name() if cuda else f"CPU ({platform.processor() or 'cpu'})",
         "torch": torch.__version__,
@@ -179,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
         rows = work / "data" / "parallel" / "train.jsonl"
         for arm in arms:
-            why = "time budget" if time.perf_counter() - start > args.budget_s else skipped(arm, cuda)
+            why = "time budget" if time.perf_counter() - start > args.budget_s else skipped(arm, cuda, results["arms"])
             result = (
                 {"skipped": why}
                 if why
