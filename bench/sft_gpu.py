@@ -22,8 +22,9 @@ steps, under the command's defaults (on a GPU, TRL's ``--bf16``: float32 weights
   multiple of 128, so that a failure of FlashAttention 4 with dynamic shapes shows its way round.
 
 Per arm: its losses, their difference from the dense mask's at the first step (the same weights
-on the same batch) and at worst, TRL's train seconds (compiling included) and the process's, or
-the command's last lines where it failed. One arm's failure does not stop the others.
+on the same batch) and at worst, TRL's train seconds (compiling included: inductor's cache is shared
+by the arms, so a later arm may compile less) and the process's, or the command's last lines where
+it failed. One arm's failure does not stop the others; the dense mask's does, as the others need it.
 """
 
 from __future__ import annotations
@@ -80,29 +81,41 @@ ARMS = {
 ORACLE = "dense mask"
 GPU_ARMS = [ORACLE, "flex", "flex, compiled", "varlen", *(arm for arm in ARMS if "FA4" in arm)]
 SMOKE_ARMS = [ORACLE, "dense mask, compiled"]
-NEEDS_CUDA = ("flex", "varlen")
 
 
 def cli(*args: str, env: dict | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """``python -m threadweaver.cli``, run outside the repository: ``-m`` puts the working directory first on
+    the path, where the source tree's ``threadweaver/`` (the core alone) would hide the installed package."""
     command = [sys.executable, "-m", "threadweaver.cli", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, cwd=tempfile.gettempdir())
 
 
-def last_lines(done: subprocess.CompletedProcess, count: int = 15) -> str:
-    return "\n".join((done.stderr or done.stdout).strip().splitlines()[-count:])
+def last_lines(output: str | bytes | None, count: int = 15) -> str:
+    if isinstance(output, bytes):
+        output = output.decode(errors="replace")
+    return "\n".join((output or "").strip().splitlines()[-count:])
+
+
+def cannot_run(arm: str, cuda: bool) -> str | None:
+    """Why the arm cannot run on this machine, or None."""
+    from threadweaver.hf_collator.attention import flash_attention_4_missing
+    from threadweaver.hf_collator.sft import NEEDS_CUDA
+
+    flags = ARMS[arm].flags
+    if not cuda and flags[flags.index("--attention") + 1] in NEEDS_CUDA:
+        return "needs CUDA"
+    if "FLASH" in flags and (missing := flash_attention_4_missing()):
+        return missing
+    return None
 
 
 def skipped(arm: str, cuda: bool, results: dict) -> str | None:
-    """Why the arm does not run here, or None."""
-    from threadweaver.hf_collator.attention import flash_attention_4_missing
-
-    if not cuda and any(word in arm for word in NEEDS_CUDA):
-        return "needs CUDA"
-    if "FA4" in arm and (missing := flash_attention_4_missing()):
-        return missing
+    """Why the arm does not run, or None; a fallback runs only after its arm failed."""
+    if why := cannot_run(arm, cuda):
+        return why
     base = ARMS[arm].if_failed
     if base and "error" not in results.get(base, {}):
-        return f"{base} did not fail"
+        return f"runs only after {base} fails"
     return None
 
 
@@ -118,11 +131,11 @@ def train(arm: str, kit: Path, rows: Path, out: Path, args) -> dict:
     start = time.perf_counter()
     try:
         done = cli(*command, env=env, timeout=args.arm_timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"error": f"still running after {args.arm_timeout_s:.0f} s: stopped"}
+    except subprocess.TimeoutExpired as stopped:
+        return {"error": f"{last_lines(stopped.stderr)}\nstill running after {args.arm_timeout_s:.0f} s: stopped"}
     result: dict = {"process_seconds": round(time.perf_counter() - start, 1)}
     if done.returncode != 0:
-        return {**result, "error": last_lines(done)}
+        return {**result, "error": last_lines(done.stderr or done.stdout)}
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     result["losses"] = [e["loss"] for e in history if "loss" in e]
     result["train_seconds"] = next((e["train_runtime"] for e in history if "train_runtime" in e), None)
@@ -139,6 +152,8 @@ def compare(results: dict) -> None:
         differences = [abs(a - b) for a, b in zip(losses, oracle)]
         result["first_step_loss_difference"] = differences[0]
         result["max_loss_difference"] = max(differences)
+        if len(losses) != len(oracle):
+            result["loss_count_differs"] = f"{len(losses)} losses against the dense mask's {len(oracle)}"
 
 
 def report(results: dict) -> str:
@@ -165,8 +180,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), help=f"default: {', '.join(GPU_ARMS)} (GPU)")
     parser.add_argument("--steps", type=int, default=12, help="Optimizer steps an arm trains.")
     parser.add_argument("--batch", type=int, default=8, help="Rows a batch.")
-    parser.add_argument("--budget-s", type=float, default=600, help="Skip the arms that would start after this.")
-    parser.add_argument("--arm-timeout-s", type=float, default=300, help="Stop an arm that runs longer than this.")
+    parser.add_argument("--budget-s", type=float, default=300, help="Skip the arms that would start after this.")
+    parser.add_argument("--arm-timeout-s", type=float, default=150, help="Stop an arm that runs longer than this.")
     parser.add_argument("--out", type=Path, default=Path("runs/sft_gpu.json"), help="Results (JSON).")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny model, two steps: checks the plumbing.")
     args = parser.parse_args(argv)
@@ -199,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
         for done in made:
             if done.returncode != 0:
-                sys.exit(f"sft_gpu: {' '.join(done.args[3:5])} failed:\n{last_lines(done)}")
+                sys.exit(f"sft_gpu: {done.args[3]} failed:\n{last_lines(done.stderr or done.stdout)}")
         config = json.loads((work / "kit" / "config.json").read_text())
         results["model"] = (
             f"kit Qwen3, {config['num_hidden_layers']} layers, {config['num_attention_heads']} query and "
@@ -207,8 +222,14 @@ def main(argv: list[str] | None = None) -> dict:
             f"vocabulary {config['vocab_size']}"
         )
         rows = work / "data" / "parallel" / "train.jsonl"
+        others = [arm for arm in arms[1:] if not cannot_run(arm, cuda)]
         for arm in arms:
-            why = "time budget" if time.perf_counter() - start > args.budget_s else skipped(arm, cuda, results["arms"])
+            if arm == ORACLE and not others:
+                why = "no other arm runs here"
+            elif time.perf_counter() - start > args.budget_s:
+                why = "time budget"
+            else:
+                why = skipped(arm, cuda, results["arms"])
             result = (
                 {"skipped": why}
                 if why
@@ -218,6 +239,9 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"[{time.perf_counter() - start:.0f} s] {arm}: {result}", flush=True)
             compare(results["arms"])
             args.out.write_text(json.dumps(results, indent=1))
+            if arm == ORACLE and "error" in result:
+                print("sft_gpu: the dense mask, every arm's reference, failed: the others would too; stopping")
+                break
     print(report(results))
     return results
 
