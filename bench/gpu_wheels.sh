@@ -35,7 +35,8 @@ WHEELS=(
 SFT_WHEELS=(trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19)
 
 download=$(mktemp -d)
-trap 'rm -rf "$download"' EXIT
+sft=$(mktemp -d)
+trap 'rm -rf "$download" "$sft"' EXIT
 fetch() {  # DIR WHEEL...: the wheels for the device, exactly one a name
   local dir=$1
   shift
@@ -50,11 +51,12 @@ fetch() {  # DIR WHEEL...: the wheels for the device, exactly one a name
   fi
 }
 fetch "$download" "${WHEELS[@]}"
+fetch "$sft" "${SFT_WHEELS[@]}"
 count=${#WHEELS[@]}
 
-mkdir -p "$OUT"
+mkdir -p "$OUT"  # replaced only once every wheel is here
 rm -rf "$OUT"/part-* "$OUT"/SHA256SUMS "$OUT"/sft
-fetch "$OUT/sft" "${SFT_WHEELS[@]}"
+cp -r "$sft" "$OUT/sft" && chmod 755 "$OUT/sft"
 tar -C "$download" -cf - . | split --bytes="${PART_MIB}M" - "$OUT/part-"
 (cd "$OUT" && sha256sum part-* >SHA256SUMS)
 echo "gpu_wheels: $count wheels in $(ls "$OUT"/part-* | wc -l) parts of at most $PART_MIB MiB under $OUT:"

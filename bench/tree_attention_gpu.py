@@ -301,6 +301,17 @@ def chunked_loss(model, inputs: dict, extra: dict, chunk: int = 8192) -> torch.T
     return total / (targets != -100).sum()
 
 
+def precision(model, device: torch.device):
+    """The forward's autocast: bf16 under the model's mixed precision, off otherwise."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=model.bench_mixed_precision)
+
+
+def logits_dtype(model, device: torch.device) -> str:
+    """What the model's forward computes its logits in, under ``precision``: bf16 where it is mixed."""
+    with torch.no_grad(), precision(model, device):
+        return str(model(input_ids=torch.zeros(1, 8, dtype=torch.long, device=device)).logits.dtype)
+
+
 MEMORY_SAVING = ("none", "chunked CE", "checkpointing + chunked CE")
 """From least to most: the chunked loss never makes the logits whole; checkpointing recomputes layers."""
 
@@ -309,10 +320,9 @@ def step(model, inputs: dict, backward: bool, kernel_options: dict | None, memor
     """One forward (+backward); under the model's mixed precision, the forward runs in bf16 autocast, as
     accelerate runs it for TRL's ``--bf16``."""
     extra = {"kernel_options": kernel_options} if kernel_options else {}
-    device = inputs["input_ids"].device.type
 
     def loss():
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=model.bench_mixed_precision):
+        with precision(model, inputs["input_ids"].device):
             if memory_saving == "none":
                 return model(**inputs, **extra).loss
             return chunked_loss(model, inputs, extra)
@@ -453,6 +463,7 @@ def memory_saving_for(tokens: int, reference: dict | None, vocab: int, device: t
 def full_model(bench: Bench, args, device: torch.device, shape: dict):
     """The full-model table's default arms; returns the model for the tuned arm."""
     model = build_model(shape, device, args.mixed_precision)
+    bench.results["logits_dtype"] = logits_dtype(model, device)
     register_whole_tree_flex()
     rows = bench.results.setdefault("full_model", [])
     reference = None
@@ -794,7 +805,6 @@ def kernels(bench: Bench, args, device: torch.device, shape: dict) -> str:
         rows.append(entry)
         try:
             entry["flash causal ms"] = k.time(k.flash_causal)
-            entry["sdpa causal ms"] = k.time(k.sdpa_causal)
             entry["flex causal ms"] = k.time(k.flex_with(k.causal_mask))
             entry["flex trie ms"] = k.time(k.flex_with(k.tree_mask))
             entry["split ms"] = k.time(k.split_attention())
@@ -805,6 +815,7 @@ def kernels(bench: Bench, args, device: torch.device, shape: dict) -> str:
                 entry["relative error, trie varlen"] = k.relative_error(k.trie_varlen)
                 entry["relative error, split"] = k.relative_error(k.split_attention())
                 entry["relative error, flex trie"] = k.relative_error(k.flex_with(k.tree_mask))
+            entry["sdpa causal ms"] = k.time(k.sdpa_causal)  # last: where it fails, the others stand
         except Exception as err:
             traceback.print_exc()
             entry["error"] = failure(err)
@@ -1043,8 +1054,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     bench = Bench(args.budget_s, args.out, args.smoke, args.thread_tokens)
-    precision = "bf16" if device.type == "cuda" else "float32"
-    precision = "float32 under bf16 autocast" if args.mixed_precision else precision
+    weights = "float32 under bf16 autocast" if args.mixed_precision else "bf16" if device.type == "cuda" else "float32"
     bench.results.update(
         device=torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({platform.processor() or 'cpu'})",
         torch=torch.__version__,
@@ -1053,7 +1063,7 @@ def main(argv: list[str] | None = None) -> dict:
         thread_tokens=args.thread_tokens,
         mixed_precision=args.mixed_precision,
         model=("Qwen3-0.6B shape" if shape is QWEN3_06B else "tiny Qwen3")
-        + f", random weights, {precision}, {shape['num_hidden_layers']} layers",
+        + f", random weights, {weights}, {shape['num_hidden_layers']} layers",
     )
     best = kernels(bench, args, device, shape)
     bench.results["fastest_kernel_options"] = best

@@ -14,27 +14,31 @@
 # runs `threadweaver sft`. The package runs from a copy laid out as the installed one (plugins/<name>
 # and apps/<name> -> threadweaver.<name>). $PYTHON (python3) runs it; the results and the logs go to
 # $OUT (the device's folder that comes back), or runs/ elsewhere. With no arguments, the runs issue 40
-# waits for (below); about 7 minutes on an H200, after a first call of `sft` without FA4.
+# waits for (below), after a first call of `sft` without FA4: 7 to 9 minutes on an H200.
+# Every run ends by $CALL_S seconds (default 540) after the script starts, inside the device's
+# 600 s a call: a run still going then is interrupted, and keeps the results it saved.
 set -uo pipefail
 
 KEEP=/tmp/gpu_wheels
 OUT=${OUT:-runs}
 PYTHON=${PYTHON:-python3}
+DEADLINE=$((SECONDS + ${CALL_S:-540}))
+MODE=${1:-}
 mkdir -p "$KEEP" "$OUT"
 for carried in .gpu_wheels/part-* .gpu_wheels/SHA256SUMS; do
   [ -f "$carried" ] && cp "$carried" "$KEEP"/
 done
 echo "wheel parts kept: $(cd "$KEEP" && ls part-* 2>/dev/null | tr '\n' ' ')"
-if [ "${1:-}" = stash ]; then
+if [ "$MODE" = stash ]; then
   nvidia-smi -L
   "$PYTHON" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'
   exit 0
 fi
 
 rm -rf /tmp/wheels && mkdir -p /tmp/wheels
-if [ -d .gpu_wheels/sft ]; then
+if compgen -G ".gpu_wheels/sft/*.whl" >/dev/null; then
   cp .gpu_wheels/sft/*.whl /tmp/wheels/
-else
+elif [ "$MODE" = sft ] || [ -z "$MODE" ]; then
   echo "TRL's wheels (.gpu_wheels/sft) were not carried: \`threadweaver sft\` runs only where the image has TRL"
 fi
 if [ -f "$KEEP/SHA256SUMS" ] && (cd "$KEEP" && sha256sum --check --quiet SHA256SUMS); then
@@ -63,13 +67,30 @@ rm -rf /tmp/pkg && mkdir -p /tmp/pkg
 cp -r threadweaver /tmp/pkg/
 for layer in plugins/*/ apps/*/; do cp -r "$layer" /tmp/pkg/threadweaver/; done
 export PYTHONPATH=/tmp/pkg${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+"$PYTHON" - <<'VERSIONS'
+import sys
+from importlib import metadata
+names = "torch transformers accelerate trl datasets pyarrow pandas fsspec huggingface_hub flash-attn-4".split()
+found = {}
+for name in names:
+    try:
+        found[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        found[name] = "missing"
+print("python", sys.version.split()[0], found)
+VERSIONS
 
-bench() {  # SCRIPT NAME ARGS...: bench/SCRIPT.py, its JSON and log under $OUT/NAME.*
-  local script=$1 name=$2
+bench() {  # SCRIPT NAME ARGS...: bench/SCRIPT.py, its JSON and log under $OUT/NAME.*, until the deadline
+  local script=$1 name=$2 left=$((DEADLINE - SECONDS))
   shift 2
-  "$PYTHON" "bench/$script.py" --out "$OUT/$name.json" "$@" 2>&1 | tee "$OUT/$name.log"
+  if [ "$left" -lt 30 ]; then
+    echo "$name: not started, $left s before the call's deadline" | tee "$OUT/$name.log"
+    return 1
+  fi
+  timeout --signal=INT --kill-after=15 "$left" "$PYTHON" "bench/$script.py" --out "$OUT/$name.json" "$@" 2>&1 |
+    tee "$OUT/$name.log"
 }
-case "${1:-}" in
+case "$MODE" in
   sft) shift; bench sft_gpu sft_gpu "$@"; exit ;;
   ?*) bench tree_attention_gpu tree_attention_gpu "$@"; exit ;;
 esac

@@ -25,6 +25,7 @@ def test_the_smoke_runs_every_arm_and_agrees_with_the_dense_mask(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())
+    assert results["logits_dtype"] == "torch.float32"  # the CPU's float32 weights, no autocast
 
     full = results["full_model"]
     assert [entry["memory_saving"] for entry in full] == ["none", "checkpointing + chunked CE"]
@@ -75,6 +76,7 @@ def test_the_mixed_precision_smoke_runs_the_trie_under_autocast_compiled_too(tmp
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())
     assert results["mixed_precision"] and "float32 under bf16 autocast" in results["model"]
+    assert results["logits_dtype"] == "torch.bfloat16", "the forward runs under autocast"
     assert all(entry["arms"][arm]["seconds"] > 0 for entry in results["full_model"] for arm in ARMS)
     assert results["agreement"]["threadweaver_flex loss_difference"] < 1e-3
     (compiled,) = (entry["arms"] for entry in results["compiled"])

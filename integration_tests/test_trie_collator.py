@@ -402,31 +402,40 @@ def test_flex_kernel_options_reach_every_layer_and_flash_runs_the_whole_tree(tok
     assert [getattr(layer.self_attn, KERNEL_OPTIONS) for layer in model.model.layers] == [None] * 2, "sdpa drops them"
 
 
-def test_flex_runs_in_the_autocast_dtype_as_mixed_precision_trains(tokenizer, collator, monkeypatch):
+def test_flex_and_varlen_run_in_the_autocast_dtype_as_mixed_precision_trains(tokenizer, collator, monkeypatch):
     """TRL's ``--bf16`` (``threadweaver sft`` on a GPU) trains float32 weights under autocast, where Qwen3's
-    query and key norms hand back float32 beside a bf16 value: the tree's FlexAttention call gets all three
-    in autocast's dtype (FlashAttention 4 takes no float32; Triton flex would run a float32 kernel; torch
-    casts them in FlexAttention's own autocast rule from 2.11 on only, after this call), and its logits
-    are the dense mask's under the same autocast (``sdpa`` casts its own inputs)."""
+    query and key norms hand back float32 beside a bf16 value: the tree's FlexAttention call and varlen's
+    kernel get all three in autocast's dtype (FlashAttention 4 takes no float32; Triton flex would run a
+    float32 kernel; torch casts them in FlexAttention's own autocast rule from 2.11 on only, after this
+    call), and their logits are the dense mask's under the same autocast (``sdpa`` casts its own inputs)."""
     from transformers.integrations import flex_attention as integration
 
-    kernel, dtypes = integration.compile_friendly_flex_attention, []
+    from threadweaver.hf_collator import attention
 
-    def recorded(query, key, value, **kwargs):
-        dtypes.append((query.dtype, key.dtype, value.dtype))
-        return kernel(query, key, value, **kwargs)
+    dtypes = []
 
-    monkeypatch.setattr(integration, "compile_friendly_flex_attention", recorded)
+    def recorded(kernel):
+        def call(query, key, value, *args, **kwargs):
+            dtypes.append((query.dtype, key.dtype, value.dtype))
+            return kernel(query, key, value, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(
+        integration, "compile_friendly_flex_attention", recorded(integration.compile_friendly_flex_attention)
+    )
+    monkeypatch.setattr(attention, "trie_attention", recorded(attention.trie_attention))
     batch = collator(three_rows())
     model = tiny_qwen3(tokenizer, TinyQwen3Config(hidden_size=64, num_hidden_layers=2, intermediate_size=128)).eval()
     assert model.dtype == torch.float32
     logits = {}
-    for backend in ("sdpa", "flex_attention"):
+    for backend in ("sdpa", "flex_attention", "varlen"):
         use_tree_attention(model, backend)
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             logits[backend] = model(**batch, use_cache=False).logits.float()
-    assert dtypes == [(torch.bfloat16,) * 3] * 2, dtypes
-    torch.testing.assert_close(logits["flex_attention"], logits["sdpa"], rtol=0, atol=2e-2)
+    assert dtypes == [(torch.bfloat16,) * 3] * 4, dtypes  # two layers each of flex and of varlen's kernel
+    for backend in ("flex_attention", "varlen"):
+        torch.testing.assert_close(logits[backend], logits["sdpa"], rtol=0, atol=2e-2)
 
 
 def _visible_under(plan, tokens: int) -> torch.Tensor:

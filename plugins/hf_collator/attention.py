@@ -242,7 +242,9 @@ def _attention_dtype(query: torch.Tensor) -> torch.dtype:
     from torch 2.11 on; on older torch it would get the mix (FlashAttention 4 takes bf16 or fp16 only,
     Triton flex would run float32), and the varlen kernel is called directly."""
     device = query.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):  # meta has no autocast
+        return torch.get_autocast_dtype(device)
+    return query.dtype
 
 
 def _flex_attention(module, query, key, value, block_mask, scaling=None, kernel_options=None, **kwargs):
