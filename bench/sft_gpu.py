@@ -45,7 +45,7 @@ GPU_SHAPE = ["--hidden-size", "1024", "--num-attention-heads", "8", "--num-key-v
 GPU_SHAPE += ["--intermediate-size", "3072", "--num-hidden-layers", "2", "--max-position-embeddings", "8192"]
 """Qwen3-0.6B's head dim (128) and its query heads' grouping (two a key/value head), in two layers."""
 TINY_SHAPE = ["--hidden-size", "64", "--num-hidden-layers", "1"]
-STATIC_SHAPES = {"TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES": "0"}
+STATIC_SHAPES = (("TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES", "0"),)
 """torch recompiles each new length with static shapes, not dynamic ones."""
 
 
@@ -71,10 +71,10 @@ ARMS = {
     "flex, compiled": Arm(FLEX, compiled=True),
     "varlen": Arm(("--attention", "varlen")),
     "flex FA4": Arm(FA4),
-    "flex FA4, static shapes": Arm(FA4_STATIC, env=tuple(STATIC_SHAPES.items()), if_failed="flex FA4"),
+    "flex FA4, static shapes": Arm(FA4_STATIC, env=STATIC_SHAPES, if_failed="flex FA4"),
     "flex FA4, compiled": Arm(FA4, compiled=True),
     "flex FA4, compiled, static shapes": Arm(
-        FA4_STATIC, compiled=True, env=tuple(STATIC_SHAPES.items()), if_failed="flex FA4, compiled"
+        FA4_STATIC, compiled=True, env=STATIC_SHAPES, if_failed="flex FA4, compiled"
     ),
     "flex FA4, compiled, packed": Arm((*FA4, "--padding_free", "true"), compiled=True),
 }
