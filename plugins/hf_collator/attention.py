@@ -247,17 +247,23 @@ def _attention_dtype(query: torch.Tensor) -> torch.dtype:
     return query.dtype
 
 
+def _refuse_unsupported(name: str, kwargs: dict) -> None:
+    """What the tree's own kernel calls do not take: score softcapping, attention sinks, a position bias
+    and attention dropout."""
+    for unsupported in ("softcap", "s_aux", "position_bias"):
+        if kwargs.get(unsupported) is not None:
+            raise TreeAttentionError(f"{name}: {unsupported} is not supported with a trie")
+    if (kwargs.get("dropout") or 0.0) > 0:
+        raise TreeAttentionError(f"{name}: attention dropout is not supported")
+
+
 def _flex_attention(module, query, key, value, block_mask, scaling=None, kernel_options=None, **kwargs):
     """FlexAttention over the tree's ``BlockMask``, [B, N, heads, dim] out, without the log-sum-exp that
     transformers' ``flex_attention_forward`` returns on GPU: FlashAttention 4's backward cannot
     differentiate through one, so training on its FLASH backend failed to compile."""
     from transformers.integrations.flex_attention import compile_friendly_flex_attention
 
-    for unsupported in ("softcap", "s_aux", "position_bias"):
-        if kwargs.get(unsupported) is not None:
-            raise TreeAttentionError(f"threadweaver_flex: {unsupported} is not supported with a trie")
-    if kwargs.get("dropout", 0.0) > 0:
-        raise TreeAttentionError("threadweaver_flex: attention dropout is not supported")
+    _refuse_unsupported("threadweaver_flex", kwargs)
     dtype = _attention_dtype(query)
     out = compile_friendly_flex_attention(
         query.to(dtype),
@@ -294,8 +300,7 @@ def _split_flex_attention(module, query, key, value, mask: SplitTreeMask, kernel
 
 def _trie_varlen_attention(module, query, key, value, plan: TriePlan, **kwargs):
     """The [B, heads, N, dim] tensors flattened to tokens for the varlen calls."""
-    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
-        raise TreeAttentionError("threadweaver_varlen: attention softcapping and sinks are not supported")
+    _refuse_unsupported("threadweaver_varlen", kwargs)
     batch, heads, n, dim = query.shape
     dtype = _attention_dtype(query)
     if query.device.type == "cuda" and dtype not in (torch.float16, torch.bfloat16):
@@ -304,8 +309,6 @@ def _trie_varlen_attention(module, query, key, value, plan: TriePlan, **kwargs):
     def tokens(x):
         return x.transpose(1, 2).reshape(batch * n, x.shape[1], dim).to(dtype)
 
-    if kwargs.get("dropout"):
-        raise TreeAttentionError("threadweaver_varlen: attention dropout is not supported")
     scale = kwargs.get("scaling") or dim**-0.5
     out = trie_attention(tokens(query), tokens(key), tokens(value), plan, scale)
     return out.view(batch, n, heads, dim), None
