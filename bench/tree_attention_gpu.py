@@ -722,7 +722,7 @@ class Kernels:
 
         backends = [SDPBackend.FLASH_ATTENTION] if self.flash_only else list(SDPBackend)
         with sdpa_kernel(backends):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            return self.sdpa_causal(q, k, v)
 
     def sdpa_causal(self, q, k, v):
         """Causal sdpa on the kernel torch picks itself, as the model's ``sdpa`` runs it."""
