@@ -162,8 +162,7 @@ def report(results: dict) -> str:
     lines.append("arm | trained | first step | worst | train s | process s")
     for arm, r in results["arms"].items():
         if "losses" not in r:
-            why = r.get("skipped") or r.get("error", "").splitlines()[-1:] or ["?"]
-            lines.append(f"{arm} | no: {why if isinstance(why, str) else why[0]}")
+            lines.append(f"{arm} | no: {r.get('skipped') or last_lines(r.get('error'), 1) or '?'}")
             continue
         first, worst = r.get("first_step_loss_difference"), r.get("max_loss_difference")
         cells = [f"{first:.1e}" if first is not None else "-", f"{worst:.1e}" if worst is not None else "-"]
