@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,18 @@ def test_task_manager_and_model_registry_find_threadweaver():
     assert {*BENCHMARKS, "tw_synth", "tw_shopping", "tw_math"} <= tasks
     assert get_model("threadweaver") is ThreadWeaverLM
     assert get_model("local-completions").__name__ == "LocalCompletionsAPI"  # lm-eval's own models are kept
+
+
+def test_readme_lists_exactly_the_model_args_an_unknown_key_error_names():
+    from threadweaver.lmeval_tasks.model import split_model_args
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    bullet = readme.split("- **Model arguments**", 1)[1].split("An unknown key", 1)[0]
+    named = set(re.findall(r"`([a-z_]+)`", bullet)) - {"vllm", "sglang", "transformers", "wall_s"}
+    with pytest.raises(TypeError) as unknown:
+        split_model_args({"no_such_key": 1})
+    known = set(unknown.value.args[0].split("known: ", 1)[1].split(" (", 1)[0].split(", ")) | {"pretrained"}
+    assert named == known
 
 
 def test_hook_can_be_switched_off_and_include_path_works_instead():
