@@ -6,7 +6,7 @@ import json
 import pytest
 from orchestrator_scripts import GOOD, PROMPT, WELL_FORMED
 
-from threadweaver.batch import Job, read_jobs, run_batch
+from threadweaver.batch import Job, problem_jobs, read_problems, run_batch
 from threadweaver.jsonl import RowError, finished_keys
 from threadweaver.orchestrator import Orchestrator
 from threadweaver.rows import RowReader
@@ -54,17 +54,17 @@ def test_bad_rows_and_duplicate_ids_name_the_line(fmt, tmp_path):
     path = tmp_path / "problems.jsonl"
     path.write_text(json.dumps({"id": "a", "prompt": "Q?"}) + "\n" + json.dumps({"id": "b"}) + "\n")
     with pytest.raises(RowError, match="line 2: no prompt"):
-        list(read_jobs(str(path), ChatTokenizer(fmt), 1))
+        list(problem_jobs(read_problems(str(path)), ChatTokenizer(fmt), 1))
     path.write_text(json.dumps({"id": "a", "prompt": "Q?"}) + "\n" + json.dumps({"id": "a", "prompt": "R"}) + "\n")
     with pytest.raises(RowError, match="line 2: duplicate id 'a'"):
-        list(read_jobs(str(path), ChatTokenizer(fmt), 1))
+        list(problem_jobs(read_problems(str(path)), ChatTokenizer(fmt), 1))
 
 
 def test_rows_are_written_as_they_finish_and_resume_skips_them(fmt, tmp_path):
     problems = tmp_path / "problems.jsonl"
     problems.write_text("".join(json.dumps({"id": f"p{i}", "prompt": PROMPT, "answer": "42"}) + "\n" for i in range(3)))
     out = tmp_path / "out.jsonl"
-    jobs = list(read_jobs(str(problems), ChatTokenizer(fmt), 2))
+    jobs = list(problem_jobs(read_problems(str(problems)), ChatTokenizer(fmt), 2))
     orchestrator = Orchestrator(ScriptedEngine(fmt, GOOD), fmt)
     progress = asyncio.run(run_batch(jobs[:4], orchestrator, str(out), concurrency=2))
     assert progress.done == 4 and progress.mean_speedup > 1

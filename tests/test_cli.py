@@ -133,3 +133,78 @@ def test_generated_rows_record_the_tokenizer_by_its_directory(tmp_path, monkeypa
     row = trajectory_row(trajectory, fmt, 0.0, Limits(), id="r")
     assert row["tokenizer"] == str(tmp_path / "model")
     assert load_tokenizer(row["tokenizer"]).get_vocab() == qwen_tokenizer().get_vocab()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["view", "{rows}", "--out", "{out}"],
+        ["filter", "{rows}", "{out}"],
+        ["convert", "{rows}", "{out}", "--from", "npr"],
+    ],
+    ids=["view", "filter", "convert"],
+)
+def test_an_output_that_would_overwrite_the_input_or_is_a_folder_is_refused_first(tmp_path, data, command):
+    rows = tmp_path / "rows.report.json"  # filter's and convert's report path for OUT "rows"
+    rows.write_bytes((data / "parallel" / "validation.jsonl").read_bytes())
+    before = rows.read_bytes()
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("x")
+    outs = {
+        str(rows): f"{rows} is the input file",
+        str(tmp_path / "." / rows.name): "is the input file",
+        str(tmp_path / "folder"): f"{tmp_path / 'folder'} is a directory",
+        str(tmp_path / "file" / "out.jsonl"): f"{tmp_path / 'file'} is a file, not a folder",
+    }
+    if command[0] != "view":
+        outs[str(tmp_path / "rows")] = f"{rows} is the input file"
+    for out, message in outs.items():
+        done = run(*(arg.format(rows=rows, out=out) for arg in command), check=False)
+        assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr, (out, done.stderr)
+        assert rows.read_bytes() == before
+    assert os.listdir(tmp_path / "folder") == []
+
+
+def test_bad_synth_and_kit_settings_are_named_before_anything_is_written(tmp_path):
+    (tmp_path / "file").write_text("x")
+    cases = {
+        ("synth", "--out", str(tmp_path / "s"), "--train", "-5"): "--train must be 0 or more problems, not -5",
+        ("synth", "--out", str(tmp_path / "s"), "--digits", "0"): "digits must be >= 1, got 0",
+        ("synth", "--out", str(tmp_path / "file")): f"--out {tmp_path / 'file'} is a file",
+        (
+            "kit",
+            "--out",
+            str(tmp_path / "k"),
+            "--num-attention-heads",
+            "0",
+        ): "num_attention_heads must be a whole number",
+        (
+            "kit",
+            "--out",
+            str(tmp_path / "k"),
+            "--num-key-value-heads",
+            "3",
+        ): "must be a multiple of num_key_value_heads 3",
+        ("kit", "--out", str(tmp_path / "file"), "--no-model"): f"--out {tmp_path / 'file'} is a file",
+    }
+    for args, message in cases.items():
+        done = run(*args, check=False)
+        assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+    assert sorted(os.listdir(tmp_path)) == ["file"] and (tmp_path / "file").read_text() == "x"
+
+
+def test_unreadable_tokenizers_and_json_nested_too_deep_are_named(tmp_path, data):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    done = run(
+        "stats",
+        str(data / "parallel" / "validation.jsonl"),
+        "--tokenizer",
+        str(tmp_path / "tokenizer.json"),
+        check=False,
+    )
+    assert "is not a tokenizer.json that tokenizers can read" in done.stderr and "Traceback" not in done.stderr
+    deep = tmp_path / "deep.jsonl"
+    first = (data / "parallel" / "validation.jsonl").read_text().splitlines()[0]
+    deep.write_text(first + '\n{"x": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    done = run("stats", str(deep), check=False)
+    assert "line 2: JSON nested too deep to read" in done.stderr and "Traceback" not in done.stderr

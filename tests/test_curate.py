@@ -25,7 +25,7 @@ from threadweaver.cli import main
 from threadweaver.curate import pipeline, prompts
 from threadweaver.curate.blocks import Block, Refused, apply_edits, assemble, extract
 from threadweaver.curate.config import CurateArgs, CurateConfig, LLMArgs
-from threadweaver.curate.run import run, target_format
+from threadweaver.curate.run import run, target_reader
 from threadweaver.curate.schemas import (
     MOST_UNITS,
     Edit,
@@ -65,7 +65,7 @@ def sequential_rows(n, seed=0):
 def test_curate_rebuilds_the_parallel_form_of_200_problems_token_for_token(tmp_path):
     rows, sequential = sequential_rows(200)
     stats, kept, dropped = curate(tmp_path, sequential, StandIn())
-    fmt = target_format("synth")
+    fmt = target_reader("synth").fmt
     same = [
         r["id"]
         for r in rows
@@ -259,7 +259,8 @@ def test_units_tile_the_reasoning():
 
 
 def test_generate_rows_give_their_problem_from_the_prompt_ids():
-    fmt = target_format("qwen")
+    reader = target_reader("qwen")
+    fmt = reader.fmt
     prompt = "<|im_start|>system\nx<|im_end|>\n<|im_start|>user\nA=1+2\nA=?<|im_end|>\n<|im_start|>assistant\n"
     row = {
         "id": "g",
@@ -267,12 +268,28 @@ def test_generate_rows_give_their_problem_from_the_prompt_ids():
         "text": "<think>\nA=1+2\n</think>\n\\boxed{3}",
         "answer": 3,
     }
-    trace = to_trace(row, 1, fmt.decode)
+    trace = to_trace(row, 1, reader)
     assert (trace.problem, trace.units, trace.final, trace.answer) == ("A=1+2\nA=?", ("A=1+2\n",), "\n\\boxed{3}", "3")
     # the system turn stays in the prompt; the record of the sequential trajectory does not follow
     assert trace.prompt == ({"role": "system", "content": "x"}, {"role": "user", "content": "A=1+2\nA=?"})
     record = {"sample": 0, "token_ids": [1], "tree": {}, "stats": {}, "finish_reason": "stop", "tokenizer": "qwen"}
-    assert to_trace({**row, **record}, 1, fmt.decode).fields == {"sample": 0}
+    assert to_trace({**row, **record}, 1, reader).fields == {"sample": 0}
+
+
+def test_prompt_ids_that_are_not_the_tokenizers_drop_the_row_as_unreadable_naming_the_field(tmp_path, capsys):
+    rows = [
+        sequential_rows(1)[1][0],
+        {"id": "p", "prompt_ids": "abc", "response": "<think>a\nb</think>x", "answer": "1"},
+        {"id": "q", "prompt_ids": [-5], "response": "<think>a\nb</think>x", "answer": "1"},
+    ]
+    write_jsonl(str(tmp_path / "t.jsonl"), rows)
+    main(["curate", str(tmp_path / "t.jsonl"), str(tmp_path / "dry"), "--dry-run", "--tokenizer", "synth"])
+    assert "1 of 3 traces would be curated (2 dropped at ingest)" in capsys.readouterr().out
+    _, kept, dropped = curate(tmp_path, rows, StandIn())
+    assert list(kept) == [rows[0]["id"]]
+    assert [(d["stage"], d["reason"]) for d in dropped] == [("ingest", "unreadable")] * 2
+    assert dropped[0]["detail"] == "line 2: field 'prompt_ids' must be a non-empty list of token ids"
+    assert dropped[1]["detail"].startswith("line 3: field 'prompt_ids' holds token id -5 at position 0, outside the")
 
 
 def test_extract_and_edits_check_what_code_can_check():
@@ -446,20 +463,23 @@ def test_chat_rows_keep_their_system_turn_and_fields(tmp_path):
     }
 
 
-def test_when_no_trace_reaches_the_server_the_command_fails_naming_its_url(tmp_path):
+def test_when_no_trace_reaches_the_server_the_command_fails_naming_its_url_and_keeps_the_outputs(tmp_path):
     write_jsonl(str(tmp_path / "t.jsonl"), sequential_rows(2)[1])
+    out = tmp_path / "out"
+    out.mkdir()
+    earlier = {"train.jsonl": '{"id": "a"}\n{"id": "b"}\n', "dropped.jsonl": '{"id": "c"}\n', "report.json": "{}"}
+    for name, text in earlier.items():
+        (out / name).write_text(text)
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    argv = ["curate", str(tmp_path / "t.jsonl"), str(tmp_path / "out"), "--base-url", url, "--model", "m"]
+    argv = ["curate", str(tmp_path / "t.jsonl"), str(out), "--base-url", url, "--model", "m"]
     with pytest.raises(SystemExit) as exit_:
         main([*argv, "--tokenizer", "synth", "--max-retries", "0"])
     message = str(exit_.value.code)
     assert message.startswith("threadweaver curate: nothing curated") and "\n" not in message
-    assert url in message and "2 connection" in message
-    dropped = [row for _, row in read_jsonl(str(tmp_path / "out" / "dropped.jsonl"))]
-    assert [d["reason"] for d in dropped] == ["connection"] * 2 and all(url in d["detail"] for d in dropped)
-    assert json.loads((tmp_path / "out" / "report.json").read_text())["kept"] == 0
+    assert url in message and "2 connection" in message and f"outputs in {out} are left as they were" in message
+    assert {name: (out / name).read_text() for name in earlier} == earlier
 
 
 def test_deepseek_r1_responses_without_an_opening_think_are_curated(tmp_path):

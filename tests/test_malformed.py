@@ -1,4 +1,5 @@
-"""Strict parsing names the position and tag of the first fault; lenient parsing never raises."""
+"""Strict parsing names the position and tag of the first fault; lenient parsing never raises, but for
+blocks nested past Python's recursion limit, which both modes name as a format error."""
 
 import pytest
 from chars import EOS
@@ -106,3 +107,11 @@ def test_lenient_keeps_an_over_deep_block_as_text_inside_its_thread(fmt):
     assert [type(n).__name__ for n in block.threads[0].body] == ["Text"]
     assert block.threads[0].body[0].ids == tuple(fmt.encode(inner + "z"))
     assert [p.message.endswith("kept as sequential text") for p in parsed.faults] == [True]
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_blocks_nested_past_the_recursion_limit_are_a_format_error_not_a_crash(fmt, strict):
+    depth = 400
+    ids = fmt.encode(f"{HEAD1}<Thread>1:" * depth + "x" + "</Thread></Parallel>" * depth)
+    with pytest.raises(TrajectoryFormatError, match="token 0: blocks nested too deep to read"):
+        parse(ids, fmt, strict=strict, max_depth=depth)

@@ -120,7 +120,32 @@ def test_bad_input_is_one_line_naming_the_file_and_line(synth, tmp_path):
     with pytest.raises(SystemExit, match=r"gen\.jsonl: line 2: not JSON"):
         cli(["filter", str(generated), str(tmp_path / "kept.jsonl")])
     assert not (tmp_path / "kept.jsonl").exists()
-    with pytest.raises(SystemExit, match="OUT is the input file"):
+    with pytest.raises(SystemExit, match=r"gen\.jsonl is the input file"):
         cli(["filter", str(generated), str(generated)])
     with pytest.raises(SystemExit, match="per_problem must be at least 1"):
         cli(["filter", str(generated), str(tmp_path / "k.jsonl"), "--per-problem", "0"])
+
+
+@pytest.mark.parametrize("token", [-1, 10**30, 2**31], ids=["negative", "huge", "past every vocabulary"])
+def test_a_token_id_outside_the_vocabulary_is_one_line_naming_the_line_field_and_position(synth, tmp_path, token):
+    bad = row(synth, parallel())
+    bad["token_ids"][3] = token
+    generated = tmp_path / "gen.jsonl"
+    generated.write_text(json.dumps(row(synth, parallel())) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(SystemExit) as exit_:
+        cli(["filter", str(generated), str(tmp_path / "kept.jsonl")])
+    message = str(exit_.value.code)
+    assert (
+        f"gen.jsonl: line 2: field 'token_ids' holds token id {token} at position 3, outside the vocabulary" in message
+    )
+    assert "\n" not in message and not (tmp_path / "kept.jsonl").exists()
+
+
+def test_a_generated_token_id_past_the_tokenizers_length_is_read(synth, tmp_path):
+    """A model's padded vocabulary (the kit's tiny Qwen3: a multiple of 64) can sample past the tokenizer."""
+    padded = row(synth, parallel())
+    padded["token_ids"][3] = len(load_tokenizer("synth")) + 3
+    generated = tmp_path / "gen.jsonl"
+    generated.write_text(json.dumps(padded) + "\n")
+    cli(["filter", str(generated), str(tmp_path / "kept.jsonl"), "--tokenizer", "synth"])
+    assert json.loads((tmp_path / "kept.jsonl.report.json").read_text())["rows"] == 1

@@ -188,3 +188,45 @@ def test_a_recorded_grade_is_shown_as_it_is(fmt):
     assert Reader(RowReader(None, fmt)).row(row, 1, 0)[0]["correct"] is False  # graded here against the text
     row["correct"] = True
     assert Reader(RowReader(None, fmt)).row(row, 1, 0)[0]["correct"] is True
+
+
+GOOD_IDS = {"id": "a", "prompt_ids": [5], "token_ids": [5]}
+"""A row of token ids the synth tokenizer (the command's default) reads."""
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"prompt_ids": "abc"}, "field 'prompt_ids' must be a non-empty list of token ids"),
+        ({"prompt_ids": [-1]}, "field 'prompt_ids' holds token id -1 at position 0, outside the vocabulary"),
+        ({"prompt_ids": [10**30]}, f"field 'prompt_ids' holds token id {10**30} at position 0, outside the"),
+        ({"token_ids": [5, -1]}, "field 'token_ids' holds token id -1 at position 1, outside the vocabulary"),
+        ({"requests": [{}]}, "field 'requests' must be a list of {thread_path, started, ended, completion_tokens}"),
+        ({"requests": 5}, "field 'requests' must be a list of {thread_path, started, ended, completion_tokens}"),
+    ],
+    ids=["prompt not ids", "negative prompt id", "huge prompt id", "negative trajectory id", "request", "requests"],
+)
+def test_view_names_the_line_and_field_of_bad_ids_and_requests(tmp_path, bad, message):
+    from threadweaver.cli import main
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(GOOD_IDS) + "\n" + json.dumps({**GOOD_IDS, **bad}) + "\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["view", str(path), "--out", str(tmp_path / "page.html")])
+    assert f"{path}: line 2: {message}" in str(exit_.value.code) and "\n" not in str(exit_.value.code)
+    assert not (tmp_path / "page.html").exists()
+
+
+def test_view_says_a_row_nested_too_deep_to_read_as_stats_does(tmp_path):
+    from threadweaver.cli import main
+
+    deep = "<Parallel><Outlines><Outline>1:A</Outline></Outlines><Thread>1:" * 300 + "1" + "</Thread></Parallel>" * 300
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"id": "a", "prompt": "1", "completion": deep}) + "\n")
+    said = []
+    for command in (["view", str(path), "--out", str(tmp_path / "page.html")], ["stats", str(path)]):
+        with pytest.raises(SystemExit) as exit_:
+            main(command)
+        said.append(str(exit_.value.code))
+    view, stats = (s.split(": ", 1)[1] for s in said)  # past "threadweaver <command>"
+    assert view == stats and view.startswith(f"{path}: line 1: ") and "blocks nested too deep to read" in view

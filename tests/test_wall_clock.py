@@ -100,8 +100,9 @@ def test_stats_prints_the_mean_of_the_recorded_phases(fmt, tmp_path):
     line = format_summary(summary(file_stats(str(path), RowReader(None, fmt)))).splitlines()[-1]
     assert line.startswith("mean wall-clock") and f"threads {means['threads_s']:.2f}" in line
 
-    rows[1]["wall_clock"] = {"total_s": "soon"}
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(RowError, match="field 'wall_clock' must hold the numbers total_s, prefill_s") as caught:
-        list(file_stats(str(path), RowReader(None, fmt)))
-    assert caught.value.line == 2
+    for bad in ({"total_s": "soon"}, {**clocks[1].as_dict(), "threads_s": float("nan")}):
+        rows[1]["wall_clock"] = bad
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        with pytest.raises(RowError, match="'wall_clock' must hold the finite numbers total_s, prefill_s") as caught:
+            list(file_stats(str(path), RowReader(None, fmt)))
+        assert caught.value.line == 2

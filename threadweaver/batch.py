@@ -36,15 +36,24 @@ class Job:
     row: dict
 
 
-def read_jobs(path: str, tokenizer: Any, samples: int) -> Iterator[Job]:
-    """One job per (row, sample); a bad row raises :class:`RowError` naming its line."""
+def read_problems(path: str) -> list[tuple[int, str, dict]]:
+    """(line, id, row) per problem; a line that is not a JSON object, or repeats an id, raises
+    :class:`RowError` naming it. Needs no tokenizer, so a bad file is refused before any work."""
     seen: set[str] = set()
-    reader = RowReader(tokenizer)
+    problems = []
     for line, row in read_jsonl(path):
         row_id = row_name(row, line)
         if row_id in seen:
             raise RowError(line, f"duplicate id {row_id!r}; ids must be unique for resuming")
         seen.add(row_id)
+        problems.append((line, row_id, row))
+    return problems
+
+
+def problem_jobs(problems: list[tuple[int, str, dict]], tokenizer: Any, samples: int) -> Iterator[Job]:
+    """One job per (problem, sample); a row without a usable prompt raises :class:`RowError` naming its line."""
+    reader = RowReader(tokenizer)
+    for line, row_id, row in problems:
         try:
             ids = tuple(reader.prompt(row))
         except ValueError as err:

@@ -23,6 +23,14 @@ def option(default, help: str, *, choices: tuple | None = None):
     return dataclasses.field(default=default, metadata={"help": help, **({"choices": choices} if choices else {})})
 
 
+def check_counts(config, names: typing.Iterable[str], least: int = 1) -> None:
+    """Refuse a config whose fields ``names`` are not whole numbers of at least ``least``, naming the field."""
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{name} must be a whole number of at least {least}, not {value!r}")
+
+
 def add_arguments(
     parser: argparse.ArgumentParser,
     config_cls: type,

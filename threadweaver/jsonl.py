@@ -43,6 +43,8 @@ def parse_line(raw: bytes, line_no: int) -> dict | None:
         row = json.loads(line)
     except json.JSONDecodeError as err:
         raise RowError(line_no, f"not JSON ({err})") from None
+    except RecursionError:
+        raise RowError(line_no, "JSON nested too deep to read") from None
     if not isinstance(row, dict):
         raise RowError(line_no, "not a JSON object")
     return row
@@ -63,6 +65,8 @@ def read_rows(path: str) -> Iterator[tuple[int, dict | RowError]]:
                 rows = json.load(f)
             except (json.JSONDecodeError, UnicodeDecodeError) as err:
                 raise InputError(f"not a JSON file ({err})") from None
+            except RecursionError:
+                raise InputError("JSON nested too deep to read") from None
         if not isinstance(rows, list):
             raise InputError("a .json input must be a JSON array of rows")
         for k, row in enumerate(rows, 1):
@@ -94,6 +98,26 @@ def _parquet_rows(path: str) -> Iterator[tuple[int, dict]]:
                 yield number, row
     except ValueError as err:  # pyarrow's ArrowInvalid: not a parquet file, or a corrupt one
         raise InputError(f"not a readable parquet file ({' '.join(str(err).split())})") from None
+
+
+def check_outputs(outputs: Iterable[str], inputs: Iterable[str]) -> None:
+    """Refuse, before any work, output paths that would overwrite an input or cannot be files.
+
+    :class:`ValueError` names the path: one that is an input (the same file by any name), an
+    existing directory, or one whose folder is a file. A missing folder is fine (writers make it).
+    """
+    inputs = [path for path in inputs if os.path.exists(path)]
+    for out in outputs:
+        if os.path.isdir(out):
+            raise ValueError(f"{out} is a directory; name a file to write")
+        folder = os.path.dirname(os.path.abspath(out))
+        while not os.path.exists(folder):
+            folder = os.path.dirname(folder)
+        if not os.path.isdir(folder):
+            raise ValueError(f"cannot write {out}: {folder} is a file, not a folder")
+        for path in inputs:
+            if os.path.exists(out) and os.path.samefile(out, path):
+                raise ValueError(f"{out} is the input file {path}; name another")
 
 
 def write_json(path: str, value) -> None:
@@ -197,7 +221,7 @@ def _last_line_start(f, chunk: int = 1 << 16) -> int:
 def _is_object(line: bytes) -> bool:
     try:
         return isinstance(json.loads(line.decode("utf-8")), dict)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
 
 
@@ -206,6 +230,6 @@ def _row_key(line: bytes) -> tuple[str, int] | None:
     try:
         row = json.loads(line.decode("utf-8"))
         key = (row["id"], row["sample"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
     return key if isinstance(key[0], str) and isinstance(key[1], int) else None

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from threadweaver.cli_args import option
+from threadweaver.cli_args import check_counts, option
 from threadweaver.engine import Completion, Engine, EngineError, Sampling
 from threadweaver.format import Format
 from threadweaver.layout import (
@@ -95,10 +95,7 @@ class Limits:
             "max_requests",
             "max_concurrent_requests",
         )
-        for name in counts:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a whole number of at least 1, not {value!r}")
+        check_counts(self, counts)
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be more than 0 seconds (or none), not {self.timeout_s!r}")
 

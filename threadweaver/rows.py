@@ -93,12 +93,7 @@ class RowReader:
 
     def prompt(self, row: dict) -> list[int]:
         if "prompt_ids" in row:
-            ids = _ids(row, "prompt_ids", allow_empty=False)
-            vocabulary = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else None
-            outside = next((t for t in ids if t < 0 or (vocabulary and t >= vocabulary)), None)
-            if outside is not None:
-                raise ValueError(f"field 'prompt_ids' has token id {outside}, not one of the tokenizer's {vocabulary}")
-            return ids
+            return _ids(row, "prompt_ids", _vocabulary_size(self.tokenizer), allow_empty=False)
         if "messages" in row or isinstance(row.get("prompt"), list):
             field = "messages" if "messages" in row else "prompt"
             return self.chat(prompt_messages(row[field], field))
@@ -117,7 +112,7 @@ class RowReader:
         """The trajectory's ids; ``end_of_turn`` is appended to a trajectory given as text."""
         for field in ("completion_ids", "token_ids"):
             if field in row:
-                return _ids(row, field)
+                return _ids(row, field, _ID_LIMIT)
         if "messages" in row:
             messages = _messages(row["messages"], "messages")
             if not messages or messages[-1]["role"] != "assistant":
@@ -174,11 +169,38 @@ def prompt_messages(messages, field: str = "messages") -> list[dict]:
     return messages
 
 
-def _ids(row: dict, field: str, allow_empty: bool = True) -> list[int]:
+_ID_LIMIT = 2**31
+"""Past every model's vocabulary, and past what a tokenizer's decode takes without overflowing. A
+sampled id may lie past the tokenizer's length, in the model's padded vocabulary (Qwen3: 151,669
+tokens, 151,936 rows), so a trajectory is held only to this; a prompt, to the tokenizer's length."""
+
+
+def _ids(row: dict, field: str, limit: int | None, allow_empty: bool = True) -> list[int]:
+    """The token ids in ``row[field]``, each in ``0..limit-1`` (None: not negative)."""
     ids = row[field]
-    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids) or not (ids or allow_empty):
+    if not isinstance(ids, list) or not all(_is_token_id(t) for t in ids) or not (ids or allow_empty):
         raise ValueError(f"field {field!r} must be a {'' if allow_empty else 'non-empty '}list of token ids")
+    for position, token in enumerate(ids):
+        if token < 0 or (limit is not None and token >= limit):
+            span = "" if limit is None else f" (0..{limit - 1})"
+            raise ValueError(
+                f"field {field!r} holds token id {token} at position {position}, outside the vocabulary{span}"
+            )
     return ids
+
+
+def _vocabulary_size(tokenizer: Any) -> int | None:
+    """How many token ids a transformers or a raw ``tokenizers`` tokenizer has, added ones included
+    (None: not a tokenizer that says)."""
+    if hasattr(tokenizer, "__len__"):
+        return len(tokenizer)
+    if hasattr(tokenizer, "get_vocab_size"):
+        return tokenizer.get_vocab_size(with_added_tokens=True)
+    return None
+
+
+def _is_token_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _messages(messages, field: str) -> list[dict]:

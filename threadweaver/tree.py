@@ -11,8 +11,9 @@ Blocks nest inside threads up to ``max_depth``. ``<think>``/``</think>`` are ord
 text here. Strict parsing (training data) raises :class:`TrajectoryFormatError` at the
 first fault. Lenient parsing (model outputs) never raises: a malformed block, a block
 nested deeper than ``max_depth`` and stray tags are kept as sequential text, and every
-fault is listed in ``faults`` (a failed block once, as text up to its fault). Both
-are lossless: :func:`threadweaver.layout.render` gives the ids back.
+fault is listed in ``faults`` (a failed block once, as text up to its fault); only blocks
+nested a few hundred deep, past Python's recursion limit, raise :class:`TrajectoryFormatError`
+in both modes. Both are lossless: :func:`threadweaver.layout.render` gives the ids back.
 """
 
 from __future__ import annotations
@@ -107,12 +108,16 @@ def parse(
     ``generate`` row): then the tree is the one it decoded. A block is a block only where
     it forked it (its ``<Thread>`` and ``</Parallel>`` injected), at any depth, and a
     thread ends at the ``</Thread>`` that ended it (not one closing a ``<Thread>`` the model
-    wrote in its text). Implies lenient parsing.
+    wrote in its text). Implies lenient parsing, which raises only for blocks nested deeper
+    than Python's recursion limit allows (a few hundred).
     """
     if injected is not None:
         strict, max_depth = False, len(ids)
     parser = _Parser(list(ids), fmt, strict, max_depth, None if injected is None else frozenset(injected))
-    nodes = parser.sequence(depth=0, thread=None)
+    try:
+        nodes = parser.sequence(depth=0, thread=None)
+    except RecursionError:  # a few hundred blocks deep: no model writes it, a hostile row may
+        raise TrajectoryFormatError(Fault(0, None, "blocks nested too deep to read")) from None
     return Parsed(tuple(nodes), tuple(parser.faults))
 
 

@@ -59,9 +59,19 @@ def _synth_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _synth(args: argparse.Namespace) -> None:
+    import os
+
     from threadweaver.dataset import write_synth
 
-    paths = write_synth(args.out, from_args(SynthConfig, args), args.train, args.validation, args.seed)
+    for flag, count in (("--train", args.train), ("--validation", args.validation)):
+        if count < 0:
+            sys.exit(f"threadweaver synth: {flag} must be 0 or more problems, not {count}")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        sys.exit(f"threadweaver synth: --out {args.out} is a file; name a folder")
+    try:
+        paths = write_synth(args.out, from_args(SynthConfig, args), args.train, args.validation, args.seed)
+    except ValueError as err:
+        sys.exit(f"threadweaver synth: {err}")
     for path in paths:
         print(path)
 
@@ -84,8 +94,10 @@ def _stats(args: argparse.Namespace) -> None:
     rows = file_stats(args.file, reader, strict=args.strict)
     try:
         rows = list(tqdm(rows, desc="stats", unit=" rows", disable=args.json or not sys.stderr.isatty()))
-    except (RowError, OSError) as err:
+    except RowError as err:
         sys.exit(f"threadweaver stats: {args.file}: {err}{hint}")
+    except OSError as err:
+        sys.exit(f"threadweaver stats: {args.file}: {err}")
     if args.json:
         print(json.dumps({"rows": [r.as_dict() for r in rows], "summary": summary(rows)}))
         return
@@ -103,16 +115,14 @@ def _filter_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _filter(args: argparse.Namespace) -> None:
-    import os
 
     from tqdm import tqdm
 
-    from threadweaver.jsonl import RowError, write_json, write_jsonl
+    from threadweaver.jsonl import RowError, check_outputs, write_json, write_jsonl
     from threadweaver.selection import FilterConfig, format_report, select
 
-    if os.path.abspath(args.out) == os.path.abspath(args.generated):
-        sys.exit(f"threadweaver filter: OUT is the input file {args.generated}; name another")
     try:
+        check_outputs([args.out, args.out + ".report.json"], [args.generated])
         config = from_args(FilterConfig, args)
     except ValueError as err:
         sys.exit(f"threadweaver filter: {err}")
@@ -123,8 +133,10 @@ def _filter(args: argparse.Namespace) -> None:
     reader, hint = row_reader(args.tokenizer, [args.generated], "filter")
     try:
         kept, _, report = select(args.generated, reader, config, bar)
-    except (RowError, OSError) as err:
+    except RowError as err:
         sys.exit(f"threadweaver filter: {args.generated}: {err}{hint}")
+    except OSError as err:
+        sys.exit(f"threadweaver filter: {args.generated}: {err}")
     write_jsonl(args.out, kept)
     write_json(args.out + ".report.json", report)
     print(format_report(report))
@@ -148,16 +160,16 @@ def _convert(args: argparse.Namespace) -> None:
 
     from threadweaver.convert import ConvertConfig, convert_file, format_report
     from threadweaver.format import Format
+    from threadweaver.jsonl import check_outputs
     from threadweaver.kit.tokenizers import load_tokenizer
 
     def fail(message: str):
         sys.exit(f"threadweaver convert: {' '.join(message.split())}")
 
     if not os.path.isfile(args.input):
-        fail(f"{args.input}: no such file")
-    if os.path.abspath(args.out) == os.path.abspath(args.input):
-        fail(f"OUT is the input file {args.input}; name another")
+        fail(f"{args.input}: {'a folder, not a file' if os.path.isdir(args.input) else 'no such file'}")
     try:
+        check_outputs([args.out, args.out + ".report.json"], [args.input])
         config = from_args(ConvertConfig, args)
         fmt = Format.from_tokenizer(load_tokenizer(args.tokenizer))
     except (ValueError, OSError) as err:
@@ -235,8 +247,11 @@ def _view_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _view(args: argparse.Namespace) -> None:
+    import os
+
     from tqdm import tqdm
 
+    from threadweaver.jsonl import check_outputs
     from threadweaver.view import file_page
 
     def bar(rows, path):
@@ -244,14 +259,22 @@ def _view(args: argparse.Namespace) -> None:
 
     if len(args.files) > 2:
         sys.exit("threadweaver view: one file, or two side by side")
+    out = args.out or args.files[0] + ".html"
+    if not args.serve:
+        try:
+            check_outputs([out], args.files)
+        except ValueError as err:
+            sys.exit(f"threadweaver view: {err}")
     reader, hint = row_reader(args.tokenizer, args.files, "view")
     try:
         html = file_page(args.files, reader, args.title, progress=bar)
-    except (ValueError, OSError) as err:
+    except OSError as err:
+        sys.exit(f"threadweaver view: {err}")
+    except ValueError as err:
         sys.exit(f"threadweaver view: {err}{hint}")
     if args.serve:
         return _serve_page(html, args.port)
-    out = args.out or args.files[0] + ".html"
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         f.write(html)
     print(out)
@@ -292,13 +315,21 @@ def _kit_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _kit(args: argparse.Namespace) -> None:
+    import os
+
     from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
     from threadweaver.kit.tokenizers import qwen_tokenizer, synth_tokenizer
 
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        sys.exit(f"threadweaver kit: --out {args.out} is a file; name a folder")
+    try:
+        config = from_args(TinyQwen3Config, args)
+    except ValueError as err:
+        sys.exit(f"threadweaver kit: {err}")
     tokenizer = qwen_tokenizer() if args.tokenizer == "qwen" else synth_tokenizer()
     tokenizer.save_pretrained(args.out)
     if args.model:
-        tiny_qwen3(tokenizer, from_args(TinyQwen3Config, args)).save_pretrained(args.out)
+        tiny_qwen3(tokenizer, config).save_pretrained(args.out)
     print(args.out)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from threadweaver.cli_args import add_arguments, from_args
@@ -106,10 +107,10 @@ def _generate(args: argparse.Namespace) -> None:
         progress = run(*(from_args(config, args) for config in (GenerateArgs, EngineArgs, Limits, Sampling)))
     except RowError as err:
         sys.exit(f"threadweaver generate: {args.problems}: {err}")
-    except (EngineError, ValueError, OSError) as err:
-        sys.exit(
-            f"threadweaver generate: {err}\nfinished trajectories are in {args.out}; rerun the same command to resume"
-        )
+    except ValueError as err:  # bad input or settings: the same command would fail again
+        sys.exit(f"threadweaver generate: {err}")
+    except (EngineError, OSError) as err:
+        sys.exit(f"threadweaver generate: {err}{_resume_hint(args.out)}")
     if not progress.done:
         print(f"nothing to decode: every trajectory is already in {args.out}")
         return
@@ -118,6 +119,12 @@ def _generate(args: argparse.Namespace) -> None:
         f"{progress.tokens_per_s:.0f} generated tokens/s, {progress.degraded_by_kind()}\n"
         f"mean wall-clock per trajectory: {progress.wall_clock()}"
     )
+
+
+def _resume_hint(out: str) -> str:
+    if not (os.path.isfile(out) and os.path.getsize(out)):
+        return ""
+    return f"\nfinished trajectories are in {out}; rerun the same command to resume"
 
 
 def _quickstart_arguments(p: argparse.ArgumentParser) -> None:

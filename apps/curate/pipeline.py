@@ -28,7 +28,7 @@ from statistics import mean, quantiles
 from threadweaver.format import Format
 from threadweaver.jsonl import RowError, row_name
 from threadweaver.reward import agrade, grade
-from threadweaver.rows import tokenizer_field
+from threadweaver.rows import RowReader, tokenizer_field
 from threadweaver.stats import latency_stats
 from threadweaver.tree import TrajectoryFormatError, parse
 
@@ -64,9 +64,10 @@ class Outcome:
 
 
 def ingest(
-    rows: Iterable[tuple[int, dict | RowError]], config: CurateConfig, decode_prompt=None
+    rows: Iterable[tuple[int, dict | RowError]], config: CurateConfig, reader: RowReader | None = None
 ) -> tuple[list[Trace], list[Outcome]]:
-    """The traces that pass ingest, and the outcomes of the rows that do not."""
+    """The traces that pass ingest, and the outcomes of the rows that do not; ``reader`` reads
+    ``prompt_ids`` (None: a row must give its problem as text)."""
     traces, dropped = [], []
     for line, row in rows:
         if config.limit is not None and len(traces) + len(dropped) >= config.limit:
@@ -76,7 +77,7 @@ def ingest(
             continue
         outcome = Outcome(row_name(row, line), line)
         try:
-            trace = to_trace(row, line, decode_prompt)
+            trace = to_trace(row, line, reader)
             _usable(trace, config)
         except RowError as err:
             dropped.append(outcome.drop("ingest", "unreadable", str(err)))

@@ -16,6 +16,7 @@ from collections import Counter
 from threadweaver.batch import run_sync
 from threadweaver.format import Format, add_tags
 from threadweaver.jsonl import read_rows, write_json, write_jsonl
+from threadweaver.rows import RowReader
 
 from . import prompts
 from .calls import LLM, SERVER_FAILURES, CallCache
@@ -23,28 +24,30 @@ from .config import CurateArgs, CurateConfig, LLMArgs
 from .pipeline import Outcome, curate_all, ingest, report, tally
 
 
-def target_format(spec: str) -> Format:
-    """The format of the target tokenizer, with the tags added where it lacks them."""
+def target_reader(spec: str) -> RowReader:
+    """The reader of the target tokenizer, with the tags added where it lacks them."""
     from threadweaver.kit.tokenizers import load_tokenizer
 
     tokenizer = load_tokenizer(spec)
     try:
-        return Format.from_tokenizer(tokenizer)
+        return RowReader(tokenizer, Format.from_tokenizer(tokenizer))
     except ValueError:
         add_tags(tokenizer)
-        return Format.from_tokenizer(tokenizer)
+        return RowReader(tokenizer, Format.from_tokenizer(tokenizer))
 
 
 def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     """Curate ``args.traces`` into ``args.out_dir``; the report (also in ``report.json``).
 
     Raises :class:`InterruptedError` on Ctrl-C (the replies so far stay in the call cache, so a rerun
-    resumes) and :class:`ConnectionError` after writing the outputs where the server answered no trace.
+    resumes) and :class:`ConnectionError` where the server answered no trace: then the outputs of an
+    earlier run stay as they were.
     """
     from tqdm import tqdm
 
-    fmt = target_format(args.tokenizer)
-    traces, dropped = ingest(read_rows(args.traces), config, fmt.decode)
+    reader = target_reader(args.tokenizer)
+    fmt = reader.fmt
+    traces, dropped = ingest(read_rows(args.traces), config, reader)
     if args.dry_run:
         return estimate(traces, dropped, fmt, llm_args, config)
     if not llm_args.model:
@@ -83,12 +86,12 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
         bar.close()
         cache.close()
     outcomes = sorted([*dropped, *outcomes], key=lambda o: o.line)
+    _check_server(outcomes, len(traces), base_url, llm_args.model, args.out_dir)
     stats = report(outcomes, usage, config)
     stats["llm"] = {"base_url": base_url, "model": llm_args.model, "temperature": llm_args.temperature}
     write_jsonl(os.path.join(args.out_dir, "train.jsonl"), (o.row for o in outcomes if o.row is not None))
     write_jsonl(os.path.join(args.out_dir, "dropped.jsonl"), (d for o in outcomes for d in o.drops))
     write_json(os.path.join(args.out_dir, "report.json"), stats)
-    _check_server(outcomes, len(traces), base_url, llm_args.model, args.out_dir)
     return stats
 
 
@@ -118,7 +121,7 @@ def _check_server(outcomes: list[Outcome], curated: int, base_url: str | None, m
     raise ConnectionError(
         f"nothing curated: every one of the {curated} traces failed at the server {base_url} "
         f"({count} {reason}: {' '.join(example.split())}); is it up, and serving --model {model}? "
-        f"Every trace is listed in {os.path.join(out_dir, 'dropped.jsonl')}"
+        f"The outputs in {out_dir} are left as they were"
     )
 
 

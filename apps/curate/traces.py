@@ -23,12 +23,11 @@ first unit stay in ``lead``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from threadweaver.format import THINK, THINK_END
 from threadweaver.jsonl import RowError, row_name
-from threadweaver.rows import TOKENIZER_FIELD, chatml_turns
+from threadweaver.rows import TOKENIZER_FIELD, RowReader, chatml_turns
 
 PROBLEM_FIELDS = ("messages", "problem", "prompt", "question", "prompt_ids")
 RESPONSE_FIELDS = (
@@ -82,9 +81,10 @@ def split_units(reasoning: str) -> tuple[str, tuple[str, ...]]:
     return lead, tuple(units)
 
 
-def to_trace(row: dict, line: int, decode_prompt: Callable[[list[int]], str] | None = None) -> Trace:
-    """One row as a trace; a row it cannot read raises :class:`RowError` naming the field."""
-    prompt, response = _prompt_and_response(row, line, decode_prompt)
+def to_trace(row: dict, line: int, reader: RowReader | None = None) -> Trace:
+    """One row as a trace, its ``prompt_ids`` read by ``reader``; a row it cannot read raises
+    :class:`RowError` naming the field."""
+    prompt, response = _prompt_and_response(row, line, reader)
     answer = _first(row, ANSWER_FIELDS)
     if answer is None:
         raise RowError(line, "no gold answer: give an 'answer' (or 'gold') field")
@@ -102,7 +102,7 @@ def to_trace(row: dict, line: int, decode_prompt: Callable[[list[int]], str] | N
     return Trace(row_name(row, line), line, problem, lead, units, final, str(answer), prompt, fields)
 
 
-def _prompt_and_response(row: dict, line: int, decode_prompt) -> tuple[tuple[dict, ...], str]:
+def _prompt_and_response(row: dict, line: int, reader: RowReader | None) -> tuple[tuple[dict, ...], str]:
     """(the turns before the response, ending with the problem's user turn; the response)."""
     messages = row.get("messages")
     if messages is not None:
@@ -115,8 +115,8 @@ def _prompt_and_response(row: dict, line: int, decode_prompt) -> tuple[tuple[dic
         response = _text(messages[-1].get("content"), line, "messages[assistant].content")
         return tuple(dict(m) for m in messages[:-1]), response
     problem = _first(row, ("problem", "prompt", "question"))
-    if problem is None and "prompt_ids" in row and decode_prompt is not None:
-        turns = chatml_turns(decode_prompt(row["prompt_ids"]))
+    if problem is None and "prompt_ids" in row and reader is not None:
+        turns = chatml_turns(_prompt_text(row, line, reader))
         users = [k for k, turn in enumerate(turns) if turn["role"] == "user"]
         if not users:
             raise RowError(line, "'prompt_ids' decode to no user turn (<|im_start|>user ... <|im_end|>)")
@@ -132,6 +132,13 @@ def _prompt_and_response(row: dict, line: int, decode_prompt) -> tuple[tuple[dic
     if response is None:
         raise RowError(line, "no response: give 'response' (or 'completion'/'text'), or 'reasoning' and 'final'")
     return prompt, _text(response, line, "response")
+
+
+def _prompt_text(row: dict, line: int, reader: RowReader) -> str:
+    try:
+        return reader.fmt.decode(reader.prompt(row))
+    except ValueError as err:
+        raise RowError(line, str(err)) from None
 
 
 def _first(row: dict, names: tuple[str, ...]):

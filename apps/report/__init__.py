@@ -8,6 +8,7 @@ the response (see :mod:`threadweaver.stats`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from statistics import mean
@@ -52,8 +53,6 @@ def row_stats(row: dict, line: int, reader: RowReader, *, strict: bool = False) 
         raise
     except ValueError as err:
         raise RowError(line, str(err)) from None
-    except RecursionError:
-        raise RowError(line, "blocks nested too deep to read") from None
     faults = tuple(f.text for f in decoded.faults)
     return RowStats(line, row_name(row, line), decoded.stats, faults, _wall_clock(row, line))
 
@@ -63,9 +62,13 @@ def _wall_clock(row: dict, line: int) -> dict | None:
     if clock is None:
         return None
     names = ("total_s", *WallClock.PARTS)
-    if not isinstance(clock, dict) or not all(isinstance(clock.get(n), int | float) for n in names):
-        raise RowError(line, f"field 'wall_clock' must hold the numbers {', '.join(names)}")
+    if not isinstance(clock, dict) or not all(_is_seconds(clock.get(n)) for n in names):
+        raise RowError(line, f"field 'wall_clock' must hold the finite numbers {', '.join(names)}")
     return clock
+
+
+def _is_seconds(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def summary(rows: Iterable[RowStats]) -> dict:

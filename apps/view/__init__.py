@@ -117,7 +117,7 @@ class Reader:
 
     def row(self, row: dict, line: int, file: int) -> tuple[dict, str]:
         fmt, tags = self.fmt, self.fmt.tags
-        prompt = row["prompt_ids"] if "prompt_ids" in row else self.reader.prompt(row)
+        prompt = self.reader.prompt(row)
         decoded = read_decoded(row, self.reader)
         ids, parsed, generated, closed, stats = (
             decoded.ids,
@@ -134,7 +134,7 @@ class Reader:
             )
         faults = [asdict(f) for f in decoded.faults]
         measured = "requests" in row
-        requests = row["requests"] if measured else token_schedule(parsed.nodes, generated, tags)
+        requests = _recorded_requests(row) if measured else token_schedule(parsed.nodes, generated, tags)
         critical = critical_requests(requests, stats.as_dict())
         trie = trajectory_trie(prompt, parsed.nodes, fmt, train_injected=not decoded.recorded, closed_threads=closed)
         for token in {*prompt, *ids, *trie.input_ids}:
@@ -172,6 +172,31 @@ class Reader:
             },
         }
         return summary, _compress(details)
+
+
+def _recorded_requests(row: dict) -> list[dict]:
+    """The request timings a row records, as ``generate`` writes them; :class:`ValueError` where they are not."""
+    requests = row["requests"]
+    if not isinstance(requests, list) or not all(map(_is_request, requests)):
+        raise ValueError(
+            "field 'requests' must be a list of {thread_path, started, ended, completion_tokens}, as generate writes it"
+        )
+    return requests
+
+
+def _is_request(request) -> bool:
+    def number(value) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+
+    def step(value) -> bool:  # (block, thread) of a thread path
+        return isinstance(value, list) and len(value) == 2 and all(isinstance(k, int) for k in value)
+
+    return (
+        isinstance(request, dict)
+        and isinstance(request.get("thread_path"), list)
+        and all(map(step, request["thread_path"]))
+        and all(number(request.get(name)) for name in ("started", "ended", "completion_tokens"))
+    )
 
 
 def _correct(row: dict, text: str) -> bool | None:

@@ -18,7 +18,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, fields
 
 from threadweaver.batch import BatchProgress, decode_many, run_sync, trajectory_row
-from threadweaver.cli_args import option
+from threadweaver.cli_args import check_counts, option
 from threadweaver.format import Format
 from threadweaver.hosts import check_host
 from threadweaver.jsonl import appending
@@ -55,6 +55,9 @@ class ModelArgs:
         "Append each trajectory to this JSONL file as `threadweaver generate` writes it (tokens, tree, "
         "request timings, stats, wall_s), with the lm-eval context and request index.",
     )
+
+    def __post_init__(self):
+        check_counts(self, ("concurrency",))
 
 
 def split_model_args(kwargs: dict) -> tuple[ModelArgs, EngineArgs, Limits]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from threadweaver.cli_args import option
+from threadweaver.cli_args import check_counts, option
 
 from .http import HTTPOptions
 
@@ -28,6 +28,10 @@ class EngineArgs:
     max_inflight: int = option(HTTPOptions.concurrency, "Most requests in flight to a server.")
     retries: int = option(HTTPOptions.retries, "Retries with backoff on connection errors, 429 and 5xx.")
     api_key: str | None = option(None, "Bearer token for the server.")
+
+    def __post_init__(self):
+        check_counts(self, ("max_inflight",))
+        check_counts(self, ("retries",), least=0)
 
 
 def make_engine(args: EngineArgs, model: str | None = None):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from threadweaver.cli_args import option
+from threadweaver.batch import problem_jobs, read_problems, run_batch
+from threadweaver.cli_args import check_counts, option
+from threadweaver.jsonl import SET_ASIDE, check_outputs, finished_keys
 from threadweaver.orchestrator import Limits, Sampling
 
 from .engines import EngineArgs, make_engine, tokenizer_source
@@ -23,25 +25,40 @@ class GenerateArgs:
     concurrency: int = option(32, "Trajectories decoded at once.")
     n: int = option(1, "Samples per problem.")
 
+    def __post_init__(self):
+        check_counts(self, ("concurrency", "n"))
+
+
+def checked_problems(args: GenerateArgs) -> list[tuple[int, str, dict]]:
+    """The problem rows, checked before any server is asked or any output touched."""
+    check_outputs([args.out], [args.problems])
+    try:
+        problems = read_problems(args.problems)
+    except OSError as err:
+        raise ValueError(f"cannot read {args.problems}: {err.strerror}") from None
+    if not problems:
+        raise ValueError(f"{args.problems} has no problems")
+    return problems
+
 
 async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, sampling: Sampling):
     """Decode every unfinished (row, sample); returns the :class:`BatchProgress` of this run."""
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from threadweaver.batch import read_jobs, run_batch
     from threadweaver.format import Format
-    from threadweaver.jsonl import SET_ASIDE, finished_keys
     from threadweaver.orchestrator import Orchestrator
 
+    problems = checked_problems(args)
     engine = make_engine(engine_args, args.model)
     try:
         source = await tokenizer_source(engine, args.model)
         if source is None:
             raise ValueError("--model is needed to load the tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(source)
+        jobs = list(problem_jobs(problems, tokenizer, args.n))  # every prompt checked before the output is touched
         done, set_aside = finished_keys(args.out)
-        jobs = [j for j in read_jobs(args.problems, tokenizer, args.n) if (j.row_id, j.sample) not in done]
+        jobs = [j for j in jobs if (j.row_id, j.sample) not in done]
         if set_aside:
             print(
                 f"moved {set_aside} lines of {args.out} that are not finished rows (unreadable, or repeats) to "

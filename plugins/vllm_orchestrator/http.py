@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
-from threadweaver.cli_args import option
+from threadweaver.cli_args import check_counts, option
 from threadweaver.engine import EngineError, RequestRefused
 
 logger = logging.getLogger(__name__)
@@ -29,6 +29,10 @@ class HTTPOptions:
     backoff_s: float = option(0.5, "First retry delay; it doubles each retry.")
     timeout_s: float = option(3600.0, "Most seconds one request may take.")
     api_key: str | None = option(None, "Sent as a bearer token.")
+
+    def __post_init__(self):
+        check_counts(self, ("concurrency",))
+        check_counts(self, ("retries",), least=0)
 
 
 _RETRIED_STATUS = {429, 500, 502, 503, 504}

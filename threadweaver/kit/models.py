@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from threadweaver.cli_args import option
+from threadweaver.cli_args import check_counts, option
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,18 @@ class TinyQwen3Config:
     intermediate_size: int = option(512, "MLP width.")
     max_position_embeddings: int = option(4096, "Longest sequence.")
     seed: int = option(0, "Initialisation seed.")
+
+    def __post_init__(self) -> None:
+        check_counts(self, (f.name for f in fields(self) if f.name != "seed"))
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} must be a multiple of num_attention_heads {self.num_attention_heads}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
 
 
 def tiny_qwen3(tokenizer, config: TinyQwen3Config = TinyQwen3Config(), vocab_size: int | None = None):

@@ -111,7 +111,10 @@ def load_tokenizer(spec: str):
             return AutoTokenizer.from_pretrained(spec)
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(path)
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as err:  # the Rust side raises a bare Exception for any unreadable file
+        raise ValueError(f"{path} is not a tokenizer.json that tokenizers can read ({err})") from None
 
 
 def _from_hub(name: str):

@@ -1,0 +1,106 @@
+"""``threadweaver generate`` refuses bad input with one line, before any work, and loses nothing.
+
+Run as a user runs it; the server URL is a closed port, so no server is ever reached.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from threadweaver.vllm_orchestrator.http import HTTPOptions
+
+CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
+NO_SERVER = ["--base-url", "http://127.0.0.1:9", "--retries", "0"]
+PROBLEMS = "".join(json.dumps({"id": f"p{i}", "prompt": f"What is {i} + 1?"}) + "\n" for i in range(3))
+
+
+def generate(*args):
+    """Exits with an error; a timeout (a hang) fails the test too."""
+    result = subprocess.run([CLI, "generate", *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    return result.stderr
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from threadweaver.kit.tokenizers import qwen_tokenizer
+
+    path = tmp_path_factory.mktemp("model")
+    qwen_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture
+def problems(tmp_path):
+    path = tmp_path / "problems.jsonl"
+    path.write_text(PROBLEMS)
+    return path
+
+
+def test_out_that_is_the_problems_file_is_refused_and_keeps_its_rows(problems, model, tmp_path):
+    alias = tmp_path / "." / problems.name
+    stderr = generate(str(problems), str(alias), "--model", model, *NO_SERVER)
+    assert f"{alias} is the input file {problems}; name another" in stderr
+    assert problems.read_text() == PROBLEMS
+    assert sorted(os.listdir(tmp_path)) == ["problems.jsonl"]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--concurrency", "0"], "concurrency must be a whole number of at least 1, not 0"),
+        (["--concurrency", "-1"], "concurrency must be a whole number of at least 1, not -1"),
+        (["--max-inflight", "0"], "max_inflight must be a whole number of at least 1, not 0"),
+        (["--retries", "-1"], "retries must be a whole number of at least 0, not -1"),
+        (["--n", "0"], "n must be a whole number of at least 1, not 0"),
+        (["--n", "-1"], "n must be a whole number of at least 1, not -1"),
+    ],
+)
+def test_counts_below_their_least_name_the_flag(problems, model, tmp_path, flags, message):
+    stderr = generate(str(problems), str(tmp_path / "out.jsonl"), "--model", model, *NO_SERVER, *flags)
+    assert stderr.strip() == f"threadweaver generate: {message}"
+    assert problems.read_text() == PROBLEMS and not (tmp_path / "out.jsonl").exists()
+
+
+def test_http_options_refuse_a_count_that_would_wait_forever():
+    with pytest.raises(ValueError, match="concurrency must be a whole number of at least 1, not 0"):
+        HTTPOptions(concurrency=0)
+
+
+def test_an_empty_problems_file_says_so(model, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    stderr = generate(str(empty), str(tmp_path / "out.jsonl"), "--model", model, *NO_SERVER)
+    assert stderr.strip() == f"threadweaver generate: {empty} has no problems"
+
+
+def test_a_missing_problems_file_is_named_before_any_server_is_asked(tmp_path):
+    missing, out = tmp_path / "nope.jsonl", tmp_path / "out.jsonl"
+    stderr = generate(str(missing), str(out), *NO_SERVER)
+    assert stderr.strip() == f"threadweaver generate: cannot read {missing}: No such file or directory"
+    assert not out.exists()
+
+
+def test_a_bad_prompt_is_refused_before_the_output_is_touched(model, tmp_path):
+    bad, out = tmp_path / "bad.jsonl", tmp_path / "out.jsonl"
+    bad.write_text(json.dumps({"id": "a", "question": "Q?"}) + "\n")
+    kept = '{"id": "p0", "sample": 0}\nnot a row\n'
+    out.write_text(kept)
+    stderr = generate(str(bad), str(out), "--model", model, *NO_SERVER)
+    assert f"{bad}: line 1: no prompt" in stderr
+    assert out.read_text() == kept and not (tmp_path / "out.jsonl.set-aside").exists()
+
+
+def test_an_unreachable_server_points_to_finished_trajectories_only_where_there_are_some(problems, tmp_path):
+    out = tmp_path / "out.jsonl"
+    stderr = generate(str(problems), str(out), *NO_SERVER)
+    assert "cannot reach the vLLM server at http://127.0.0.1:9" in stderr
+    assert "finished trajectories" not in stderr
+    finished = json.dumps({"id": "p0", "sample": 0}) + "\n"
+    out.write_text(finished)
+    stderr = generate(str(problems), str(out), *NO_SERVER)
+    assert f"finished trajectories are in {out}; rerun the same command to resume" in stderr
+    assert out.read_text() == finished and problems.read_text() == PROBLEMS
