@@ -170,7 +170,8 @@ def test_bad_synth_and_kit_settings_are_named_before_anything_is_written(tmp_pat
     cases = {
         ("synth", "--out", str(tmp_path / "s"), "--train", "-5"): "--train must be 0 or more problems, not -5",
         ("synth", "--out", str(tmp_path / "s"), "--digits", "0"): "digits must be >= 1, got 0",
-        ("synth", "--out", str(tmp_path / "file")): f"--out {tmp_path / 'file'} is a file",
+        ("synth", "--out", str(tmp_path / "file")): f"{tmp_path / 'file'} is a file, not a folder",
+        ("synth", "--out", str(tmp_path / "file" / "sub")): f"{tmp_path / 'file'} is a file, not a folder",
         (
             "kit",
             "--out",
@@ -185,7 +186,7 @@ def test_bad_synth_and_kit_settings_are_named_before_anything_is_written(tmp_pat
             "--num-key-value-heads",
             "3",
         ): "must be a multiple of num_key_value_heads 3",
-        ("kit", "--out", str(tmp_path / "file"), "--no-model"): f"--out {tmp_path / 'file'} is a file",
+        ("kit", "--out", str(tmp_path / "file" / "sub"), "--no-model"): f"{tmp_path / 'file'} is a file, not a folder",
     }
     for args, message in cases.items():
         done = run(*args, check=False)

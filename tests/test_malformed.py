@@ -113,5 +113,7 @@ def test_lenient_keeps_an_over_deep_block_as_text_inside_its_thread(fmt):
 def test_blocks_nested_past_the_recursion_limit_are_a_format_error_not_a_crash(fmt, strict):
     depth = 400
     ids = fmt.encode(f"{HEAD1}<Thread>1:" * depth + "x" + "</Thread></Parallel>" * depth)
-    with pytest.raises(TrajectoryFormatError, match="token 0: blocks nested too deep to read"):
+    with pytest.raises(TrajectoryFormatError, match="blocks nested too deep to read") as caught:
         parse(ids, fmt, strict=strict, max_depth=depth)
+    opening = len(fmt.encode(f"{HEAD1}<Thread>1:" * depth))
+    assert 0 < caught.value.position < opening and caught.value.tag is not None  # where it gave up, going down

@@ -217,16 +217,18 @@ def test_view_names_the_line_and_field_of_bad_ids_and_requests(tmp_path, bad, me
     assert not (tmp_path / "page.html").exists()
 
 
-def test_view_says_a_row_nested_too_deep_to_read_as_stats_does(tmp_path):
+def test_view_and_filter_say_a_row_nested_too_deep_to_read_as_stats_does(tmp_path):
     from threadweaver.cli import main
 
     deep = "<Parallel><Outlines><Outline>1:A</Outline></Outlines><Thread>1:" * 300 + "1" + "</Thread></Parallel>" * 300
     path = tmp_path / "rows.jsonl"
-    path.write_text(json.dumps({"id": "a", "prompt": "1", "completion": deep}) + "\n")
+    path.write_text(json.dumps({"id": "a", "prompt": "1", "completion": deep, "answer": "1"}) + "\n")
     said = []
-    for command in (["view", str(path), "--out", str(tmp_path / "page.html")], ["stats", str(path)]):
+    commands = (["view", str(path), "--out", str(tmp_path / "page.html")], ["filter", str(path), str(tmp_path / "k")])
+    for command in (*commands, ["stats", str(path)]):
         with pytest.raises(SystemExit) as exit_:
             main(command)
         said.append(str(exit_.value.code))
-    view, stats = (s.split(": ", 1)[1] for s in said)  # past "threadweaver <command>"
-    assert view == stats and view.startswith(f"{path}: line 1: ") and "blocks nested too deep to read" in view
+    view, filtered, stats = (s.split(": ", 1)[1] for s in said)  # past "threadweaver <command>"
+    assert view == filtered == stats and view.startswith(f"{path}: line 1: ")
+    assert "blocks nested too deep to read" in view

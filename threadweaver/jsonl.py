@@ -110,14 +110,19 @@ def check_outputs(outputs: Iterable[str], inputs: Iterable[str]) -> None:
     for out in outputs:
         if os.path.isdir(out):
             raise ValueError(f"{out} is a directory; name a file to write")
-        folder = os.path.dirname(os.path.abspath(out))
-        while not os.path.exists(folder):
-            folder = os.path.dirname(folder)
-        if not os.path.isdir(folder):
-            raise ValueError(f"cannot write {out}: {folder} is a file, not a folder")
+        check_folder(os.path.dirname(os.path.abspath(out)))
         for path in inputs:
             if os.path.exists(out) and os.path.samefile(out, path):
                 raise ValueError(f"{out} is the input file {path}; name another")
+
+
+def check_folder(folder: str) -> None:
+    """Refuse a folder to write into that is a file or lies under one; a missing folder is fine."""
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"cannot write into {folder}: {existing} is a file, not a folder")
 
 
 def write_json(path: str, value) -> None:

@@ -117,7 +117,7 @@ def parse(
     try:
         nodes = parser.sequence(depth=0, thread=None)
     except RecursionError:  # a few hundred blocks deep: no model writes it, a hostile row may
-        raise TrajectoryFormatError(Fault(0, None, "blocks nested too deep to read")) from None
+        raise TrajectoryFormatError(parser.fault_at(parser.pos, "blocks nested too deep to read")) from None
     return Parsed(tuple(nodes), tuple(parser.faults))
 
 

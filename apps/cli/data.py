@@ -59,16 +59,15 @@ def _synth_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _synth(args: argparse.Namespace) -> None:
-    import os
 
     from threadweaver.dataset import write_synth
+    from threadweaver.jsonl import check_folder
 
     for flag, count in (("--train", args.train), ("--validation", args.validation)):
         if count < 0:
             sys.exit(f"threadweaver synth: {flag} must be 0 or more problems, not {count}")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        sys.exit(f"threadweaver synth: --out {args.out} is a file; name a folder")
     try:
+        check_folder(args.out)
         paths = write_synth(args.out, from_args(SynthConfig, args), args.train, args.validation, args.seed)
     except ValueError as err:
         sys.exit(f"threadweaver synth: {err}")
@@ -315,14 +314,13 @@ def _kit_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _kit(args: argparse.Namespace) -> None:
-    import os
 
+    from threadweaver.jsonl import check_folder
     from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
     from threadweaver.kit.tokenizers import qwen_tokenizer, synth_tokenizer
 
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        sys.exit(f"threadweaver kit: --out {args.out} is a file; name a folder")
     try:
+        check_folder(args.out)
         config = from_args(TinyQwen3Config, args)
     except ValueError as err:
         sys.exit(f"threadweaver kit: {err}")

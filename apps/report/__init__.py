@@ -46,11 +46,14 @@ def file_stats(path: str, reader: RowReader, *, strict: bool = False) -> Iterato
 
 def row_stats(row: dict, line: int, reader: RowReader, *, strict: bool = False) -> RowStats:
     """The statistics of one row's trajectory. A row the strict parse refuses raises
-    :class:`TrajectoryFormatError`; a row with bad fields, :class:`RowError` naming its line."""
+    :class:`TrajectoryFormatError`; a row with bad fields, or one even the lenient parse cannot read
+    (blocks nested past the recursion limit), :class:`RowError` naming its line."""
     try:
         decoded = read_decoded(row, reader, strict=strict)
-    except TrajectoryFormatError:
-        raise
+    except TrajectoryFormatError as err:
+        if strict:
+            raise
+        raise RowError(line, str(err)) from None
     except ValueError as err:
         raise RowError(line, str(err)) from None
     faults = tuple(f.text for f in decoded.faults)

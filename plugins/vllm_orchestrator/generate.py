@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from threadweaver.batch import problem_jobs, read_problems, run_batch
+from threadweaver.batch import problem_jobs, read_problems, run_batch, run_sync
 from threadweaver.cli_args import check_counts, option
 from threadweaver.jsonl import SET_ASIDE, check_outputs, finished_keys
 from threadweaver.orchestrator import Limits, Sampling
@@ -86,6 +86,4 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
 
 
 def run(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, sampling: Sampling):
-    from threadweaver.batch import run_sync
-
     return run_sync(generate(args, engine_args, limits, sampling))
