@@ -1,6 +1,8 @@
 """TrieCollator and the tree-attention switch, with the real Qwen tokenizer and transformers."""
 
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -436,6 +438,43 @@ def test_flex_and_varlen_run_in_the_autocast_dtype_as_mixed_precision_trains(tok
     assert dtypes == [(torch.bfloat16,) * 3] * 4, dtypes  # two layers each of flex and of varlen's kernel
     for backend in ("flex_attention", "varlen"):
         torch.testing.assert_close(logits[backend], logits["sdpa"], rtol=0, atol=2e-2)
+
+
+TORCH_2_11_TRACE_RULES = """
+import sys, torch
+from torch._dynamo.utils import counters
+from threadweaver.hf_collator import TrieCollator, use_tree_attention
+from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
+from threadweaver.kit.tokenizers import qwen_tokenizer
+
+torch._dynamo.disallow_in_graph(torch._C._is_autocast_available)  # torch 2.11's Dynamo cannot trace it
+tokenizer = qwen_tokenizer()
+row = {"id": "a", "messages": [{"role": "user", "content": sys.argv[1]}, {"role": "assistant", "content": sys.argv[2]}]}
+batch = TrieCollator(tokenizer)([row])
+model = tiny_qwen3(tokenizer, TinyQwen3Config(hidden_size=64, num_hidden_layers=2, intermediate_size=128)).eval()
+use_tree_attention(model, "flex_attention")
+for layer in model.model.layers:
+    layer.compile(backend="aot_eager")
+with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    model(**batch, use_cache=False)
+print(sum(counters["graph_break"].values()), dict(counters["graph_break"]))
+"""
+
+
+def test_compiled_flex_tree_under_autocast_has_no_graph_break_under_torch_2_11s_trace_rules():
+    """``threadweaver_flex`` reading autocast's dtype must not break a compiled layer's graph on any torch
+    the ``hf`` extra allows. torch 2.11's Dynamo cannot trace ``torch.amp.is_autocast_available`` (2.13's
+    can): a break there recompiled every layer past Dynamo's limit, and FA4 ran 0.80x causal on an H200.
+    A subprocess marks that builtin as 2.11 does, since the rule would outlive the test in this one.
+    (``threadweaver_varlen`` breaks the graph by design: its plan is data.)"""
+    done = subprocess.run(
+        [sys.executable, "-c", TORCH_2_11_TRACE_RULES, QUESTION, TRAJECTORY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split(" ", 1)[0] == "0", done.stdout  # graph breaks
 
 
 def _visible_under(plan, tokens: int) -> torch.Tensor:

@@ -240,9 +240,12 @@ def _attention_dtype(query: torch.Tensor) -> torch.dtype:
     Mixed precision (TRL's ``--bf16``) runs float32 weights under autocast, and Qwen3's query and key
     norms hand back float32 beside a bf16 value. ``sdpa`` casts its inputs itself, as FlexAttention does
     from torch 2.11 on; on older torch it would get the mix (FlashAttention 4 takes bf16 or fp16 only,
-    Triton flex would run float32), and the varlen kernel is called directly."""
+    Triton flex would run float32), and the varlen kernel is called directly.
+
+    Only calls that torch.compile folds to constants: torch 2.11's Dynamo cannot trace
+    ``torch.amp.is_autocast_available``, and a break there recompiled every layer past its limit."""
     device = query.device.type
-    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):  # meta has no autocast
+    if device != "meta" and torch.is_autocast_enabled(device):  # the meta device has no autocast
         return torch.get_autocast_dtype(device)
     return query.dtype
 
