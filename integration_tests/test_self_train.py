@@ -70,3 +70,21 @@ def test_self_train_refuses_bad_flags_in_one_line(tmp_path, flags, message):
     problems.write_text('{"id": "a", "prompt": "A=1+2\\nA=?", "answer": "3"}\n')
     done = subprocess.run([CLI, "self-train", str(tmp_path), str(problems), *flags], capture_output=True, text=True)
     assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "problems_text, flags, message",
+    [
+        ("", [], "has no problems"),
+        ('{"id": "a", "prompt": "A=?", "answer": "3"}\n', ["--n", "0"], "n must be a whole number of at least 1"),
+    ],
+)
+def test_self_train_refuses_bad_problems_or_counts_before_it_starts_a_server(tmp_path, problems_text, flags, message):
+    """The server takes minutes to start: what generate would refuse is refused first, and no server ran."""
+    problems, out = tmp_path / "p.jsonl", tmp_path / "out"
+    problems.write_text(problems_text)
+    done = subprocess.run(
+        [CLI, "self-train", str(tmp_path), str(problems), "--out", str(out), *flags], capture_output=True, text=True
+    )
+    assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (out / "server.log").exists(), "a server was started"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from threadweaver.cli_args import option
+from threadweaver.cli_args import check_counts, option
 from threadweaver.engine import Sampling
 from threadweaver.selection import FilterConfig
 
@@ -33,6 +33,7 @@ class SelfTrainArgs:
     max_model_len: int = option(4096, "The started server's longest context plus completion, in tokens.")
 
     def __post_init__(self):
+        check_counts(self, ("n", "concurrency", "max_model_len"))
         if self.start == "base" and not self.base:
             raise ValueError("--start base needs --base MODEL")
         for path in (self.model, self.problems, self.mix, self.base if self.start == "base" else None):
@@ -81,10 +82,12 @@ def sample(args: SelfTrainArgs, sampling: Sampling, out: str, limits=None) -> No
 
     from threadweaver.orchestrator import Limits
     from threadweaver.vllm_orchestrator.engines import EngineArgs
-    from threadweaver.vllm_orchestrator.generate import GenerateArgs
+    from threadweaver.vllm_orchestrator.generate import GenerateArgs, checked_problems
     from threadweaver.vllm_orchestrator.generate import run as generate
     from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
 
+    jobs = GenerateArgs(args.problems, out, model=args.model, concurrency=args.concurrency, n=args.n)
+    checked_problems(jobs)  # before a server takes minutes to start
     server = (
         nullcontext()
         if args.base_url
@@ -94,6 +97,4 @@ def sample(args: SelfTrainArgs, sampling: Sampling, out: str, limits=None) -> No
         )
     )
     with server as started:
-        url = args.base_url or started.url
-        jobs = GenerateArgs(args.problems, out, model=args.model, concurrency=args.concurrency, n=args.n)
-        generate(jobs, EngineArgs(base_url=url), limits or Limits(), sampling)
+        generate(jobs, EngineArgs(base_url=args.base_url or started.url), limits or Limits(), sampling)
