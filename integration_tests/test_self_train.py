@@ -77,6 +77,7 @@ def test_self_train_refuses_bad_flags_in_one_line(tmp_path, flags, message):
     [
         ("", [], "has no problems"),
         ('{"id": "a", "prompt": "A=?", "answer": "3"}\n', ["--n", "0"], "n must be a whole number of at least 1"),
+        ('{"id": "a", "prompt": "A=?", "answer": "3"}\n', ["--max-model-len", "0"], "max_model_len must be"),
     ],
 )
 def test_self_train_refuses_bad_problems_or_counts_before_it_starts_a_server(tmp_path, problems_text, flags, message):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from threadweaver.cli_args import check_counts, option
+from threadweaver.cli_args import option
 from threadweaver.engine import Sampling
 from threadweaver.selection import FilterConfig
 
@@ -33,7 +33,6 @@ class SelfTrainArgs:
     max_model_len: int = option(4096, "The started server's longest context plus completion, in tokens.")
 
     def __post_init__(self):
-        check_counts(self, ("n", "concurrency", "max_model_len"))
         if self.start == "base" and not self.base:
             raise ValueError("--start base needs --base MODEL")
         for path in (self.model, self.problems, self.mix, self.base if self.start == "base" else None):

@@ -26,7 +26,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from threadweaver.cli_args import option
+from threadweaver.cli_args import check_counts, option
 from threadweaver.hosts import check_host
 from threadweaver.interrupts import STOPPING_SIGNALS, interrupt_like_ctrl_c
 from threadweaver.orchestrator import Limits
@@ -57,6 +57,9 @@ class ServeArgs:
     startup_timeout_s: float = option(600.0, "Give up if the server is not up by then.")
     branching_default: bool = branching_default_option()
     max_trajectories: int | None = max_trajectories_option()
+
+    def __post_init__(self):
+        check_counts(self, ("max_model_len",))
 
 
 SERVER_KEEPALIVE_S = 60
