@@ -215,7 +215,7 @@ def test_user_errors_name_the_file_or_flag(tmp_path, source):
     bad, absent = tmp_path / "bad.jinja", tmp_path / "absent.jinja"
     bad.write_text(NO_GENERATION_PROMPT)
     cases = [
-        ((tmp_path / "nowhere", tmp_path / "a"), {}, f"{tmp_path / 'nowhere'}: cannot load its config: "),
+        ((tmp_path / "nowhere", tmp_path / "a"), {}, f"{tmp_path / 'nowhere'}: no such directory"),
         ((tmp_path / "missing.gguf", tmp_path / "b"), {}, f"{tmp_path / 'missing.gguf'}: no such GGUF file"),
         ((source, source), {}, f"{source}: exists and is not an empty directory; give a new one"),
         ((source, tmp_path / "c"), {"chat_template": str(bad)}, f"{bad}: the chat template does not serve"),
@@ -233,6 +233,117 @@ def test_the_cli_says_an_error_in_one_line(tmp_path):
     done = _cli(tmp_path / "missing.gguf", tmp_path / "out")
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == f"threadweaver prepare: {tmp_path / 'missing.gguf'}: no such GGUF file\n"
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """transformers' loaders, failing the test if prepare calls one."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    def load(*args, **kwargs):
+        raise AssertionError(f"prepare loaded {args}")
+
+    for loader in (AutoConfig, AutoTokenizer, AutoModelForCausalLM):
+        monkeypatch.setattr(loader, "from_pretrained", load)
+
+
+def test_an_out_under_a_file_is_refused_before_loading(tmp_path, source, no_loading):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    with pytest.raises(PrepareError) as err:
+        prepare(PrepareArgs(model=str(source), out=str(afile / "sub"), check_vllm=False))
+    assert str(err.value) == f"cannot write into {afile / 'sub'}: {afile} is a file, not a folder"
+    assert list(tmp_path.iterdir()) == [afile] and afile.read_text() == "mine"
+
+
+def test_the_cli_refuses_an_out_under_a_file_in_one_line(tmp_path, source):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    done = _cli(source, afile / "sub")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == f"threadweaver prepare: cannot write into {afile / 'sub'}: {afile} is a file, not a folder\n"
+    assert list(tmp_path.iterdir()) == [afile] and afile.read_text() == "mine"
+
+
+def test_a_failed_write_is_one_line(tmp_path, source, monkeypatch):
+    from transformers import PreTrainedModel
+
+    def full(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", full)
+    out = tmp_path / "out"
+    with pytest.raises(PrepareError) as err:
+        prepare(PrepareArgs(model=str(source), out=str(out), check_vllm=False))
+    assert str(err.value) == f"{out}: cannot write the prepared model there ([Errno 28] No space left on device)"
+
+
+def _bad_model(tmp_path: Path, source: Path, kind: str) -> str:
+    """MODEL of one ``kind`` that cannot be a model, made under ``tmp_path`` (the working directory)."""
+    if kind == "missing absolute path":
+        return str(tmp_path / "x" / "nosuchmodel")
+    if kind == "missing ./relative path":
+        return "./nosuch-rel"
+    path = tmp_path / kind.replace(" ", "-")
+    if kind == "plain text file":
+        path.write_text("not a model\n")
+        return str(path)
+    path.mkdir()
+    if kind == "config.json only":
+        shutil.copy(source / "config.json", path)
+    if kind == "a GGUF file and no config.json":
+        (path / "m.Q4.gguf").write_bytes(b"GGUF")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "kind, problem",
+    [
+        ("missing absolute path", "no such directory"),
+        ("missing ./relative path", "no such directory"),
+        ("empty directory", "not a model directory (no config.json)"),
+        (
+            "a GGUF file and no config.json",
+            "not a model directory (no config.json); it holds m.Q4.gguf: give its path, or --gguf-file m.Q4.gguf",
+        ),
+        ("plain text file", "a file, not a model directory or a .gguf file"),
+        ("config.json only", "no tokenizer (tokenizer.json or tokenizer_config.json) in it"),
+    ],
+)
+def test_a_model_that_is_not_one_is_named_before_loading(tmp_path, source, monkeypatch, no_loading, kind, problem):
+    monkeypatch.chdir(tmp_path)
+    model = _bad_model(tmp_path, source, kind)
+    out = tmp_path / "out"
+    with pytest.raises(PrepareError) as err:
+        prepare(PrepareArgs(model=model, out=str(out), check_vllm=False))
+    assert str(err.value) == f"{model}: {problem}"
+    assert not out.exists()
+
+
+def test_the_cli_names_a_missing_relative_model_in_one_line(tmp_path):
+    done = subprocess.run([CLI, "prepare", "./nosuch-rel", "out"], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == "threadweaver prepare: ./nosuch-rel: no such directory\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("model", ["HuggingFaceTB/SmolLM2-135M-Instruct", "gpt2"])
+def test_a_hub_id_not_here_still_goes_to_the_hub(tmp_path, monkeypatch, model):
+    """Nothing is downloaded: the loader is replaced by one that says what it was given."""
+    from transformers import AutoConfig
+
+    asked = []
+
+    def offline(name, **kwargs):
+        asked.append(name)
+        raise OSError("offline in this test")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(AutoConfig, "from_pretrained", offline)
+    with pytest.raises(PrepareError) as err:
+        prepare(PrepareArgs(model=model, out=str(tmp_path / "out"), check_vllm=False))
+    assert asked == [model]
+    assert str(err.value) == f"{model}: cannot load its config: offline in this test"
 
 
 def _gpt_neo_dir(path: Path) -> Path:

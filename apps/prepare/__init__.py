@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from threadweaver.cli_args import option
 from threadweaver.format import TAG_INITS, TAGS, split_tags
+from threadweaver.jsonl import check_folder
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -76,20 +77,71 @@ class Prepared:
     lines: list[str] = field(default_factory=list)
 
 
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+"""What a model directory needs besides config.json for AutoTokenizer: one of its own files, or the
+vocabulary file a tokenizer class named by the config reads."""
+
+
+def _local(model: str, path: str) -> bool:
+    """Whether MODEL can only be a local path: one that exists (``path``: it, ``~`` expanded), or that no
+    hub id looks like (absolute, ``./``, ``../``, ``~``, or more than one ``/``). Any other name that is
+    not here goes to the hub as it is."""
+    return (
+        os.path.exists(path)
+        or os.path.isabs(model)
+        or model in (".", "..")
+        or model.startswith(("./", "../", "~", "." + os.sep, ".." + os.sep))
+        or model.count("/") > 1
+    )
+
+
+def _check_model(model: str, path: str, gguf_file: str | None) -> None:
+    """Refuse, before loading anything, a local MODEL (``path``: it, ``~`` expanded) that cannot be one."""
+    if not _local(model, path):
+        return
+    if not os.path.exists(path):
+        raise PrepareError(f"{model}: no such directory")
+    if gguf_file is not None:
+        if not os.path.isdir(path):
+            raise PrepareError(f"{model}: a file, not the directory that holds --gguf-file {gguf_file}")
+        return
+    if not os.path.isdir(path):
+        raise PrepareError(f"{model}: a file, not a model directory or a .gguf file")
+    names = os.listdir(path)
+    if "config.json" not in names:
+        ggufs = sorted(name for name in names if name.endswith(".gguf"))
+        hint = f"; it holds {ggufs[0]}: give its path, or --gguf-file {ggufs[0]}" if ggufs else ""
+        raise PrepareError(f"{model}: not a model directory (no config.json){hint}")
+    if not any(name in names for name in TOKENIZER_FILES):
+        raise PrepareError(f"{model}: no tokenizer (tokenizer.json or tokenizer_config.json) in it")
+
+
 def _source(args: PrepareArgs) -> tuple[str, str | None]:
-    """(what transformers loads from, the GGUF file name or None)."""
-    if args.gguf_file is not None:
-        return args.model, args.gguf_file
-    if args.model.endswith(".gguf"):
-        if not os.path.isfile(args.model):
+    """(what transformers loads from, the GGUF file name or None); refuses a local MODEL that is not one."""
+    path = os.path.expanduser(args.model) if args.model.startswith("~") else args.model
+    if args.gguf_file is None and args.model.endswith(".gguf"):
+        if not os.path.isfile(path):
             raise PrepareError(f"{args.model}: no such GGUF file")
-        return os.path.dirname(os.path.abspath(args.model)), os.path.basename(args.model)
-    return args.model, None
+        return os.path.dirname(os.path.abspath(path)), os.path.basename(path)
+    _check_model(args.model, path, args.gguf_file)
+    return path, args.gguf_file
 
 
 def _check_out(out: str) -> None:
+    """Refuse, before loading anything, an OUT that is not new or empty, or that cannot be made."""
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise PrepareError(f"{out}: exists and is not an empty directory; give a new one")
+    try:
+        check_folder(out)
+    except ValueError as err:
+        raise PrepareError(str(err)) from None
 
 
 def _load(source: str, gguf_file: str | None, what: str, call):
@@ -104,8 +156,12 @@ def _load(source: str, gguf_file: str | None, what: str, call):
         raise PrepareError(f"{source}: cannot load its {what}: {err}") from None
     except (OSError, ValueError, KeyError, TypeError) as err:
         name = source if gguf_file is None else os.path.join(source, gguf_file)
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise PrepareError(f"{name}: cannot load its {what}: {first}") from None
+        raise PrepareError(f"{name}: cannot load its {what}: {_one_line(err)}") from None
+
+
+def _one_line(err: Exception) -> str:
+    """The first line of ``err``'s message, or its type's name where it says nothing."""
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
 def _check_architecture(config, check: bool) -> str:
@@ -200,9 +256,13 @@ def prepare(args: PrepareArgs) -> Prepared:
             + ", ".join(f"{tag} into {ids}" for tag, ids in split.items())
             + " even as an added token; threadweaver needs each tag as one token"
         )
-    os.makedirs(args.out, exist_ok=True)
-    model.save_pretrained(args.out)
-    tokenizer.save_pretrained(args.out)
+    _check_out(args.out)  # again: loading took a while
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        model.save_pretrained(args.out)
+        tokenizer.save_pretrained(args.out)
+    except OSError as err:
+        raise PrepareError(f"{args.out}: cannot write the prepared model there ({_one_line(err)})") from None
     lines.append(f"saved model and tokenizer to {args.out}")
     return Prepared(args.out, new_ids, lines)
 
