@@ -31,6 +31,16 @@ def test_synth_writes_both_forms_and_a_recipe(data):
         assert [m["role"] for m in rows[0]["messages"]] == ["user", "assistant"]
 
 
+def test_stats_into_a_reader_that_left_stops_quietly(data):
+    """`threadweaver stats FILE | head -1`: the reader is gone before the table is written."""
+    proc = subprocess.Popen(
+        [CLI, "stats", str(data / "parallel" / "train.jsonl")], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait() == 1 and stderr == ""
+
+
 def test_stats_json_summaries(data):
     par = json.loads(run("stats", str(data / "parallel" / "validation.jsonl"), "--json").stdout)
     seq = json.loads(run("stats", str(data / "sequential" / "validation.jsonl"), "--json").stdout)
@@ -108,6 +118,28 @@ def test_rows_that_record_no_tokenizer_get_a_message_that_names_the_choices(tmp_
         assert "records no 'tokenizer' and was read with 'synth'" in result.stderr
         assert "--tokenizer qwen, a tokenizer directory or hub id" in result.stderr
     assert run("stats", str(path), "--tokenizer", "qwen").returncode == 0
+
+
+def test_a_row_whose_shape_is_at_fault_gets_no_tokenizer_hint(tmp_path):
+    """The hint names other tokenizers; a row that is no JSON object, a field of the wrong type, or a turn
+    the chat template cannot render is not the tokenizer's fault."""
+    rows, page = tmp_path / "rows.jsonl", tmp_path / "page.html"
+    no_content = {"messages": [{"role": "user"}, {"role": "assistant", "content": "4"}]}
+    cases = [
+        ("[1, 2, 3]", ["stats", str(rows)], "line 1: not a JSON object"),
+        (json.dumps({"text": 5}), ["filter", str(rows), str(tmp_path / "kept.jsonl")], "field 'text' must be a string"),
+        (
+            json.dumps(no_content),
+            ["view", str(rows), "--out", str(page)],
+            "line 1: field 'messages': the chat template cannot render this conversation",
+        ),
+    ]
+    for line, args, message in cases:
+        rows.write_text(line + "\n")
+        done = run(*args, check=False)
+        assert done.returncode == 1 and message in done.stderr, (line, done.stderr)
+        assert "records no 'tokenizer'" not in done.stderr and "Traceback" not in done.stderr
+    assert not page.exists() and not (tmp_path / "kept.jsonl").exists()
 
 
 def test_two_files_written_with_different_tokenizers_ask_for_one(tmp_path, data):
@@ -192,6 +224,39 @@ def test_bad_synth_and_kit_settings_are_named_before_anything_is_written(tmp_pat
         done = run(*args, check=False)
         assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
     assert sorted(os.listdir(tmp_path)) == ["file"] and (tmp_path / "file").read_text() == "x"
+
+
+def test_a_file_of_synth_or_kit_that_a_folder_holds_the_place_of_is_refused_before_any_is_written(tmp_path):
+    """A rerun into a finished output: where one of its files cannot be written, none is rewritten."""
+    synth, kit = tmp_path / "synth", tmp_path / "kit"
+    run("synth", "--out", str(synth), "--train", "5", "--validation", "2")
+    run("kit", "--out", str(kit), "--hidden-size", "32")
+    for out, blocked, rerun in [
+        (synth, "sequential/validation.jsonl", ["synth", "--out", str(synth), "--train", "3", "--validation", "1"]),
+        (kit, "model.safetensors", ["kit", "--out", str(kit), "--hidden-size", "64"]),
+    ]:
+        (out / blocked).unlink()
+        (out / blocked).mkdir()
+        before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        done = run(*rerun, check=False)
+        assert done.returncode == 1 and f"{out / blocked} is a directory" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_an_unknown_flag_gets_the_commands_own_usage():
+    done = run("stats", "--bogus", "rows.jsonl", check=False)
+    assert done.returncode == 2 and "usage: threadweaver stats" in done.stderr
+    assert "threadweaver stats: error: unrecognized arguments: --bogus" in done.stderr
+
+
+def test_filter_of_an_empty_file_leaves_its_output_as_it_was(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("finished work\n")
+    done = run("filter", str(tmp_path / "empty.jsonl"), str(kept), check=False)
+    assert done.returncode == 1 and "empty.jsonl: no rows to filter; " in done.stderr and "Traceback" not in done.stderr
+    assert kept.read_text() == "finished work\n" and not (tmp_path / "kept.jsonl.report.json").exists()
 
 
 def test_unreadable_tokenizers_and_json_nested_too_deep_are_named(tmp_path, data):

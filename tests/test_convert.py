@@ -11,6 +11,7 @@ import pytest
 from threadweaver.cli import main as cli
 from threadweaver.convert import (
     ConvertConfig,
+    NothingConverted,
     Refused,
     convert_file,
     convert_multiverse,
@@ -414,7 +415,10 @@ def test_a_bad_input_file_is_a_one_line_error_naming_it(tmp_path, problem):
 def test_rows_without_the_published_field_say_that_text_field_reads_another(tmp_path, fmt, capsys):
     rows = [{"id": f"r{k}", "text": qwen_text()} for k in range(2)]  # the chat under another name
     source = jsonl(tmp_path / "ref.jsonl", rows)
-    report = convert_file(source, str(tmp_path / "out.jsonl"), "reference", fmt)
+    with pytest.raises(NothingConverted) as nothing:
+        convert_file(source, str(tmp_path / "out.jsonl"), "reference", fmt)
+    report = nothing.value.report
+    assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "out.jsonl.report.json").exists()
     assert report["dropped"] == {"no_text": 2}
     assert report["dropped_rows"][0]["detail"] == "field 'qwen_text' is missing, not text (the row has 'id', 'text')"
     assert (
@@ -423,3 +427,24 @@ def test_rows_without_the_published_field_say_that_text_field_reads_another(tmp_
     )
     cli(["convert", source, str(tmp_path / "again.jsonl"), "--from", "reference", "--text-field", "text"])
     assert "converted            2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("rows", ["", '{"text": 5}\n[1, 2]\n'], ids=["empty", "nothing converts"])
+def test_an_input_of_which_no_row_converts_leaves_the_outputs_as_they_were(tmp_path, rows, capsys):
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text(rows)
+    out.write_text("finished work\n")
+    with pytest.raises(SystemExit) as exit_:
+        cli(["convert", str(source), str(out), "--from", "reference", "--text-field", "text"])
+    message = str(exit_.value.code)
+    why = (
+        "no row to convert"
+        if not rows
+        else "no row converted (the first dropped: line 1: no_text: field 'text' is a number"
+    )
+    assert f"{source}: {why}" in message and f"{out} is left as it was" in message and "\n" not in message
+    assert out.read_text() == "finished work\n" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "in.jsonl",
+        "out.jsonl",
+    ]
+    assert ("dropped, unreadable" in capsys.readouterr().out) == bool(rows)

@@ -198,9 +198,9 @@ GOOD_IDS = {"id": "a", "prompt_ids": [5], "token_ids": [5]}
     "bad, message",
     [
         ({"prompt_ids": "abc"}, "field 'prompt_ids' must be a non-empty list of token ids"),
-        ({"prompt_ids": [-1]}, "field 'prompt_ids' holds token id -1 at position 0, outside the vocabulary"),
+        ({"prompt_ids": [-1]}, "field 'prompt_ids' holds token id -1 at position 0: ids are not negative"),
         ({"prompt_ids": [10**30]}, f"field 'prompt_ids' holds token id {10**30} at position 0, outside the"),
-        ({"token_ids": [5, -1]}, "field 'token_ids' holds token id -1 at position 1, outside the vocabulary"),
+        ({"token_ids": [5, -1]}, "field 'token_ids' holds token id -1 at position 1: ids are not negative"),
         ({"requests": [{}]}, "field 'requests' must be a list of {thread_path, started, ended, completion_tokens}"),
         ({"requests": 5}, "field 'requests' must be a list of {thread_path, started, ended, completion_tokens}"),
     ],

@@ -57,7 +57,7 @@ def problem_jobs(problems: list[tuple[int, str, dict]], tokenizer: Any, samples:
         try:
             ids = tuple(reader.prompt(row))
         except ValueError as err:
-            raise RowError(line, str(err)) from None
+            raise RowError.at(line, err) from None
         for sample in range(samples):
             yield Job(row_id, sample, ids, row)
 

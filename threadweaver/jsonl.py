@@ -9,12 +9,25 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 
-class RowError(ValueError):
-    """A bad input row; names the file line (1-based)."""
+class FieldError(ValueError):
+    """A row whose shape is at fault (a field missing or of the wrong type, a turn the chat template
+    cannot render): reading it with another tokenizer would not help."""
 
-    def __init__(self, line: int, message: str):
+    shape = True
+
+
+class RowError(ValueError):
+    """A bad input row; names the file line (1-based). ``shape``: the row's shape is at fault, not the
+    tokenizer it was read with (the commands' tokenizer hint is left off)."""
+
+    def __init__(self, line: int, message: str, shape: bool = False):
         super().__init__(f"line {line}: {message}")
-        self.line = line
+        self.line, self.shape = line, shape
+
+    @classmethod
+    def at(cls, line: int, err: ValueError) -> RowError:
+        """``err`` at ``line``, a :class:`FieldError` still a fault of the row's shape."""
+        return cls(line, str(err), shape=getattr(err, "shape", False))
 
 
 def row_name(row: dict, line: int) -> str:
@@ -36,17 +49,19 @@ def parse_line(raw: bytes, line_no: int) -> dict | None:
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise RowError(line_no, f"not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1})") from None
+        raise RowError(
+            line_no, f"not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1})", shape=True
+        ) from None
     if not line.strip():
         return None
     try:
         row = json.loads(line)
     except json.JSONDecodeError as err:
-        raise RowError(line_no, f"not JSON ({err})") from None
+        raise RowError(line_no, f"not JSON ({err})", shape=True) from None
     except RecursionError:
-        raise RowError(line_no, "JSON nested too deep to read") from None
+        raise RowError(line_no, "JSON nested too deep to read", shape=True) from None
     if not isinstance(row, dict):
-        raise RowError(line_no, "not a JSON object")
+        raise RowError(line_no, "not a JSON object", shape=True)
     return row
 
 

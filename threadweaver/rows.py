@@ -16,7 +16,8 @@ Rows come in TRL's dataset shapes, or as token ids:
 
 No special tokens are added to any text: a chat template writes its own. Trajectory text
 goes through :meth:`threadweaver.format.Format.encode`, the orchestrator's tokenisation.
-A malformed row raises ``ValueError`` naming the field at fault.
+A malformed row raises ``ValueError`` naming the field at fault (:class:`~threadweaver.jsonl.FieldError`
+where its shape is at fault).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import re
 from typing import Any
 
 from threadweaver.format import Format
+from threadweaver.jsonl import FieldError, read_jsonl
 
 FIELDS = ("prompt_ids", "completion_ids", "token_ids", "messages", "prompt", "completion", "text")
 """Every field a row is read from; the rest of a row is its own business."""
@@ -36,8 +38,6 @@ TOKENIZER_FIELD = "tokenizer"
 def recorded_tokenizer(path: str) -> str | None:
     """The tokenizer the first row of a JSONL file records (None: it records none, or cannot be read
     here; the reader that follows names what is wrong with it)."""
-    from threadweaver.jsonl import read_jsonl
-
     try:
         for _, row in read_jsonl(path):
             name = row.get(TOKENIZER_FIELD)
@@ -62,10 +62,17 @@ def chatml_turns(text: str) -> list[dict]:
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict], **template_kwargs) -> list[int]:
-    """``messages`` through the chat template, with the generation prompt, as token ids."""
+    """``messages`` through the chat template, with the generation prompt, as token ids. A conversation
+    the template cannot render (a turn without the ``content`` it reads, a role it refuses) raises
+    :class:`~threadweaver.jsonl.FieldError` with the template's own words."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("a conversation needs a tokenizer with a chat template (this one has none)")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
+    except Exception as err:  # jinja2's, which transformers renders templates with (not a dependency here)
+        if not type(err).__module__.startswith("jinja2"):
+            raise
+        raise FieldError(f"the chat template cannot render this conversation: {err}") from None
     return plain_ids(tokenizer, text)
 
 
@@ -96,17 +103,21 @@ class RowReader:
             return _ids(row, "prompt_ids", _vocabulary_size(self.tokenizer), allow_empty=False)
         if "messages" in row or isinstance(row.get("prompt"), list):
             field = "messages" if "messages" in row else "prompt"
-            return self.chat(prompt_messages(row[field], field))
+            messages = prompt_messages(row[field], field)
+            try:
+                return self.chat(messages)
+            except ValueError as err:
+                raise type(err)(f"field {field!r}: {err}") from None
         if "prompt" in row:
             prompt = row["prompt"]
             if not isinstance(prompt, str):
-                raise ValueError("field 'prompt' must be a string or a list of messages")
+                raise FieldError("field 'prompt' must be a string or a list of messages")
             if "completion" in row or not getattr(self.tokenizer, "chat_template", None):
                 return plain_ids(self.tokenizer, prompt)
             return self.chat([{"role": "user", "content": prompt}])
         if "text" in row:
             return self._split_text(row)[0]
-        raise ValueError("no prompt: expected 'messages', 'prompt', 'text' or 'prompt_ids'")
+        raise FieldError("no prompt: expected 'messages', 'prompt', 'text' or 'prompt_ids'")
 
     def trajectory(self, row: dict, end_of_turn: int | None = None) -> list[int]:
         """The trajectory's ids; ``end_of_turn`` is appended to a trajectory given as text."""
@@ -116,18 +127,18 @@ class RowReader:
         if "messages" in row:
             messages = _messages(row["messages"], "messages")
             if not messages or messages[-1]["role"] != "assistant":
-                raise ValueError("field 'messages' must end with an assistant turn (the trajectory)")
+                raise FieldError("field 'messages' must end with an assistant turn (the trajectory)")
             text = messages[-1].get("content")
         elif "completion" in row:
             text = _completion_text(row["completion"])
         elif "text" in row:
             text = self._split_text(row)[1]
         else:
-            raise ValueError(
+            raise FieldError(
                 "no trajectory: expected 'messages', 'completion', 'text', 'completion_ids' or 'token_ids'"
             )
         if not isinstance(text, str):
-            raise ValueError("the assistant content must be a string")
+            raise FieldError("the assistant content must be a string")
         return self.fmt.encode(text) + ([] if end_of_turn is None else [end_of_turn])
 
     def chat(self, messages: list[dict]) -> list[int]:
@@ -137,7 +148,7 @@ class RowReader:
         """A ``text`` row: (prompt ids, trajectory text)."""
         text = row["text"]
         if not isinstance(text, str):
-            raise ValueError("field 'text' must be a string")
+            raise FieldError("field 'text' must be a string")
         marker = self.generation_prompt()
         head, found, trajectory = text.rpartition(marker) if marker else ("", "", text)
         if not found:
@@ -165,7 +176,7 @@ def prompt_messages(messages, field: str = "messages") -> list[dict]:
     while messages and messages[-1]["role"] == "assistant":
         messages = messages[:-1]
     if not messages:
-        raise ValueError(f"field {field!r} has no turn before the assistant's")
+        raise FieldError(f"field {field!r} has no turn before the assistant's")
     return messages
 
 
@@ -179,13 +190,13 @@ def _ids(row: dict, field: str, limit: int | None, allow_empty: bool = True) -> 
     """The token ids in ``row[field]``, each in ``0..limit-1`` (None: not negative)."""
     ids = row[field]
     if not isinstance(ids, list) or not all(_is_token_id(t) for t in ids) or not (ids or allow_empty):
-        raise ValueError(f"field {field!r} must be a {'' if allow_empty else 'non-empty '}list of token ids")
+        raise FieldError(f"field {field!r} must be a {'' if allow_empty else 'non-empty '}list of token ids")
     for position, token in enumerate(ids):
-        if token < 0 or (limit is not None and token >= limit):
-            span = "" if limit is None else f" (0..{limit - 1})"
-            raise ValueError(
-                f"field {field!r} holds token id {token} at position {position}, outside the vocabulary{span}"
-            )
+        if token < 0:
+            raise FieldError(f"field {field!r} holds token id {token} at position {position}: ids are not negative")
+        if limit is not None and token >= limit:
+            where = f"token id {token} at position {position}"
+            raise ValueError(f"field {field!r} holds {where}, outside the vocabulary (0..{limit - 1})")
     return ids
 
 
@@ -208,7 +219,7 @@ def _messages(messages, field: str) -> list[dict]:
         return isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content", ""), str)
 
     if not isinstance(messages, list) or not all(map(turn, messages)):
-        raise ValueError(f"field {field!r} must be a list of {{role, content}} turns with string values")
+        raise FieldError(f"field {field!r} must be a list of {{role, content}} turns with string values")
     return messages
 
 
@@ -217,5 +228,5 @@ def _completion_text(completion) -> str:
         for message in completion:
             if isinstance(message, dict) and message.get("role") == "assistant":
                 return message.get("content")
-        raise ValueError("field 'completion' has no assistant message")
+        raise FieldError("field 'completion' has no assistant message")
     return completion

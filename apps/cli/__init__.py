@@ -8,6 +8,7 @@ function that runs it: the data commands in :mod:`.data`, the model and server c
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .data import DATA_COMMANDS
@@ -38,11 +39,14 @@ def main(argv: list[str] | None = None) -> None:
     args, rest = parser.parse_known_args(argv)
     command = args.command
     if rest and not command.own_flags:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        args.command_parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if passthrough and not command.vllm_flags:
-        parser.error("only `threadweaver serve` passes flags after --")
+        args.command_parser.error("only `threadweaver serve` passes flags after --")
     args.rest, args.vllm_args = rest, passthrough
     try:
         command.run(args)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP where a server is running (serve.VLLMServer)
         sys.exit(f"threadweaver {command.name}: stopped")
+    except BrokenPipeError:  # the reader left (`threadweaver stats FILE | head`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush writes nowhere
+        sys.exit(1)

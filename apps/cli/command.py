@@ -30,4 +30,4 @@ class Command:
     def add_to(self, commands) -> None:
         parser = commands.add_parser(self.name, help=self.help, epilog=self.epilog, add_help=not self.own_help)
         self.arguments(parser)
-        parser.set_defaults(command=self)
+        parser.set_defaults(command=self, command_parser=parser)  # its own usage in its errors

@@ -20,8 +20,9 @@ TOKENIZER_HELP = (
 
 
 def row_reader(spec: str | None, files: list[str], command: str):
-    """The reader of ``files`` and a hint for its errors: ``--tokenizer`` where given, else the tokenizer
-    the rows record, else ``synth`` (then the hint names the other choices)."""
+    """The reader of ``files`` and how to word its errors: ``--tokenizer`` where given, else the tokenizer
+    the rows record, else ``synth``; then an error the tokenizer may cause (not one of a row's shape)
+    names the other choices."""
     from threadweaver.kit.tokenizers import load_tokenizer
     from threadweaver.rows import TOKENIZER_FIELD, RowReader, recorded_tokenizer
 
@@ -42,8 +43,12 @@ def row_reader(spec: str | None, files: list[str], command: str):
                 f" ({', '.join(files)} records no '{TOKENIZER_FIELD}' and was read with 'synth', the embedded "
                 "models' tokenizer: pass --tokenizer qwen, a tokenizer directory or hub id)"
             )
+
+    def explained(err: ValueError) -> str:
+        return f"{err}{'' if getattr(err, 'shape', False) else hint}"
+
     try:
-        return RowReader(load_tokenizer(spec)), hint
+        return RowReader(load_tokenizer(spec)), explained
     except (OSError, ValueError) as err:
         sys.exit(f"threadweaver {command}: cannot load the tokenizer {spec!r}: {err}")
 
@@ -61,13 +66,11 @@ def _synth_arguments(p: argparse.ArgumentParser) -> None:
 def _synth(args: argparse.Namespace) -> None:
 
     from threadweaver.dataset import write_synth
-    from threadweaver.jsonl import check_folder
 
     for flag, count in (("--train", args.train), ("--validation", args.validation)):
         if count < 0:
             sys.exit(f"threadweaver synth: {flag} must be 0 or more problems, not {count}")
     try:
-        check_folder(args.out)
         paths = write_synth(args.out, from_args(SynthConfig, args), args.train, args.validation, args.seed)
     except ValueError as err:
         sys.exit(f"threadweaver synth: {err}")
@@ -89,12 +92,12 @@ def _stats(args: argparse.Namespace) -> None:
     from threadweaver.jsonl import RowError
     from threadweaver.report import file_stats, format_summary, format_table, summary
 
-    reader, hint = row_reader(args.tokenizer, [args.file], "stats")
+    reader, explained = row_reader(args.tokenizer, [args.file], "stats")
     rows = file_stats(args.file, reader, strict=args.strict)
     try:
         rows = list(tqdm(rows, desc="stats", unit=" rows", disable=args.json or not sys.stderr.isatty()))
     except RowError as err:
-        sys.exit(f"threadweaver stats: {args.file}: {err}{hint}")
+        sys.exit(f"threadweaver stats: {args.file}: {explained(err)}")
     except OSError as err:
         sys.exit(f"threadweaver stats: {args.file}: {err}")
     if args.json:
@@ -129,13 +132,15 @@ def _filter(args: argparse.Namespace) -> None:
     def bar(rows):
         return tqdm(rows, desc="filter", unit=" rows", disable=not sys.stderr.isatty())
 
-    reader, hint = row_reader(args.tokenizer, [args.generated], "filter")
+    reader, explained = row_reader(args.tokenizer, [args.generated], "filter")
     try:
         kept, _, report = select(args.generated, reader, config, bar)
     except RowError as err:
-        sys.exit(f"threadweaver filter: {args.generated}: {err}{hint}")
+        sys.exit(f"threadweaver filter: {args.generated}: {explained(err)}")
     except OSError as err:
         sys.exit(f"threadweaver filter: {args.generated}: {err}")
+    if not report["rows"]:
+        sys.exit(f"threadweaver filter: {args.generated}: no rows to filter; {args.out} is left as it was")
     write_jsonl(args.out, kept)
     write_json(args.out + ".report.json", report)
     print(format_report(report))
@@ -157,7 +162,7 @@ def _convert(args: argparse.Namespace) -> None:
 
     from tqdm import tqdm
 
-    from threadweaver.convert import ConvertConfig, convert_file, format_report
+    from threadweaver.convert import ConvertConfig, NothingConverted, convert_file, format_report
     from threadweaver.format import Format
     from threadweaver.jsonl import check_outputs
     from threadweaver.kit.tokenizers import load_tokenizer
@@ -179,6 +184,10 @@ def _convert(args: argparse.Namespace) -> None:
 
     try:
         report = convert_file(args.input, args.out, args.source, fmt, config, bar)
+    except NothingConverted as err:
+        if err.report["rows"]:
+            print(format_report(err.report))
+        fail(f"{args.input}: {err}; {args.out} is left as it was")
     except (ValueError, OSError) as err:
         fail(f"{args.input}: {err}")
     print(format_report(report))
@@ -264,13 +273,13 @@ def _view(args: argparse.Namespace) -> None:
             check_outputs([out], args.files)
         except ValueError as err:
             sys.exit(f"threadweaver view: {err}")
-    reader, hint = row_reader(args.tokenizer, args.files, "view")
+    reader, explained = row_reader(args.tokenizer, args.files, "view")
     try:
         html = file_page(args.files, reader, args.title, progress=bar)
     except OSError as err:
         sys.exit(f"threadweaver view: {err}")
     except ValueError as err:
-        sys.exit(f"threadweaver view: {err}{hint}")
+        sys.exit(f"threadweaver view: {explained(err)}")
     if args.serve:
         return _serve_page(html, args.port)
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
@@ -314,8 +323,13 @@ def _kit_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _kit(args: argparse.Namespace) -> None:
+    """Saved in a staging folder first: a file that cannot go into ``--out`` (a folder in its place)
+    is refused before any of ``--out`` changes."""
+    import os
+    import shutil
+    import tempfile
 
-    from threadweaver.jsonl import check_folder
+    from threadweaver.jsonl import check_folder, check_outputs
     from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
     from threadweaver.kit.tokenizers import qwen_tokenizer, synth_tokenizer
 
@@ -325,9 +339,18 @@ def _kit(args: argparse.Namespace) -> None:
     except ValueError as err:
         sys.exit(f"threadweaver kit: {err}")
     tokenizer = qwen_tokenizer() if args.tokenizer == "qwen" else synth_tokenizer()
-    tokenizer.save_pretrained(args.out)
-    if args.model:
-        tiny_qwen3(tokenizer, config).save_pretrained(args.out)
+    with tempfile.TemporaryDirectory() as staging:
+        tokenizer.save_pretrained(staging)
+        if args.model:
+            tiny_qwen3(tokenizer, config).save_pretrained(staging)
+        names = sorted(os.listdir(staging))
+        try:
+            check_outputs([os.path.join(args.out, name) for name in names], [])
+        except ValueError as err:
+            sys.exit(f"threadweaver kit: {err}")
+        os.makedirs(args.out, exist_ok=True)
+        for name in names:
+            shutil.move(os.path.join(staging, name), os.path.join(args.out, name))
     print(args.out)
 
 

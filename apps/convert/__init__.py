@@ -28,6 +28,7 @@ with whitespace. Everything else is kept as it is.
 from .files import (
     CONVERTERS,
     SYNTAXES,
+    NothingConverted,
     Outcome,
     convert_file,
     convert_row,
@@ -50,6 +51,7 @@ __all__ = [
     "SYNTAXES",
     "ConvertConfig",
     "Failure",
+    "NothingConverted",
     "Outcome",
     "Reason",
     "Refused",

@@ -99,6 +99,16 @@ def _checked(row: dict, line: int, rid: str | None, sample: int | None, fmt: For
     )
 
 
+class NothingConverted(ValueError):
+    """No row of the input converted: nothing is written, and ``report`` says why."""
+
+    def __init__(self, report: dict):
+        first = (report["dropped_rows"] or [{}])[0]
+        why = f"line {first.get('line')}: {first.get('reason')}: {first.get('detail')}"
+        super().__init__(f"no row converted (the first dropped: {why})" if report["rows"] else "no row to convert")
+        self.report = report
+
+
 def convert_file(
     path: str,
     out: str,
@@ -109,19 +119,23 @@ def convert_file(
 ) -> dict:
     """Convert ``path`` into ``out`` (JSONL chat rows) and ``out.report.json``; the report.
 
-    Both files are written whole or not at all. ``progress`` wraps the row iterator.
+    Both files are written whole or not at all: where no row converts, neither is, and
+    :class:`NothingConverted` carries the report. ``progress`` wraps the row iterator.
     """
     outcomes: list[Outcome] = []
 
     def converted() -> Iterator[dict]:
         for line, row in progress(read_rows(path)):
             if isinstance(row, RowError):
-                outcomes.append(Outcome(line, None, None, reason="unreadable", detail=str(row)))
+                detail = str(row).removeprefix(f"line {line}: ")  # the report names the line
+                outcomes.append(Outcome(line, None, None, reason="unreadable", detail=detail))
                 continue
             for outcome in convert_row(row, line, source, fmt, config):
                 outcomes.append(outcome)
                 if outcome.row is not None:
                     yield {**outcome.row, **tokenizer_field(fmt)}
+        if not any(o.row is not None for o in outcomes):  # before write_jsonl replaces ``out``
+            raise NothingConverted(report(outcomes, source, config))
 
     try:
         write_jsonl(out, converted())

@@ -320,10 +320,15 @@ _FIELDS_NAMED = 12
 """The most of a row's fields a missing field's message names."""
 
 
+_JSON_KINDS = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}
+"""What a JSON value that is not text is, in JSON's words (parquet may hold other types: their names)."""
+
+
 def field_text(row: dict, name: str, reason: Reason) -> str:
     value = row.get(name)
     if not isinstance(value, str) or not value.strip():
-        found = "missing" if value is None else "empty" if isinstance(value, str) else f"a {type(value).__name__}"
+        kind = _JSON_KINDS.get(type(value), f"a {type(value).__name__}")
+        found = "missing" if value is None else "empty" if isinstance(value, str) else kind
         fields = ", ".join(repr(k) for k in list(row)[:_FIELDS_NAMED]) + (", ..." if len(row) > _FIELDS_NAMED else "")
         has = f" (the row has {fields})" if value is None and row else ""
         raise Refused(reason, f"field {name!r} is {found}, not text{has}")

@@ -138,7 +138,7 @@ def _prompt_text(row: dict, line: int, reader: RowReader) -> str:
     try:
         return reader.fmt.decode(reader.prompt(row))
     except ValueError as err:
-        raise RowError(line, str(err)) from None
+        raise RowError.at(line, err) from None
 
 
 def _first(row: dict, names: tuple[str, ...]):

@@ -41,7 +41,7 @@ def file_stats(path: str, reader: RowReader, *, strict: bool = False) -> Iterato
         try:
             yield row_stats(row, line, reader, strict=strict)
         except TrajectoryFormatError as err:
-            raise RowError(line, str(err)) from None
+            raise RowError.at(line, err) from None
 
 
 def row_stats(row: dict, line: int, reader: RowReader, *, strict: bool = False) -> RowStats:
@@ -53,9 +53,9 @@ def row_stats(row: dict, line: int, reader: RowReader, *, strict: bool = False) 
     except TrajectoryFormatError as err:
         if strict:
             raise
-        raise RowError(line, str(err)) from None
+        raise RowError.at(line, err) from None
     except ValueError as err:
-        raise RowError(line, str(err)) from None
+        raise RowError.at(line, err) from None
     faults = tuple(f.text for f in decoded.faults)
     return RowStats(line, row_name(row, line), decoded.stats, faults, _wall_clock(row, line))
 
@@ -66,7 +66,7 @@ def _wall_clock(row: dict, line: int) -> dict | None:
         return None
     names = ("total_s", *WallClock.PARTS)
     if not isinstance(clock, dict) or not all(_is_seconds(clock.get(n)) for n in names):
-        raise RowError(line, f"field 'wall_clock' must hold the finite numbers {', '.join(names)}")
+        raise RowError(line, f"field 'wall_clock' must hold the finite numbers {', '.join(names)}", shape=True)
     return clock
 
 

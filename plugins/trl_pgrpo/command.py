@@ -77,7 +77,7 @@ def problem_rows(path: str, reader: RowReader) -> list[dict]:
             prompt = prompt_messages(row["messages"]) if "messages" in row else row["prompt"]
             reader.prompt({"prompt": prompt})
         except ValueError as err:
-            raise RowError(line, str(err)) from None
+            raise RowError.at(line, err) from None
         rows.append({"prompt": prompt, "answer": str(row["answer"])})
     if not rows:
         raise ValueError(f"{path}: no problems")
