@@ -33,8 +33,12 @@ def test_synth_writes_both_forms_and_a_recipe(data):
 
 def test_stats_into_a_reader_that_left_stops_quietly(data):
     """`threadweaver stats FILE | head -1`: the reader is gone before the table is written."""
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as a shell runs it
     proc = subprocess.Popen(
-        [CLI, "stats", str(data / "parallel" / "train.jsonl")], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [CLI, "stats", str(data / "parallel" / "train.jsonl")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=buffered,
     )
     proc.stdout.close()
     stderr = proc.stderr.read().decode()
@@ -239,7 +243,7 @@ def test_a_file_of_synth_or_kit_that_a_folder_holds_the_place_of_is_refused_befo
         (out / blocked).mkdir()
         before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
         done = run(*rerun, check=False)
-        assert done.returncode == 1 and f"{out / blocked} is a directory" in done.stderr, done.stderr
+        assert done.returncode == 1 and f"{out / blocked} is a directory; move it" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
         assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 

@@ -215,12 +215,16 @@ def test_user_errors_name_the_file_or_flag(tmp_path, source):
     bad, absent = tmp_path / "bad.jinja", tmp_path / "absent.jinja"
     bad.write_text(NO_GENERATION_PROMPT)
     cases = [
-        ((tmp_path / "nowhere", tmp_path / "a"), {}, f"{tmp_path / 'nowhere'}: no such directory"),
+        (
+            (tmp_path / "nowhere", tmp_path / "a"),
+            {},
+            f"{tmp_path / 'nowhere'}: no such directory (a hub id reads org/name)",
+        ),
         ((tmp_path / "missing.gguf", tmp_path / "b"), {}, f"{tmp_path / 'missing.gguf'}: no such GGUF file"),
         ((source, source), {}, f"{source}: exists and is not an empty directory; give a new one"),
         ((source, tmp_path / "c"), {"chat_template": str(bad)}, f"{bad}: the chat template does not serve"),
         ((source, tmp_path / "d"), {"chat_template": str(absent)}, f"{absent}: cannot read it"),
-        ((source, tmp_path / "e"), {"gguf_file": "x.gguf"}, f"{source / 'x.gguf'}: cannot load its config: "),
+        ((source, tmp_path / "e"), {"gguf_file": "x.gguf"}, f"{source / 'x.gguf'}: no such GGUF file"),
     ]
     for (model, out), flags, expected in cases:
         with pytest.raises(PrepareError) as err:
@@ -276,6 +280,7 @@ def test_a_failed_write_is_one_line(tmp_path, source, monkeypatch):
     with pytest.raises(PrepareError) as err:
         prepare(PrepareArgs(model=str(source), out=str(out), check_vllm=False))
     assert str(err.value) == f"{out}: cannot write the prepared model there ([Errno 28] No space left on device)"
+    assert not out.exists()  # nothing half-written stops a rerun
 
 
 def _bad_model(tmp_path: Path, source: Path, kind: str) -> str:
@@ -284,6 +289,10 @@ def _bad_model(tmp_path: Path, source: Path, kind: str) -> str:
         return str(tmp_path / "x" / "nosuchmodel")
     if kind == "missing ./relative path":
         return "./nosuch-rel"
+    if kind == "missing ~ path":
+        return "~/threadweaver-no-such-model"
+    if kind == "missing bare name":
+        return "nosuch-model"
     path = tmp_path / kind.replace(" ", "-")
     if kind == "plain text file":
         path.write_text("not a model\n")
@@ -299,8 +308,10 @@ def _bad_model(tmp_path: Path, source: Path, kind: str) -> str:
 @pytest.mark.parametrize(
     "kind, problem",
     [
-        ("missing absolute path", "no such directory"),
-        ("missing ./relative path", "no such directory"),
+        ("missing absolute path", "no such directory (a hub id reads org/name)"),
+        ("missing ./relative path", "no such directory (a hub id reads org/name)"),
+        ("missing ~ path", "no such directory (a hub id reads org/name)"),
+        ("missing bare name", "no such directory (a hub id reads org/name)"),
         ("empty directory", "not a model directory (no config.json)"),
         (
             "a GGUF file and no config.json",
@@ -323,11 +334,11 @@ def test_a_model_that_is_not_one_is_named_before_loading(tmp_path, source, monke
 def test_the_cli_names_a_missing_relative_model_in_one_line(tmp_path):
     done = subprocess.run([CLI, "prepare", "./nosuch-rel", "out"], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr == "threadweaver prepare: ./nosuch-rel: no such directory\n"
+    assert done.stderr == "threadweaver prepare: ./nosuch-rel: no such directory (a hub id reads org/name)\n"
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("model", ["HuggingFaceTB/SmolLM2-135M-Instruct", "gpt2"])
+@pytest.mark.parametrize("model", ["HuggingFaceTB/SmolLM2-135M-Instruct", "openai-community/gpt2"])
 def test_a_hub_id_not_here_still_goes_to_the_hub(tmp_path, monkeypatch, model):
     """Nothing is downloaded: the loader is replaced by one that says what it was given."""
     from transformers import AutoConfig

@@ -232,3 +232,18 @@ def test_view_and_filter_say_a_row_nested_too_deep_to_read_as_stats_does(tmp_pat
     view, filtered, stats = (s.split(": ", 1)[1] for s in said)  # past "threadweaver <command>"
     assert view == filtered == stats and view.startswith(f"{path}: line 1: ")
     assert "blocks nested too deep to read" in view
+
+
+def test_a_turn_the_chat_template_cannot_render_is_the_rows_fault_a_template_that_does_not_compile_the_tokenizers():
+    from threadweaver.jsonl import FieldError
+    from threadweaver.kit.tokenizers import synth_tokenizer
+    from threadweaver.rows import RowReader
+
+    tokenizer = synth_tokenizer()
+    reader = RowReader(tokenizer)
+    with pytest.raises(FieldError, match="field 'messages': the chat template cannot render this conversation"):
+        reader.prompt({"messages": [{"role": "user"}, {"role": "assistant", "content": "4"}]})
+    tokenizer.chat_template = "{% for m in messages %}{{ m.content }"
+    with pytest.raises(ValueError, match="field 'messages': the tokenizer's chat template does not compile") as err:
+        reader.prompt({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "4"}]})
+    assert not isinstance(err.value, FieldError)

@@ -31,7 +31,7 @@ def write_synth(out: str, config: SynthConfig, n_train: int, n_validation: int, 
     """``out/{parallel,sequential}/{train,validation}.jsonl`` and ``out/recipe.json``; a path that
     cannot be a file is refused (``ValueError``) before any is written."""
     paths = {(form, split): os.path.join(out, form, f"{split}.jsonl") for form in FORMS for split in SPLITS}
-    check_outputs([*paths.values(), os.path.join(out, "recipe.json")], [])
+    check_outputs([*paths.values(), os.path.join(out, "recipe.json")], [], named=False)
     splits = synth_splits(config, n_train, n_validation, seed)
     # digit strings are written for the embedded models' tokenizer; sentences for any model's
     recorded = {TOKENIZER_FIELD: "synth"} if config.task == "digits" else {}

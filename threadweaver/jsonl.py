@@ -11,9 +11,14 @@ from contextlib import contextmanager
 
 class FieldError(ValueError):
     """A row whose shape is at fault (a field missing or of the wrong type, a turn the chat template
-    cannot render): reading it with another tokenizer would not help."""
+    cannot render): the commands' hint to read it with another tokenizer is left off."""
 
     shape = True
+
+
+def prefixed(context: str, err: ValueError) -> ValueError:
+    """``err``'s message after ``context``; still a :class:`FieldError` where ``err`` was one of a row's shape."""
+    return (FieldError if getattr(err, "shape", False) else ValueError)(f"{context}: {err}")
 
 
 class RowError(ValueError):
@@ -85,7 +90,7 @@ def read_rows(path: str) -> Iterator[tuple[int, dict | RowError]]:
         if not isinstance(rows, list):
             raise InputError("a .json input must be a JSON array of rows")
         for k, row in enumerate(rows, 1):
-            yield k, row if isinstance(row, dict) else RowError(k, "not a JSON object")
+            yield k, row if isinstance(row, dict) else RowError(k, "not a JSON object", shape=True)
         return
     if path.endswith(".parquet"):
         yield from _parquet_rows(path)
@@ -115,16 +120,18 @@ def _parquet_rows(path: str) -> Iterator[tuple[int, dict]]:
         raise InputError(f"not a readable parquet file ({' '.join(str(err).split())})") from None
 
 
-def check_outputs(outputs: Iterable[str], inputs: Iterable[str]) -> None:
+def check_outputs(outputs: Iterable[str], inputs: Iterable[str], named: bool = True) -> None:
     """Refuse, before any work, output paths that would overwrite an input or cannot be files.
 
     :class:`ValueError` names the path: one that is an input (the same file by any name), an
     existing directory, or one whose folder is a file. A missing folder is fine (writers make it).
+    ``named``: the user named the paths (else a command names its files in a folder the user gave).
     """
     inputs = [path for path in inputs if os.path.exists(path)]
     for out in outputs:
         if os.path.isdir(out):
-            raise ValueError(f"{out} is a directory; name a file to write")
+            advice = "name a file to write" if named else "move it, or give another folder"
+            raise ValueError(f"{out} is a directory; {advice}")
         check_folder(os.path.dirname(os.path.abspath(out)))
         for path in inputs:
             if os.path.exists(out) and os.path.samefile(out, path):

@@ -26,7 +26,7 @@ import re
 from typing import Any
 
 from threadweaver.format import Format
-from threadweaver.jsonl import FieldError, read_jsonl
+from threadweaver.jsonl import FieldError, prefixed, read_jsonl
 
 FIELDS = ("prompt_ids", "completion_ids", "token_ids", "messages", "prompt", "completion", "text")
 """Every field a row is read from; the rest of a row is its own business."""
@@ -72,6 +72,8 @@ def chat_prompt_ids(tokenizer: Any, messages: list[dict], **template_kwargs) -> 
     except Exception as err:  # jinja2's, which transformers renders templates with (not a dependency here)
         if not type(err).__module__.startswith("jinja2"):
             raise
+        if type(err).__name__ == "TemplateSyntaxError":  # the tokenizer's fault, not the row's
+            raise ValueError(f"the tokenizer's chat template does not compile: {err}") from None
         raise FieldError(f"the chat template cannot render this conversation: {err}") from None
     return plain_ids(tokenizer, text)
 
@@ -107,7 +109,7 @@ class RowReader:
             try:
                 return self.chat(messages)
             except ValueError as err:
-                raise type(err)(f"field {field!r}: {err}") from None
+                raise prefixed(f"field {field!r}", err) from None
         if "prompt" in row:
             prompt = row["prompt"]
             if not isinstance(prompt, str):

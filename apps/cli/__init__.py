@@ -45,8 +45,24 @@ def main(argv: list[str] | None = None) -> None:
     args.rest, args.vllm_args = rest, passthrough
     try:
         command.run(args)
+        sys.stdout.flush()  # what a pipe buffered fails here, not at exit
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP where a server is running (serve.VLLMServer)
         sys.exit(f"threadweaver {command.name}: stopped")
-    except BrokenPipeError:  # the reader left (`threadweaver stats FILE | head`): stop quietly, as cat does
+    except BrokenPipeError:
+        if not _reader_left():  # another pipe broke: not ours to hide
+            raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush writes nowhere
         sys.exit(1)
+
+
+def _reader_left() -> bool:
+    """Whether standard output is a pipe whose reader is gone (`threadweaver stats FILE | head`): then the
+    command stops quietly, as cat does. Such a pipe polls as an error."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (OSError, ValueError):  # no descriptor (a replaced stdout): not a pipe of ours
+        return False

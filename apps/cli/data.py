@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from threadweaver.cli_args import add_arguments, from_args
@@ -140,7 +141,8 @@ def _filter(args: argparse.Namespace) -> None:
     except OSError as err:
         sys.exit(f"threadweaver filter: {args.generated}: {err}")
     if not report["rows"]:
-        sys.exit(f"threadweaver filter: {args.generated}: no rows to filter; {args.out} is left as it was")
+        kept_as_it_was = f"; {args.out} is left as it was" if os.path.exists(args.out) else ""
+        sys.exit(f"threadweaver filter: {args.generated}: no rows to filter{kept_as_it_was}")
     write_jsonl(args.out, kept)
     write_json(args.out + ".report.json", report)
     print(format_report(report))
@@ -158,7 +160,6 @@ def _convert_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _convert(args: argparse.Namespace) -> None:
-    import os
 
     from tqdm import tqdm
 
@@ -187,7 +188,7 @@ def _convert(args: argparse.Namespace) -> None:
     except NothingConverted as err:
         if err.report["rows"]:
             print(format_report(err.report))
-        fail(f"{args.input}: {err}; {args.out} is left as it was")
+        fail(f"{args.input}: {err}" + (f"; {args.out} is left as it was" if os.path.exists(args.out) else ""))
     except (ValueError, OSError) as err:
         fail(f"{args.input}: {err}")
     print(format_report(report))
@@ -255,7 +256,6 @@ def _view_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _view(args: argparse.Namespace) -> None:
-    import os
 
     from tqdm import tqdm
 
@@ -325,7 +325,6 @@ def _kit_arguments(p: argparse.ArgumentParser) -> None:
 def _kit(args: argparse.Namespace) -> None:
     """Saved in a staging folder first: a file that cannot go into ``--out`` (a folder in its place)
     is refused before any of ``--out`` changes."""
-    import os
     import shutil
     import tempfile
 
@@ -345,7 +344,7 @@ def _kit(args: argparse.Namespace) -> None:
             tiny_qwen3(tokenizer, config).save_pretrained(staging)
         names = sorted(os.listdir(staging))
         try:
-            check_outputs([os.path.join(args.out, name) for name in names], [])
+            check_outputs([os.path.join(args.out, name) for name in names], [], named=False)
         except ValueError as err:
             sys.exit(f"threadweaver kit: {err}")
         os.makedirs(args.out, exist_ok=True)

@@ -28,6 +28,7 @@ and written unquantized in ``--dtype`` (``auto``: float32, what transformers deq
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 
 from threadweaver.cli_args import option
@@ -77,41 +78,15 @@ class Prepared:
     lines: list[str] = field(default_factory=list)
 
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "vocab.json",
-    "vocab.txt",
-    "spiece.model",
-)
-"""What a model directory needs besides config.json for AutoTokenizer: one of its own files, or the
-vocabulary file a tokenizer class named by the config reads."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "merges.txt")
+"""A model directory's tokenizer, for AutoTokenizer: one of these files, or a vocabulary model
+(``*.model``: sentencepiece's, ``*.tiktoken``)."""
 
 
-def _local(model: str, path: str) -> bool:
-    """Whether MODEL can only be a local path: one that exists (``path``: it, ``~`` expanded), or that no
-    hub id looks like (absolute, ``./``, ``../``, ``~``, or more than one ``/``). Any other name that is
-    not here goes to the hub as it is."""
-    return (
-        os.path.exists(path)
-        or os.path.isabs(model)
-        or model in (".", "..")
-        or model.startswith(("./", "../", "~", "." + os.sep, ".." + os.sep))
-        or model.count("/") > 1
-    )
-
-
-def _check_model(model: str, path: str, gguf_file: str | None) -> None:
+def _check_model(model: str, path: str) -> None:
     """Refuse, before loading anything, a local MODEL (``path``: it, ``~`` expanded) that cannot be one."""
-    if not _local(model, path):
-        return
     if not os.path.exists(path):
-        raise PrepareError(f"{model}: no such directory")
-    if gguf_file is not None:
-        if not os.path.isdir(path):
-            raise PrepareError(f"{model}: a file, not the directory that holds --gguf-file {gguf_file}")
-        return
+        raise PrepareError(f"{model}: no such directory (a hub id reads org/name)")
     if not os.path.isdir(path):
         raise PrepareError(f"{model}: a file, not a model directory or a .gguf file")
     names = os.listdir(path)
@@ -119,19 +94,28 @@ def _check_model(model: str, path: str, gguf_file: str | None) -> None:
         ggufs = sorted(name for name in names if name.endswith(".gguf"))
         hint = f"; it holds {ggufs[0]}: give its path, or --gguf-file {ggufs[0]}" if ggufs else ""
         raise PrepareError(f"{model}: not a model directory (no config.json){hint}")
-    if not any(name in names for name in TOKENIZER_FILES):
+    if not any(name in TOKENIZER_FILES or name.endswith((".model", ".tiktoken")) for name in names):
         raise PrepareError(f"{model}: no tokenizer (tokenizer.json or tokenizer_config.json) in it")
 
 
 def _source(args: PrepareArgs) -> tuple[str, str | None]:
-    """(what transformers loads from, the GGUF file name or None); refuses a local MODEL that is not one."""
-    path = os.path.expanduser(args.model) if args.model.startswith("~") else args.model
-    if args.gguf_file is None and args.model.endswith(".gguf"):
+    """(what transformers loads from, the GGUF file name or None); refuses a local MODEL that is not one
+    (a hub id goes to the hub as it is)."""
+    from threadweaver.kit.tokenizers import hub_id
+
+    path = os.path.expanduser(args.model)
+    if args.gguf_file is None and path.endswith(".gguf"):
         if not os.path.isfile(path):
             raise PrepareError(f"{args.model}: no such GGUF file")
         return os.path.dirname(os.path.abspath(path)), os.path.basename(path)
-    _check_model(args.model, path, args.gguf_file)
-    return path, args.gguf_file
+    if hub_id(args.model):
+        return args.model, args.gguf_file
+    if args.gguf_file is not None:
+        if not os.path.isfile(os.path.join(path, args.gguf_file)):
+            raise PrepareError(f"{os.path.join(args.model, args.gguf_file)}: no such GGUF file")
+        return path, args.gguf_file
+    _check_model(args.model, path)
+    return path, None
 
 
 def _check_out(out: str) -> None:
@@ -257,11 +241,15 @@ def prepare(args: PrepareArgs) -> Prepared:
             + " even as an added token; threadweaver needs each tag as one token"
         )
     _check_out(args.out)  # again: loading took a while
+    made = not os.path.exists(args.out)
     try:
         os.makedirs(args.out, exist_ok=True)
         model.save_pretrained(args.out)
         tokenizer.save_pretrained(args.out)
-    except OSError as err:
+    except OSError as err:  # OUT was new or empty: it is again, so that a rerun may use it
+        shutil.rmtree(args.out, ignore_errors=True)
+        if not made:
+            os.makedirs(args.out, exist_ok=True)
         raise PrepareError(f"{args.out}: cannot write the prepared model there ({_one_line(err)})") from None
     lines.append(f"saved model and tokenizer to {args.out}")
     return Prepared(args.out, new_ids, lines)

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from importlib.resources import files
 
 from threadweaver.decoded import read_decoded
-from threadweaver.jsonl import FieldError, RowError, read_jsonl, row_name
+from threadweaver.jsonl import RowError, prefixed, read_jsonl, row_name
 from threadweaver.layout import spans
 from threadweaver.reward import grade
 from threadweaver.rows import RowReader
@@ -234,8 +234,8 @@ def file_page(paths: Sequence[str], reader: RowReader, title: str | None = None,
             for summary, detail in progress(rows, path) if progress else rows:
                 summaries.append(summary)
                 details.append(detail)
-        except RowError as err:  # named by its file too, the row's shape still at fault where it was
-            raise (FieldError if err.shape else ValueError)(f"{path}: {err}") from None
+        except RowError as err:
+            raise prefixed(path, err) from None
     payload = {
         "title": title or " vs ".join(paths),
         "files": list(paths),

@@ -86,6 +86,17 @@ def synth_tokenizer():
     return tokenizer
 
 
+def hub_id(name: str) -> bool:
+    """Whether ``name``, where no such path exists, reads as a hub id (``org/name``) rather than a local
+    path: the one rule every command that takes either follows."""
+    return (
+        not os.path.exists(name)
+        and not os.path.isabs(name)
+        and not name.startswith((".", "~"))
+        and name.count("/") == 1
+    )
+
+
 def load_tokenizer(spec: str):
     """``synth``, ``qwen``, a directory/``tokenizer.json`` saved by transformers or tokenizers, or a hub id."""
     if spec == "synth":
@@ -96,7 +107,7 @@ def load_tokenizer(spec: str):
     if spec == "qwen":
         return qwen_tokenizer()
     path = os.path.join(spec, "tokenizer.json") if os.path.isdir(spec) else spec
-    if not os.path.exists(path) and not os.path.isabs(spec) and spec.count("/") == 1:
+    if not os.path.exists(path) and hub_id(spec):
         return _from_hub(spec)
     if not os.path.exists(path):
         raise FileNotFoundError(
