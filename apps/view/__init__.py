@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from importlib.resources import files
 
 from threadweaver.decoded import read_decoded
-from threadweaver.jsonl import RowError, prefixed, read_jsonl, row_name
+from threadweaver.jsonl import FieldError, RowError, prefixed, read_jsonl, row_name
 from threadweaver.layout import spans
 from threadweaver.reward import grade
 from threadweaver.rows import RowReader
@@ -229,13 +229,15 @@ def file_page(paths: Sequence[str], reader: RowReader, title: str | None = None,
     view = Reader(reader)
     summaries, details = [], []
     for file, path in enumerate(paths):
-        rows = view.rows(path, file)
+        rows, before = view.rows(path, file), len(summaries)
         try:
             for summary, detail in progress(rows, path) if progress else rows:
                 summaries.append(summary)
                 details.append(detail)
         except RowError as err:
             raise prefixed(path, err) from None
+        if len(summaries) == before:
+            raise FieldError(f"{path}: no rows to show")
     payload = {
         "title": title or " vs ".join(paths),
         "files": list(paths),
