@@ -54,6 +54,11 @@ def row_reader(spec: str | None, files: list[str], command: str):
         sys.exit(f"threadweaver {command}: cannot load the tokenizer {spec!r}: {err}")
 
 
+def _left_as_it_was(out: str) -> str:
+    """What a refusal adds where ``out`` holds an earlier run's work, which it did not touch."""
+    return f"; {out} is left as it was" if os.path.exists(out) else ""
+
+
 def _synth_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--train", type=int, default=TRAIN_PROBLEMS, help=f"training problems (default: {TRAIN_PROBLEMS})")
@@ -141,8 +146,7 @@ def _filter(args: argparse.Namespace) -> None:
     except OSError as err:
         sys.exit(f"threadweaver filter: {args.generated}: {err}")
     if not report["rows"]:
-        kept_as_it_was = f"; {args.out} is left as it was" if os.path.exists(args.out) else ""
-        sys.exit(f"threadweaver filter: {args.generated}: no rows to filter{kept_as_it_was}")
+        sys.exit(f"threadweaver filter: {args.generated}: no rows to filter{_left_as_it_was(args.out)}")
     write_jsonl(args.out, kept)
     write_json(args.out + ".report.json", report)
     print(format_report(report))
@@ -188,7 +192,7 @@ def _convert(args: argparse.Namespace) -> None:
     except NothingConverted as err:
         if err.report["rows"]:
             print(format_report(err.report))
-        fail(f"{args.input}: {err}" + (f"; {args.out} is left as it was" if os.path.exists(args.out) else ""))
+        fail(f"{args.input}: {err}{_left_as_it_was(args.out)}")
     except (ValueError, OSError) as err:
         fail(f"{args.input}: {err}")
     print(format_report(report))

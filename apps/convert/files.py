@@ -103,9 +103,13 @@ class NothingConverted(ValueError):
     """No row of the input converted: nothing is written, and ``report`` says why."""
 
     def __init__(self, report: dict):
-        first = (report["dropped_rows"] or [{}])[0]
-        why = f"line {first.get('line')}: {first.get('reason')}: {first.get('detail')}"
-        super().__init__(f"no row converted (the first dropped: {why})" if report["rows"] else "no row to convert")
+        message = "no row to convert"
+        if report["rows"]:  # every row was dropped
+            first = report["dropped_rows"][0]
+            message = (
+                f"no row converted (the first dropped: line {first['line']}: {first['reason']}: {first['detail']})"
+            )
+        super().__init__(message)
         self.report = report
 
 
