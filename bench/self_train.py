@@ -28,13 +28,15 @@ import shutil
 import sys
 import time
 
+from threadweaver.cli_args import flag
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def sft_flags(steps: int, learning_rate: float) -> list[str]:
     flags = {"max_steps": steps, "per_device_train_batch_size": 16, "learning_rate": learning_rate}
     flags |= {"warmup_steps": max(1, steps // 10), "logging_steps": 50, "seed": 0}
-    return [arg for name, value in flags.items() for arg in ("--" + name.replace("_", "-"), str(value))]
+    return [arg for name, value in flags.items() for arg in (flag(name), str(value))]
 
 
 def evaluate(model: str, problems: str, out: str) -> dict:

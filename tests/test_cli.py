@@ -203,25 +203,17 @@ def test_an_output_that_would_overwrite_the_input_or_is_a_folder_is_refused_firs
 
 def test_bad_synth_and_kit_settings_are_named_before_anything_is_written(tmp_path):
     (tmp_path / "file").write_text("x")
+    synth, kit = ("synth", "--out", str(tmp_path / "s")), ("kit", "--out", str(tmp_path / "k"))
     cases = {
-        ("synth", "--out", str(tmp_path / "s"), "--train", "-5"): "--train must be 0 or more problems, not -5",
-        ("synth", "--out", str(tmp_path / "s"), "--digits", "0"): "digits must be >= 1, got 0",
+        (*synth, "--train", "-5"): "--train must be 0 or more problems, not -5",
+        (*synth, "--digits", "0"): "--digits must be a whole number of at least 1, not 0",
+        (*synth, "--max-terms", "9"): "--max-terms must be at most 8, not 9",
+        (*synth, "--min-terms", "5"): "--min-terms and --max-terms disagree: 5 is more than 4",
         ("synth", "--out", str(tmp_path / "file")): f"{tmp_path / 'file'} is a file, not a folder",
         ("synth", "--out", str(tmp_path / "file" / "sub")): f"{tmp_path / 'file'} is a file, not a folder",
-        (
-            "kit",
-            "--out",
-            str(tmp_path / "k"),
-            "--num-attention-heads",
-            "0",
-        ): "num_attention_heads must be a whole number",
-        (
-            "kit",
-            "--out",
-            str(tmp_path / "k"),
-            "--num-key-value-heads",
-            "3",
-        ): "must be a multiple of num_key_value_heads 3",
+        (*kit, "--num-attention-heads", "0"): "--num-attention-heads must be a whole number of at least 1, not 0",
+        (*kit, "--num-key-value-heads", "3"): "--num-attention-heads and --num-key-value-heads disagree: 4 is not a",
+        (*kit, "--hidden-size", "30"): "--hidden-size and --num-attention-heads disagree: 30 is not a multiple of 4",
         ("kit", "--out", str(tmp_path / "file" / "sub"), "--no-model"): f"{tmp_path / 'file'} is a file, not a folder",
     }
     for args, message in cases.items():

@@ -222,8 +222,10 @@ def test_the_command_writes_rows_sft_reads_and_says_what_it_did(tmp_path, capsys
     [
         (["missing.jsonl", "out", "--model", "m"], "No such file"),
         (["t.jsonl", "out"], "--model NAME"),
-        (["t.jsonl", "out", "--model", "m", "--max-threads", "1"], "max_threads must be 2..16"),
-        (["t.jsonl", "out", "--model", "m", "--max-units", "5001"], "max_units must be 2..4096"),
+        (["t.jsonl", "out", "--model", "m", "--max-threads", "1"], "--max-threads must be 2..16"),
+        (["t.jsonl", "out", "--model", "m", "--max-units", "5001"], "--max-units must be 2..4096"),
+        (["t.jsonl", "out", "--model", "m", "--extra-body", "[1]"], "--extra-body must be a JSON object"),
+        (["t.jsonl", "out", "--model", "m", "--reasks", "-1"], "--reasks must be a whole number of at least 0, not -1"),
     ],
 )
 def test_bad_commands_say_what_is_wrong_in_one_line(tmp_path, monkeypatch, argv, message):

@@ -51,17 +51,17 @@ def test_out_that_is_the_problems_file_is_refused_and_keeps_its_rows(problems, m
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--concurrency", "0"], "concurrency must be a whole number of at least 1, not 0"),
-        (["--concurrency", "-1"], "concurrency must be a whole number of at least 1, not -1"),
-        (["--max-inflight", "0"], "max_inflight must be a whole number of at least 1, not 0"),
-        (["--retries", "-1"], "retries must be a whole number of at least 0, not -1"),
-        (["--n", "0"], "n must be a whole number of at least 1, not 0"),
-        (["--n", "-1"], "n must be a whole number of at least 1, not -1"),
+        (["--concurrency", "0"], "must be a whole number of at least 1, not 0"),
+        (["--concurrency", "-1"], "must be a whole number of at least 1, not -1"),
+        (["--max-inflight", "0"], "must be a whole number of at least 1, not 0"),
+        (["--retries", "-1"], "must be a whole number of at least 0, not -1"),
+        (["--n", "0"], "must be a whole number of at least 1, not 0"),
+        (["--n", "-1"], "must be a whole number of at least 1, not -1"),
     ],
 )
 def test_counts_below_their_least_name_the_flag(problems, model, tmp_path, flags, message):
     stderr = generate(str(problems), str(tmp_path / "out.jsonl"), "--model", model, *NO_SERVER, *flags)
-    assert stderr.strip() == f"threadweaver generate: {message}"
+    assert stderr.strip() == f"threadweaver generate: {flags[0]} {message}"
     assert problems.read_text() == PROBLEMS and not (tmp_path / "out.jsonl").exists()
 
 

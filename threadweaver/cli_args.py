@@ -23,12 +23,27 @@ def option(default, help: str, *, choices: tuple | None = None):
     return dataclasses.field(default=default, metadata={"help": help, **({"choices": choices} if choices else {})})
 
 
+class SettingError(ValueError):
+    """A config's refused field, or fields that disagree: their names and why. The command line names them
+    by their flags instead."""
+
+    def __init__(self, names: str | tuple[str, ...], reason: str):
+        self.names = (names,) if isinstance(names, str) else names
+        self.reason = reason
+        super().__init__(f"{' and '.join(self.names)} {reason}")
+
+
+def flag(name: str) -> str:
+    """A config field's command-line flag."""
+    return "--" + name.replace("_", "-")
+
+
 def check_counts(config, names: typing.Iterable[str], least: int = 1) -> None:
     """Refuse a config whose fields ``names`` are not whole numbers of at least ``least``, naming the field."""
     for name in names:
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise ValueError(f"{name} must be a whole number of at least {least}, not {value!r}")
+            raise SettingError(name, f"must be a whole number of at least {least}, not {value!r}")
 
 
 def add_arguments(
@@ -44,17 +59,16 @@ def add_arguments(
     for f in dataclasses.fields(config_cls):
         if f.name in exclude or not f.init or (include and f.name not in include):
             continue
-        flag = "--" + f.name.replace("_", "-")
         kind = value_type(hints[f.name])
         help_text = f.metadata.get("help", "")
         default = (defaults or {}).get(f.name, f.default)
         if f.default is dataclasses.MISSING:
             parser.add_argument(f.name, type=kind, help=help_text)
         elif kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            parser.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
             parser.add_argument(
-                flag,
+                flag(f.name),
                 type=kind,
                 default=default,
                 choices=f.metadata.get("choices"),
@@ -63,5 +77,11 @@ def add_arguments(
 
 
 def from_args(config_cls: type, args: argparse.Namespace, **overrides):
+    """``config_cls`` from the parsed flags; a refused field is named by the flag the user typed."""
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(config_cls) if f.name not in overrides}
-    return config_cls(**values, **overrides)
+    try:
+        return config_cls(**values, **overrides)
+    except SettingError as err:
+        if not set(err.names) <= values.keys():
+            raise
+        raise SettingError(tuple(map(flag, err.names)), err.reason) from None

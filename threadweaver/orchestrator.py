@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from threadweaver.cli_args import check_counts, option
+from threadweaver.cli_args import SettingError, check_counts, option
 from threadweaver.engine import Completion, Engine, EngineError, Sampling
 from threadweaver.format import Format
 from threadweaver.layout import (
@@ -97,7 +97,7 @@ class Limits:
         )
         check_counts(self, counts)
         if self.timeout_s is not None and not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be more than 0 seconds (or none), not {self.timeout_s!r}")
+            raise SettingError("timeout_s", f"must be more than 0 seconds (or none), not {self.timeout_s!r}")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from threadweaver.cli_args import option
+from threadweaver.cli_args import SettingError, check_counts, option
 from threadweaver.format import block_text
 from threadweaver.shopping import shopping_problem
 
@@ -41,14 +41,13 @@ class SynthConfig:
     digits: int = option(3, "Digits of each operand (the digits task).")
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_terms <= self.max_terms <= len(LABELS):
-            raise ValueError(
-                f"need 1 <= min_terms <= max_terms <= {len(LABELS)}, got {self.min_terms}, {self.max_terms}"
-            )
-        if self.digits < 1:
-            raise ValueError(f"digits must be >= 1, got {self.digits}")
+        check_counts(self, ("min_terms", "digits"))
+        if self.max_terms > len(LABELS):
+            raise SettingError("max_terms", f"must be at most {len(LABELS)}, not {self.max_terms}")
+        if self.min_terms > self.max_terms:
+            raise SettingError(("min_terms", "max_terms"), f"disagree: {self.min_terms} is more than {self.max_terms}")
         if self.task not in TASKS:
-            raise ValueError(f"task must be one of {', '.join(TASKS)}, not {self.task!r}")
+            raise SettingError("task", f"must be one of {', '.join(TASKS)}, not {self.task!r}")
 
 
 @dataclass(frozen=True)

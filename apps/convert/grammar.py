@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from threadweaver.cli_args import option
+from threadweaver.cli_args import SettingError, option
 from threadweaver.format import block_text
 from threadweaver.rows import chatml_turns
 from threadweaver.tree import DEFAULT_MAX_DEPTH
@@ -54,7 +54,7 @@ class ConvertConfig:
 
     def __post_init__(self):
         if self.max_depth < 1:
-            raise ValueError(f"max_depth must be at least 1, not {self.max_depth}")
+            raise SettingError("max_depth", f"must be at least 1, not {self.max_depth}")
 
 
 @dataclass(frozen=True)

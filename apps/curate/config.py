@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from threadweaver.cli_args import option
+from threadweaver.cli_args import SettingError, check_counts, option
 from threadweaver.orchestrator import MOST_THREADS
 
 MOST_UNITS = 4096
@@ -45,15 +45,15 @@ class LLMArgs:
     )
 
     def __post_init__(self):
-        if self.concurrency < 1 or self.max_reply_tokens < 1 or self.max_retries < 0 or self.reasks < 0:
-            raise ValueError("concurrency and max_reply_tokens must be >= 1, max_retries and reasks >= 0")
+        check_counts(self, ("concurrency", "max_reply_tokens"))
+        check_counts(self, ("max_retries", "reasks"), least=0)
         if self.extra_body is not None:
             try:
                 body = json.loads(self.extra_body)
             except json.JSONDecodeError as err:
-                raise ValueError(f"--extra-body is not JSON ({err})") from None
+                raise SettingError("extra_body", f"is not JSON ({err})") from None
             if not isinstance(body, dict):
-                raise ValueError("--extra-body must be a JSON object")
+                raise SettingError("extra_body", "must be a JSON object")
 
 
 @dataclass(frozen=True)
@@ -75,14 +75,14 @@ class CurateConfig:
 
     def __post_init__(self):
         if not 2 <= self.max_threads <= MOST_THREADS:
-            raise ValueError(f"max_threads must be 2..{MOST_THREADS}, not {self.max_threads}")
+            raise SettingError("max_threads", f"must be 2..{MOST_THREADS}, not {self.max_threads}")
         if not 2 <= self.max_units <= MOST_UNITS:
-            raise ValueError(
-                f"max_units must be 2..{MOST_UNITS} (the most unit numbers a segment reply may give), "
-                f"not {self.max_units}"
+            raise SettingError(
+                "max_units",
+                f"must be 2..{MOST_UNITS} (the most unit numbers a segment reply may give), not {self.max_units}",
             )
         if not 0 <= self.max_change <= 1:
-            raise ValueError(f"max_change is a share (0..1), not {self.max_change}")
+            raise SettingError("max_change", f"is a share (0..1), not {self.max_change}")
 
     def cost(self, usage: dict) -> float:
         cached = usage["cached_tokens"]

@@ -21,6 +21,7 @@ import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from threadweaver.cli_args import flag
 from threadweaver.dataset import HELD_OUT_PROBLEMS, TRAIN_PROBLEMS
 from threadweaver.synth import SynthConfig
 
@@ -71,7 +72,7 @@ class Recipe:
         }
         argv = [kit, os.path.join(data, form, "train.jsonl")]
         for name, value in flags.items():
-            argv += ["--" + name.replace("_", "-"), str(value)]
+            argv += [flag(name), str(value)]
         return argv + (["--no-branching"] if form == "sequential" else [])
 
 

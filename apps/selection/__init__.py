@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from statistics import mean
 from typing import Literal, get_args
 
-from threadweaver.cli_args import option
+from threadweaver.cli_args import SettingError, option
 from threadweaver.jsonl import read_jsonl
 from threadweaver.report import row_stats
 from threadweaver.reward import grade
@@ -43,9 +43,9 @@ class FilterConfig:
 
     def __post_init__(self):
         if self.per_problem < 1:
-            raise ValueError(f"per_problem must be at least 1, not {self.per_problem}")
+            raise SettingError("per_problem", f"must be at least 1, not {self.per_problem}")
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, not {self.max_tokens}")
+            raise SettingError("max_tokens", f"must be at least 1, not {self.max_tokens}")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, fields, replace
 
-from threadweaver.cli_args import option, value_type
+from threadweaver.cli_args import SettingError, option, value_type
 from threadweaver.engine import EngineError, RequestRefused
 from threadweaver.format import Format
 from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, trajectory_text
@@ -160,7 +160,7 @@ class ServerSettings:
 
     def __post_init__(self):
         if self.max_trajectories is not None and self.max_trajectories < 1:
-            raise ValueError(f"max_trajectories must be at least 1, not {self.max_trajectories}")
+            raise SettingError("max_trajectories", f"must be at least 1, not {self.max_trajectories}")
 
     @classmethod
     def from_env(cls, environ=os.environ) -> ServerSettings:

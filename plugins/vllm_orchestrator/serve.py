@@ -26,7 +26,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from threadweaver.cli_args import check_counts, option
+from threadweaver.cli_args import check_counts, flag, option
 from threadweaver.hosts import check_host
 from threadweaver.interrupts import STOPPING_SIGNALS, interrupt_like_ctrl_c
 from threadweaver.orchestrator import Limits
@@ -92,8 +92,7 @@ def server_command(args: ServeArgs, port: int, extra: list[str] = ()) -> list[st
     if args.block_size:
         settings["block_size"] = args.block_size
     for name, value in settings.items():
-        flag = "--" + name.replace("_", "-")
-        command += [flag] if value is True else [flag, str(value)]
+        command += [flag(name)] if value is True else [flag(name), str(value)]
     return command + list(extra)
 
 

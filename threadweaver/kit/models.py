@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from threadweaver.cli_args import check_counts, option
+from threadweaver.cli_args import SettingError, check_counts, option
 
 
 @dataclass(frozen=True)
@@ -19,15 +19,11 @@ class TinyQwen3Config:
 
     def __post_init__(self) -> None:
         check_counts(self, (f.name for f in fields(self) if f.name != "seed"))
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} must be a multiple of num_attention_heads {self.num_attention_heads}"
-            )
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads {self.num_attention_heads} must be a multiple of "
-                f"num_key_value_heads {self.num_key_value_heads}"
-            )
+        for size, parts in (("hidden_size", "num_attention_heads"), ("num_attention_heads", "num_key_value_heads")):
+            if getattr(self, size) % getattr(self, parts):
+                raise SettingError(
+                    (size, parts), f"disagree: {getattr(self, size)} is not a multiple of {getattr(self, parts)}"
+                )
 
 
 def tiny_qwen3(tokenizer, config: TinyQwen3Config = TinyQwen3Config(), vocab_size: int | None = None):

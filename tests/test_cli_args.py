@@ -1,0 +1,35 @@
+"""Flags from typed configs: a refused value is named as the user gave it, a flag or a field."""
+
+import argparse
+from dataclasses import dataclass
+
+import pytest
+
+from threadweaver.cli_args import SettingError, add_arguments, check_counts, from_args, option
+
+
+@dataclass(frozen=True)
+class Settings:
+    max_tokens: int = option(8, "Most tokens.")
+    n: int = option(1, "Samples.")
+
+    def __post_init__(self):
+        check_counts(self, ("max_tokens", "n"))
+
+
+def parsed(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, Settings)
+    return parser.parse_args(argv)
+
+
+def test_a_refused_flag_is_named_by_the_flag_and_a_refused_field_by_its_name():
+    with pytest.raises(SettingError, match="^--max-tokens must be a whole number of at least 1, not 0$"):
+        from_args(Settings, parsed("--max-tokens", "0"))
+    with pytest.raises(SettingError, match="^max_tokens must be a whole number of at least 1, not 0$"):
+        Settings(max_tokens=0)
+
+
+def test_a_field_the_caller_set_rather_than_a_flag_keeps_its_name():
+    with pytest.raises(SettingError, match="^n must be a whole number of at least 1, not 0$"):
+        from_args(Settings, parsed(), n=0)
