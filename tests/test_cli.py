@@ -137,6 +137,11 @@ def test_a_row_whose_shape_is_at_fault_gets_no_tokenizer_hint(tmp_path):
             ["view", str(rows), "--out", str(page)],
             "line 1: field 'messages': the chat template cannot render this conversation",
         ),
+        (
+            json.dumps({"tokenizer": 5, "text": "a"}),
+            ["stats", str(rows)],
+            f"{rows}: line 1: field 'tokenizer': must name the tokenizer the row was written with, not 5",
+        ),
     ]
     for line, args, message in cases:
         rows.write_text(line + "\n")
@@ -253,6 +258,14 @@ def test_filter_of_an_empty_file_leaves_its_output_as_it_was(tmp_path):
     done = run("filter", str(tmp_path / "empty.jsonl"), str(kept), check=False)
     assert done.returncode == 1 and "empty.jsonl: no rows to filter; " in done.stderr and "Traceback" not in done.stderr
     assert kept.read_text() == "finished work\n" and not (tmp_path / "kept.jsonl.report.json").exists()
+
+
+def test_stats_of_a_file_with_no_rows_says_so_and_fails(tmp_path):
+    """An empty file is most often a run that wrote nothing: a summary of nothing with rc 0 would hide it."""
+    (tmp_path / "blank.jsonl").write_text("\n\n")
+    for flags in ([], ["--json"]):
+        done = run("stats", str(tmp_path / "blank.jsonl"), *flags, check=False)
+        assert (done.returncode, done.stdout) == (1, "") and done.stderr.endswith("blank.jsonl: no rows to count\n")
 
 
 def test_unreadable_tokenizers_and_json_nested_too_deep_are_named(tmp_path, data):

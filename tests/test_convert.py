@@ -427,6 +427,9 @@ def test_rows_without_the_published_field_say_that_text_field_reads_another(tmp_
     )
     cli(["convert", source, str(tmp_path / "again.jsonl"), "--from", "reference", "--text-field", "text"])
     assert "converted            2" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="^threadweaver convert: --text-field is empty: name the rows' field"):
+        cli(["convert", source, str(tmp_path / "empty.jsonl"), "--from", "reference", "--text-field", ""])
+    assert not (tmp_path / "empty.jsonl").exists()
 
 
 @pytest.mark.parametrize("rows", ["", '{"text": 5}\n[1, 2]\n'], ids=["empty", "nothing converts"])

@@ -26,7 +26,7 @@ import re
 from typing import Any
 
 from threadweaver.format import Format
-from threadweaver.jsonl import FieldError, prefixed, read_jsonl
+from threadweaver.jsonl import FieldError, RowError, prefixed, read_jsonl
 
 FIELDS = ("prompt_ids", "completion_ids", "token_ids", "messages", "prompt", "completion", "text")
 """Every field a row is read from; the rest of a row is its own business."""
@@ -37,14 +37,17 @@ TOKENIZER_FIELD = "tokenizer"
 
 def recorded_tokenizer(path: str) -> str | None:
     """The tokenizer the first row of a JSONL file records (None: it records none, or cannot be read
-    here; the reader that follows names what is wrong with it)."""
+    here; the reader that follows names what is wrong with it). A field that is not a name raises
+    :class:`RowError`: read with the wrong tokenizer, the rows would be misread without a word."""
     try:
-        for _, row in read_jsonl(path):
-            name = row.get(TOKENIZER_FIELD)
-            return name if isinstance(name, str) and name else None
+        line, row = next(read_jsonl(path), (0, {}))
     except (ValueError, OSError):
         return None
-    return None
+    name = row.get(TOKENIZER_FIELD)
+    if name is not None and not (isinstance(name, str) and name):
+        why = f"field {TOKENIZER_FIELD!r}: must name the tokenizer the row was written with, not {name!r}"
+        raise RowError(line, why, shape=True)
+    return name
 
 
 def tokenizer_field(fmt: Format) -> dict:

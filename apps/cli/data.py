@@ -24,12 +24,18 @@ def row_reader(spec: str | None, files: list[str], command: str):
     """The reader of ``files`` and how to word its errors: ``--tokenizer`` where given, else the tokenizer
     the rows record, else ``synth``; then an error the tokenizer may cause (not one of a row's shape)
     names the other choices."""
+    from threadweaver.jsonl import RowError
     from threadweaver.kit.tokenizers import load_tokenizer
     from threadweaver.rows import TOKENIZER_FIELD, RowReader, recorded_tokenizer
 
     hint = ""
     if spec is None:
-        recorded = {path: recorded_tokenizer(path) for path in files}
+        recorded = {}
+        for path in files:
+            try:
+                recorded[path] = recorded_tokenizer(path)
+            except RowError as err:
+                sys.exit(f"threadweaver {command}: {path}: {err}")
         named = {name for name in recorded.values() if name is not None}
         if len(named) > 1:
             sides = "; ".join(f"{path} records {name!r}" for path, name in recorded.items())
@@ -106,6 +112,8 @@ def _stats(args: argparse.Namespace) -> None:
         sys.exit(f"threadweaver stats: {args.file}: {explained(err)}")
     except OSError as err:
         sys.exit(f"threadweaver stats: {args.file}: {err}")
+    if not rows:
+        sys.exit(f"threadweaver stats: {args.file}: no rows to count")
     if args.json:
         print(json.dumps({"rows": [r.as_dict() for r in rows], "summary": summary(rows)}))
         return

@@ -55,6 +55,8 @@ class ConvertConfig:
     def __post_init__(self):
         if self.max_depth < 1:
             raise SettingError("max_depth", f"must be at least 1, not {self.max_depth}")
+        if self.text_field == "":
+            raise SettingError("text_field", "is empty: name the rows' field that holds the text")
 
 
 @dataclass(frozen=True)
