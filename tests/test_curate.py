@@ -484,6 +484,30 @@ def test_when_no_trace_reaches_the_server_the_command_fails_naming_its_url_and_k
     assert {name: (out / name).read_text() for name in earlier} == earlier
 
 
+@pytest.mark.parametrize("traces", ["replies_all_bad", "empty"])
+def test_a_run_that_keeps_no_trace_fails_and_keeps_the_outputs_of_an_earlier_one(tmp_path, traces, capsys):
+    rows, sequential = sequential_rows(2)
+    write_jsonl(str(tmp_path / "t.jsonl"), sequential if traces == "replies_all_bad" else [])
+    out = tmp_path / "out"
+    out.mkdir()
+    earlier = {"train.jsonl": '{"id": "a"}\n', "dropped.jsonl": "", "report.json": "{}"}
+    for name, text in earlier.items():
+        (out / name).write_text(text)
+    with (
+        stand_in_server(StandIn({row["prompt"]: "bad_json" for row in rows})) as url,
+        pytest.raises(SystemExit) as exit_,
+    ):
+        main(["curate", str(tmp_path / "t.jsonl"), str(out), "--base-url", url, "--model", "m", "--tokenizer", "synth"])
+    why = (
+        "no trace to curate" if traces == "empty" else "nothing kept (the first dropped: line 1: segment, invalid_json"
+    )
+    message = str(exit_.value.code)
+    assert message.startswith(f"threadweaver curate: {tmp_path / 't.jsonl'}: {why}") and "\n" not in message
+    assert message.endswith(f"; the outputs in {out} are left as they were")
+    assert {name: (out / name).read_text() for name in earlier} == earlier
+    assert ("traces 2, kept 0" in capsys.readouterr().out) == (traces != "empty")
+
+
 def test_deepseek_r1_responses_without_an_opening_think_are_curated(tmp_path):
     rows, sequential = sequential_rows(2)
     r1 = [

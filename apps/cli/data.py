@@ -217,10 +217,18 @@ def _curate_arguments(p: argparse.ArgumentParser) -> None:
 def _curate(args: argparse.Namespace) -> None:
     from threadweaver.curate.config import CurateArgs, CurateConfig, LLMArgs
     from threadweaver.curate.pipeline import format_report
-    from threadweaver.curate.run import format_estimate, run
+    from threadweaver.curate.run import NothingCurated, format_estimate, run
 
     try:
         stats = run(*(from_args(c, args) for c in (CurateArgs, LLMArgs, CurateConfig)))
+    except NothingCurated as err:
+        if err.report["traces"]:
+            print(format_report(err.report))
+        earlier = os.path.exists(os.path.join(args.out_dir, "train.jsonl"))
+        sys.exit(
+            f"threadweaver curate: {args.traces}: {err}"
+            + (f"; the outputs in {args.out_dir} are left as they were" if earlier else "")
+        )
     except (ValueError, OSError) as err:
         sys.exit(f"threadweaver curate: {err}")
     if stats.get("dry_run"):

@@ -36,12 +36,28 @@ def target_reader(spec: str) -> RowReader:
         return RowReader(tokenizer, Format.from_tokenizer(tokenizer))
 
 
+class NothingCurated(ValueError):
+    """No trace was kept: no output is written, so an earlier run's stay; ``report`` says why."""
+
+    def __init__(self, report: dict, outcomes: list[Outcome]):
+        first = next((o.drops[-1] for o in outcomes if o.drops), None)
+        message = "no trace to curate"
+        if first is not None:
+            detail = " ".join(first["detail"].split())
+            detail = detail if len(detail) <= 200 else detail[:200] + "..."
+            message = (
+                f"nothing kept (the first dropped: line {first['line']}: {first['stage']}, {first['reason']}: {detail})"
+            )
+        super().__init__(message)
+        self.report = report
+
+
 def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     """Curate ``args.traces`` into ``args.out_dir``; the report (also in ``report.json``).
 
     Raises :class:`InterruptedError` on Ctrl-C (the replies so far stay in the call cache, so a rerun
-    resumes) and :class:`ConnectionError` where the server answered no trace: then the outputs of an
-    earlier run stay as they were.
+    resumes), :class:`ConnectionError` where the server answered no trace, and :class:`NothingCurated`
+    where no trace was kept: then the outputs of an earlier run stay as they were.
     """
     from tqdm import tqdm
 
@@ -52,6 +68,8 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
         return estimate(traces, dropped, fmt, llm_args, config)
     if not llm_args.model:
         raise ValueError("name the model the endpoint serves: --model NAME")
+    if not traces:
+        raise NothingCurated(report(dropped, {}, config), dropped)
     cache = CallCache(os.path.join(args.out_dir, "calls.sqlite"))
     bar = tqdm(total=len(traces), desc="curate", unit=" traces", disable=not sys.stderr.isatty())
     done: list[Outcome] = list(dropped)
@@ -89,6 +107,8 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     _check_server(outcomes, len(traces), base_url, llm_args.model, args.out_dir)
     stats = report(outcomes, usage, config)
     stats["llm"] = {"base_url": base_url, "model": llm_args.model, "temperature": llm_args.temperature}
+    if not stats["kept"]:
+        raise NothingCurated(stats, outcomes)
     write_jsonl(os.path.join(args.out_dir, "train.jsonl"), (o.row for o in outcomes if o.row is not None))
     write_jsonl(os.path.join(args.out_dir, "dropped.jsonl"), (d for o in outcomes for d in o.drops))
     write_json(os.path.join(args.out_dir, "report.json"), stats)
