@@ -79,6 +79,20 @@ def test_quickstart_says_what_an_sglang_run_needs(tmp_path):
     assert "--engine sglang needs a running SGLang server for the parallel model: pass --base-url" in result.stderr
 
 
+def test_quickstart_refuses_bad_settings_and_an_unknown_task_before_it_starts(tmp_path):
+    out = tmp_path / "run"
+    cases = {
+        ("--concurrency", "0"): "--concurrency must be a whole number of at least 1, not 0",
+        ("--problems", "-3"): "--problems must be a whole number of at least 0, not -3",
+        ("--retrain", "--retrain-steps", "0"): "--retrain-steps must be a whole number of at least 1, not 0",
+        ("--task", "tw_synt"): "--task tw_synt: lm-eval knows no such task (did you mean tw_synth?)",
+    }
+    for flags, message in cases.items():
+        done = run("quickstart", "--out", str(out), *flags, check=False)
+        assert done.returncode == 1 and done.stderr == f"threadweaver quickstart: {message}\n", (flags, done.stderr)
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("other", [["--retrain"], ["--model", "some/model"]])
 def test_quickstart_pgrpo_rows_refuse_other_models(tmp_path, other):
     result = run("quickstart", "--out", str(tmp_path), "--pgrpo", *other, check=False)

@@ -1,4 +1,5 @@
-"""The quickstart's pure parts: the comparison table (its page is the viewer's, tested there)."""
+"""The quickstart's pure parts: the comparison table (its page is the viewer's, tested there); and what a failed
+lm_eval run leaves."""
 
 import pytest
 
@@ -148,3 +149,17 @@ def test_pretrained_reuses_a_finished_run_with_the_same_recipe(tmp_path, monkeyp
     monkeypatch.setattr(threadweaver.prepare, "prepare", lambda args: None)
     with pytest.raises(AssertionError, match="trained again"):  # another recipe trains anew
         recipe.retrain_pretrained(str(tmp_path), recipe.PRETRAINED_RECIPE.shortened(8))
+
+
+def test_a_failed_evaluation_leaves_the_trajectories_of_an_earlier_run(tmp_path):
+    """The real lm_eval CLI, failing on a task it does not know: the last run's trajectories stay."""
+    from threadweaver.quickstart.evaluate import MODES, Endpoint, evaluate
+    from threadweaver.quickstart.recipe import embedded_models
+
+    earlier = tmp_path / "fork_join" / "trajectories.jsonl"
+    earlier.parent.mkdir()
+    earlier.write_text('{"id": "earlier"}\n')
+    endpoint = Endpoint("transformers", model=str(embedded_models()["parallel"]))
+    with pytest.raises(RuntimeError, match="lm_eval failed"):
+        evaluate(MODES[0], endpoint, "tw_no_such_task", tmp_path, limit=1, concurrency=1, expected=1)
+    assert earlier.read_text() == '{"id": "earlier"}\n'

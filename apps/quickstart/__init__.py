@@ -20,9 +20,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from threadweaver.cli_args import option
+from threadweaver.cli_args import check_counts, option
 from threadweaver.quickstart.compare import format_table, per_problem_speedups, problems, table
-from threadweaver.quickstart.evaluate import MODES, Endpoint, evaluate, served
+from threadweaver.quickstart.evaluate import MODES, Endpoint, check_task, evaluate, served
 from threadweaver.quickstart.recipe import (
     PGRPO_MODELS,
     PGRPO_RECIPE,
@@ -94,6 +94,10 @@ class QuickstartArgs:
         None, "The lm-eval task (any generate_until task; default tw_synth, tw_shopping with --pretrained)."
     )
     timelines: int = option(4, "Problems drawn as timelines in timelines.html.")
+
+    def __post_init__(self):
+        check_counts(self, ("concurrency",) + (("retrain_steps",) if self.retrain_steps is not None else ()))
+        check_counts(self, ("timelines",) + (("problems",) if self.problems is not None else ()), least=0)
 
 
 def _recipe(args: QuickstartArgs) -> Recipe:
@@ -211,6 +215,8 @@ def run(args: QuickstartArgs) -> dict:
     from threadweaver.quickstart.plot import speedup_plot
     from threadweaver.view import timelines_page
 
+    if args.task:
+        check_task(args.task)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

@@ -7,6 +7,7 @@ log goes to a file, and a progress bar follows the trajectories the model append
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import subprocess
@@ -87,6 +88,18 @@ def served(models: dict[str, str], log_dir: Path, dtype: str) -> Iterator[dict[s
         yield {name: Endpoint("vllm", base_url=server.url) for name, server in servers.items()}
 
 
+def check_task(task: str) -> None:
+    """Refuse a task lm-eval does not know now, not after the servers have started (10 s: every task's YAML)."""
+    from lm_eval.tasks import TaskManager
+
+    known = TaskManager().all_tasks
+    if task not in known:
+        close = difflib.get_close_matches(task, known, n=3)
+        raise ValueError(
+            f"--task {task}: lm-eval knows no such task" + (f" (did you mean {', '.join(close)}?)" if close else "")
+        )
+
+
 def lm_eval_command(task: str, model_args: dict, out: Path, limit: int | None) -> list[str]:
     joined = ",".join(f"{key}={value}" for key, value in model_args.items())
     command = [sys.executable, "-m", "lm_eval", "run", "--model", "threadweaver", "--model_args", joined]
@@ -116,7 +129,7 @@ def evaluate(
     from tqdm import tqdm
 
     run_dir = out / mode.key
-    trajectories = run_dir / "trajectories.jsonl"
+    trajectories = run_dir / "trajectories.jsonl.partial"  # an earlier run's stay until this one's are whole
     log_path = run_dir / "lm_eval.log"
     run_dir.mkdir(parents=True, exist_ok=True)
     trajectories.unlink(missing_ok=True)
@@ -143,7 +156,10 @@ def evaluate(
             f"lm_eval failed with exit code {process.returncode} ({' '.join(command)}); its log is {log_path}:\n{tail}"
         )
     rows = [row for _, row in read_jsonl(str(trajectories))] if trajectories.exists() else []
-    return read_lm_eval_output(run_dir / "lm_eval"), rows
+    output = read_lm_eval_output(run_dir / "lm_eval")
+    if trajectories.exists():
+        trajectories.replace(run_dir / "trajectories.jsonl")
+    return output, rows
 
 
 def _count_lines(path: Path) -> int:
