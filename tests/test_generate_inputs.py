@@ -48,6 +48,15 @@ def test_out_that_is_the_problems_file_is_refused_and_keeps_its_rows(problems, m
     assert sorted(os.listdir(tmp_path)) == ["problems.jsonl"]
 
 
+def test_an_output_that_holds_no_finished_row_is_refused_not_resumed(problems, model, tmp_path):
+    """The two files swapped (`generate traj.jsonl problems.jsonl`): the problems stay where they are."""
+    other = tmp_path / "other_problems.jsonl"
+    other.write_text(PROBLEMS)
+    stderr = generate(str(problems), str(other), "--model", model, *NO_SERVER)
+    assert f"{other} holds no finished row: none of its 3 lines is a JSON object with an 'id' and a 'sample'" in stderr
+    assert other.read_text() == PROBLEMS and sorted(os.listdir(tmp_path)) == ["other_problems.jsonl", "problems.jsonl"]
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [

@@ -204,7 +204,8 @@ def finished_keys(path: str) -> tuple[set[tuple[str, int]], int]:
     row) is cut off, and a last row that lacks only its newline gets one. Any other line that
     is not a finished row (not UTF-8, not a JSON object with an ``id`` and a ``sample``) and
     every repeat of an (id, sample) is moved, byte for byte, to ``path + SET_ASIDE``, and the
-    file is rewritten without it.
+    file is rewritten without it. A file with such lines and no finished row is no output to resume
+    (most often the problems file, named in its place): :class:`ValueError`, and it is left as it was.
     """
     if not os.path.exists(path):
         return set(), 0
@@ -221,6 +222,11 @@ def finished_keys(path: str) -> tuple[set[tuple[str, int]], int]:
             kept.append(line)
         elif line.strip() and i < len(lines):
             aside.append(line)
+    if aside and not keys:
+        raise ValueError(
+            f"{path} holds no finished row: none of its {len(aside)} lines is a JSON object with an 'id' and a "
+            "'sample', so it is no output to resume; name another output, or move it"
+        )
     if aside:
         with open(path + SET_ASIDE, "ab") as f:
             f.write(b"".join(line + b"\n" for line in aside))
