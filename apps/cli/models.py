@@ -35,7 +35,7 @@ def _sft(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         out = sft.main(args.rest)
-    except ValueError as err:
+    except (ValueError, OSError) as err:
         sys.exit(f"threadweaver sft: {err}")
     print(f"saved model and tokenizer to {out}")
 

@@ -78,24 +78,16 @@ class Prepared:
     lines: list[str] = field(default_factory=list)
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "merges.txt")
-"""A model directory's tokenizer, for AutoTokenizer: one of these files, or a vocabulary model
-(``*.model``: sentencepiece's, ``*.tiktoken``)."""
+def _check_model(model: str) -> None:
+    """Refuse, before loading anything, a local MODEL that cannot be one."""
+    from threadweaver.model_dirs import check_model_dir
 
-
-def _check_model(model: str, path: str) -> None:
-    """Refuse, before loading anything, a local MODEL (``path``: it, ``~`` expanded) that cannot be one."""
-    if not os.path.exists(path):
-        raise PrepareError(f"{model}: no such directory (a hub id reads org/name)")
-    if not os.path.isdir(path):
-        raise PrepareError(f"{model}: a file, not a model directory or a .gguf file")
-    names = os.listdir(path)
-    if "config.json" not in names:
-        ggufs = sorted(name for name in names if name.endswith(".gguf"))
-        hint = f"; it holds {ggufs[0]}: give its path, or --gguf-file {ggufs[0]}" if ggufs else ""
-        raise PrepareError(f"{model}: not a model directory (no config.json){hint}")
-    if not any(name in TOKENIZER_FILES or name.endswith((".model", ".tiktoken")) for name in names):
-        raise PrepareError(f"{model}: no tokenizer (tokenizer.json or tokenizer_config.json) in it")
+    try:
+        check_model_dir(
+            model, what="a model directory or a .gguf file", gguf_advice="give its path, or --gguf-file {name}"
+        )
+    except ValueError as err:
+        raise PrepareError(str(err)) from None
 
 
 def _source(args: PrepareArgs) -> tuple[str, str | None]:
@@ -114,7 +106,7 @@ def _source(args: PrepareArgs) -> tuple[str, str | None]:
         if not os.path.isfile(os.path.join(path, args.gguf_file)):
             raise PrepareError(f"{os.path.join(args.model, args.gguf_file)}: no such GGUF file")
         return path, args.gguf_file
-    _check_model(args.model, path)
+    _check_model(args.model)
     return path, None
 
 

@@ -79,6 +79,11 @@ class TrieCollator:
         "batches do.",
     )
     row_key: str = option("id", "Row field that names a row in errors and logs.")
+    vocab_size: int | None = option(
+        None,
+        "The model's embedding rows: a row with a token id past them is refused, naming its position (default: "
+        "unchecked; the embedding lookup fails mid-training instead).",
+    )
     skipped: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -104,6 +109,7 @@ class TrieCollator:
             prompt, trajectory = self.encode(row)
             if not prompt:
                 raise ValueError("empty prompt: the first trajectory token has no context to be predicted from")
+            self._check_vocabulary(prompt, trajectory)
             if not self.branching:
                 return _plain(prompt, trajectory, self.max_length)
             tree = parse(trajectory, self.fmt, strict=True, max_depth=self.max_depth)
@@ -126,6 +132,16 @@ class TrieCollator:
             self.skipped += 1
             logger.warning("skipped malformed %s (%d skipped so far)", err, self.skipped)
             return None
+
+    def _check_vocabulary(self, prompt: list[int], trajectory: list[int]) -> None:
+        if self.vocab_size is None:
+            return
+        for part, ids in (("prompt", prompt), ("trajectory", trajectory)):
+            past = next((position for position, token in enumerate(ids) if token >= self.vocab_size), None)
+            if past is not None:
+                raise ValueError(
+                    f"{part} token {past}: id {ids[past]} is past the model's {self.vocab_size} embedding rows"
+                )
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         rows = []

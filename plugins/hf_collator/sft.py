@@ -41,7 +41,7 @@ SHARED_WITH_CONFIG = ("max_length", "pad_to_multiple_of", "padding_free")
 """Collator settings that ``SFTConfig`` declares already: the collator takes them from it.
 
 TRL refuses a custom collator with its own ``padding_free``, so the collator packs instead."""
-NOT_FLAGS = ("tokenizer", "row_key", *SHARED_WITH_CONFIG)
+NOT_FLAGS = ("tokenizer", "row_key", "vocab_size", *SHARED_WITH_CONFIG)
 COLLATOR_FLAGS = tuple(f.name for f in dataclasses.fields(TrieCollator) if f.init and f.name not in NOT_FLAGS)
 ATTENTION = ("auto", "sdpa", "eager", "flex_attention", "varlen")
 DENSE_MASK = ("sdpa", "eager")
@@ -151,6 +151,22 @@ def check_prepared(model_dir: str, tokenizer, model=None) -> None:
         )
 
 
+def check_paths(model_dir: str, data: str, output_dir: str) -> None:
+    """Refuse, before anything loads, a MODEL, DATA or --output_dir that cannot be one (the two swapped,
+    say), and an --output_dir that is MODEL: training would overwrite the model it starts from."""
+    from threadweaver.model_dirs import check_model_dir
+
+    check_model_dir(model_dir, what="a model directory (sft takes MODEL, then DATA)")
+    if not os.path.isfile(data):
+        raise ValueError(f"{data}: {'a folder, not a file of rows' if os.path.isdir(data) else 'no such file'}")
+    if not output_dir:
+        raise ValueError("--output_dir is empty: name the folder to save the model in")
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ValueError(f"--output_dir {output_dir}: a file, not a folder")
+    if os.path.isdir(output_dir) and os.path.isdir(model_dir) and os.path.samefile(output_dir, model_dir):
+        raise ValueError(f"--output_dir {output_dir} is MODEL: saving there would overwrite it; name another folder")
+
+
 def train(
     model_dir: str, data: str, config, attention: str = "auto", flex_backend: str = "AUTO", **collator_settings
 ) -> str:
@@ -159,6 +175,11 @@ def train(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
+    check_paths(model_dir, data, config.output_dir)
+    if config.max_length is not None and config.max_length < 1:
+        raise ValueError(f"--max_length must be a whole number of at least 1 (or none), not {config.max_length}")
+    if config.max_steps <= 0 and config.num_train_epochs <= 0:
+        raise ValueError("--max_steps and --num_train_epochs are both 0 or less: nothing would be trained")
     if config.packing:
         raise ValueError(
             "--packing concatenates and cuts token sequences, which would cut the trajectories' trees: "
@@ -186,7 +207,11 @@ def train(
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=base)
     check_prepared(model_dir, tokenizer, model)
     collator = TrieCollator(
-        tokenizer, **{name: getattr(config, name) for name in SHARED_WITH_CONFIG}, **collator_settings, row_key="_row"
+        tokenizer,
+        **{name: getattr(config, name) for name in SHARED_WITH_CONFIG},
+        **collator_settings,
+        row_key="_row",
+        vocab_size=model.get_input_embeddings().weight.shape[0],
     )
     if collator.branching:
         use_tree_attention(model, attention, {"BACKEND": flex_backend} if flex_backend != "AUTO" else None)

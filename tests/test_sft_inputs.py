@@ -1,0 +1,62 @@
+"""``threadweaver sft`` refuses a bad MODEL, DATA or setting in one line before anything loads, and a
+token id past the model's embeddings naming the row and position, before training starts."""
+
+import json
+
+import pytest
+
+from threadweaver.hf_collator import sft
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory):
+    from threadweaver.cli import main
+
+    root = tmp_path_factory.mktemp("sft_inputs")
+    main(
+        [
+            "kit",
+            "--out",
+            str(root / "k"),
+            "--hidden-size",
+            "32",
+            "--num-attention-heads",
+            "1",
+            "--num-key-value-heads",
+            "1",
+        ]
+    )
+    main(["synth", "--out", str(root / "s"), "--train", "4", "--validation", "1"])
+    return root
+
+
+def test_bad_paths_and_settings_are_named_before_anything_loads(kit):
+    model, data = str(kit / "k"), str(kit / "s" / "parallel" / "train.jsonl")
+    cases = {
+        (model, "nope.jsonl"): "nope.jsonl: no such file",
+        (model, str(kit / "s")): f"{kit / 's'}: a folder, not a file of rows",
+        (data, model): f"{data}: a file, not a model directory (sft takes MODEL, then DATA)",
+        (str(kit / "nomodel"), data): f"{kit / 'nomodel'}: no such directory (a hub id reads org/name)",
+        (model, data, "--output_dir", data): f"--output_dir {data}: a file, not a folder",
+        (model, data, "--output_dir", ""): "--output_dir is empty",
+        (model, data, "--output_dir", model): f"--output_dir {model} is MODEL: saving there would overwrite it",
+        (model, data, "--max_length", "0"): "--max_length must be a whole number of at least 1 (or none), not 0",
+        (model, data, "--max_steps", "0", "--num_train_epochs", "0"): "--max_steps and --num_train_epochs are both 0",
+    }
+    for argv, message in cases.items():
+        with pytest.raises(ValueError) as refused:
+            sft.main([*argv, "--report_to", "none"])
+        assert str(refused.value).startswith(message), (argv, str(refused.value))
+    assert sorted(p.name for p in kit.iterdir()) == ["k", "s"]
+
+
+def test_a_token_id_past_the_embeddings_is_named_before_training(kit, tmp_path):
+    rows = tmp_path / "ids.jsonl"
+    rows.write_text(json.dumps({"id": "a", "prompt_ids": [1, 2], "completion_ids": [5, 99999]}) + "\n")
+    with pytest.raises(ValueError) as refused:
+        sft.main([str(kit / "k"), str(rows), "--output_dir", str(tmp_path / "out"), "--max_steps", "1"])
+    assert str(refused.value) == (
+        f"{rows}: line 1 (id a): trajectory token 1: id 99999 is past the model's 64 embedding rows "
+        "(--skip-malformed skips such rows)"
+    )
+    assert not (tmp_path / "out").exists()
