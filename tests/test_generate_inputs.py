@@ -66,12 +66,30 @@ def test_an_output_that_holds_no_finished_row_is_refused_not_resumed(problems, m
         (["--retries", "-1"], "must be a whole number of at least 0, not -1"),
         (["--n", "0"], "must be a whole number of at least 1, not 0"),
         (["--n", "-1"], "must be a whole number of at least 1, not -1"),
+        (["--temperature", "-1"], "must be between 0 and 2, not -1.0"),
+        (["--temperature", "nan"], "must be between 0 and 2, not nan"),
+        (["--top-p", "5"], "must be more than 0 and at most 1, not 5.0"),
+        (["--top-k", "-2"], "must be -1 or 0 (every token) or at least 1, not -2"),
+        (["--base-url", "ftp://x"], "must be an http:// or https:// URL, not 'ftp://x'"),
     ],
 )
-def test_counts_below_their_least_name_the_flag(problems, model, tmp_path, flags, message):
+def test_settings_out_of_their_range_name_the_flag(problems, model, tmp_path, flags, message):
     stderr = generate(str(problems), str(tmp_path / "out.jsonl"), "--model", model, *NO_SERVER, *flags)
     assert stderr.strip() == f"threadweaver generate: {flags[0]} {message}"
     assert problems.read_text() == PROBLEMS and not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_model_that_cannot_be_one_is_named_before_anything_loads(problems, model, tmp_path):
+    """A tokenizer's folder is enough for a server's engine; the in-process engines load the weights too."""
+    cases = {
+        (str(tmp_path / "nomodel"),): f"{tmp_path / 'nomodel'}: no such directory (a hub id reads org/name)",
+        (str(problems),): f"{problems}: a file, not a model directory",
+        (model, "--engine", "transformers"): f"{model}: not a model directory (no config.json)",
+    }
+    for flags, message in cases.items():
+        stderr = generate(str(problems), str(tmp_path / "out.jsonl"), *NO_SERVER, "--model", *flags)
+        assert stderr.strip() == f"threadweaver generate: {message}"
+    assert not (tmp_path / "out.jsonl").exists()
 
 
 def test_http_options_refuse_a_count_that_would_wait_forever():

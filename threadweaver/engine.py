@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from threadweaver.cli_args import option
+from threadweaver.cli_args import SettingError, option
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,16 @@ class Sampling:
     top_p: float = option(1.0, "Nucleus sampling mass.")
     top_k: int = option(-1, "Keep the k most likely tokens (-1: all).")
     seed: int | None = option(None, "Sampling seed, where the engine takes one.")
+
+    def __post_init__(self) -> None:
+        # vLLM's ranges (the temperature's is OpenAI's too), checked before any request: an engine would
+        # refuse them only at a trajectory's first request, or (transformers) read a bad one as greedy
+        if not 0 <= self.temperature <= 2:
+            raise SettingError("temperature", f"must be between 0 and 2, not {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise SettingError("top_p", f"must be more than 0 and at most 1, not {self.top_p!r}")
+        if self.top_k < -1:
+            raise SettingError("top_k", f"must be -1 or 0 (every token) or at least 1, not {self.top_k!r}")
 
 
 @dataclass(frozen=True)

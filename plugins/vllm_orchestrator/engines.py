@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from threadweaver.cli_args import check_counts, option
+from threadweaver.cli_args import SettingError, check_counts, option
+from threadweaver.model_dirs import check_model_dir
 
 from .http import HTTPOptions
 
 ENGINES = ("vllm", "sglang", "vllm-inprocess", "transformers")
+SERVER_ENGINES = ("vllm", "sglang")
 
 
 @dataclass(frozen=True)
@@ -32,12 +34,22 @@ class EngineArgs:
     def __post_init__(self):
         check_counts(self, ("max_inflight",))
         check_counts(self, ("retries",), least=0)
+        if self.engine in SERVER_ENGINES:
+            for url in self.base_url.split():
+                if not url.startswith(("http://", "https://")):
+                    raise SettingError("base_url", f"must be an http:// or https:// URL, not {url!r}")
+
+    def check_model(self, model: str | None) -> None:
+        """Refuse, before anything loads, a local ``model`` that cannot be one: a model directory for the
+        in-process engines, a tokenizer's for the servers'."""
+        if model:
+            check_model_dir(model, weights=self.engine not in SERVER_ENGINES)
 
 
 def make_engine(args: EngineArgs, model: str | None = None):
     """``model``: the model directory, for the in-process engines."""
     options = HTTPOptions(concurrency=args.max_inflight, retries=args.retries, api_key=args.api_key)
-    if args.engine in ("vllm", "sglang"):
+    if args.engine in SERVER_ENGINES:
         urls = args.base_url.split()
         if not urls:
             raise ValueError("--base-url is empty: give the server's URL")

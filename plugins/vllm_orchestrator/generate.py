@@ -50,6 +50,7 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
     from threadweaver.orchestrator import Orchestrator
 
     problems = checked_problems(args)
+    engine_args.check_model(args.model)
     engine = make_engine(engine_args, args.model)
     try:
         source = await tokenizer_source(engine, args.model)

@@ -242,20 +242,15 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
         if budget > ceiling:
             raise APIError(f"'{name}': {budget} is above this server's ceiling of {ceiling}")
         limits = _limits(limits, {"max_tokens": budget}, f"'{name}'")
-    sampling = Sampling(
-        temperature=_number(body, "temperature", Sampling.temperature),
-        top_p=_number(body, "top_p", Sampling.top_p),
-        top_k=_number(body, "top_k", Sampling.top_k, int),
-        seed=_number(body, "seed", None, int),
-    )
-    # vLLM's ranges (the temperature's is OpenAI's too), checked before a stream starts: vLLM itself
-    # would refuse them only at the trajectory's first request, after a stream's 200
-    if not 0 <= sampling.temperature <= 2:
-        raise APIError(f"'temperature' must be between 0 and 2, not {sampling.temperature!r}")
-    if not 0 < sampling.top_p <= 1:
-        raise APIError(f"'top_p' must be more than 0 and at most 1, not {sampling.top_p!r}")
-    if sampling.top_k < -1:
-        raise APIError(f"'top_k' must be -1 or 0 (every token) or at least 1, not {sampling.top_k!r}")
+    try:  # checked before a stream starts: vLLM would refuse a bad one only after a stream's 200
+        sampling = Sampling(
+            temperature=_number(body, "temperature", Sampling.temperature),
+            top_p=_number(body, "top_p", Sampling.top_p),
+            top_k=_number(body, "top_k", Sampling.top_k, int),
+            seed=_number(body, "seed", None, int),
+        )
+    except SettingError as err:
+        raise APIError(f"'{err.names[0]}' {err.reason}") from None
     stop = body.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else stop
     if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
