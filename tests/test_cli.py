@@ -263,6 +263,8 @@ def test_an_unknown_flag_gets_the_commands_own_usage():
     done = run("stats", "--bogus", "rows.jsonl", check=False)
     assert done.returncode == 2 and "usage: threadweaver stats" in done.stderr
     assert "threadweaver stats: error: unrecognized arguments: --bogus" in done.stderr
+    abbreviated = run("stats", "--summary", "rows.jsonl", check=False)  # not taken for --summary-only
+    assert "threadweaver stats: error: unrecognized arguments: --summary" in abbreviated.stderr
 
 
 def test_filter_of_an_empty_file_leaves_its_output_as_it_was(tmp_path):

@@ -1,4 +1,7 @@
-"""`threadweaver serve` builds the vLLM command line for the workload (no server started here)."""
+"""`threadweaver serve` builds the vLLM command line for the workload, and serve and proxy refuse bad settings
+(no server started here)."""
+
+import pytest
 
 from threadweaver.vllm_orchestrator.serve import ServeArgs, server_command
 
@@ -24,3 +27,27 @@ def test_gpu_keeps_vllm_defaults_and_explicit_choices_win():
     assert (
         flags(server_command(ServeArgs("m", device="cpu", dtype="float32", block_size=64), 1))["--block-size"] == "64"
     )
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["serve", "{kit}", "--block-size", "0"], "--block-size must be a whole number of at least 1, not 0"),
+        (["serve", "{kit}", "--port", "99999"], "--port must be a port number (0 to 65535), not 99999"),
+        (["serve", "{kit}", "--gpu-memory-utilization", "7"], "--gpu-memory-utilization is a share"),
+        (["serve", "{kit}", "--startup-timeout-s", "-1"], "--startup-timeout-s must be more than 0 seconds"),
+        (["serve", "{tmp}/nomodel"], "{tmp}/nomodel: no such directory (a hub id reads org/name)"),
+        (["proxy", "--backend", "notaurl"], "--backend must be an http:// or https:// URL, not 'notaurl'"),
+        (["proxy", "--port", "-5"], "--port must be a port number (0 to 65535), not -5"),
+        (["proxy", "--max-trajectories", "0"], "--max-trajectories must be a whole number of at least 1, not 0"),
+    ],
+)
+def test_serve_and_proxy_refuse_bad_settings_naming_the_flag_before_anything_starts(tmp_path, argv, message, capsys):
+    from threadweaver.cli import main
+
+    (tmp_path / "kit").mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (tmp_path / "kit" / name).write_text("{}")
+    with pytest.raises(SystemExit) as exit_:
+        main([arg.format(kit=tmp_path / "kit", tmp=tmp_path) for arg in argv])
+    assert message.format(tmp=tmp_path) in f"{exit_.value.code}{capsys.readouterr().err}"

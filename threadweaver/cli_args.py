@@ -38,12 +38,22 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def check_counts(config, names: typing.Iterable[str], least: int = 1) -> None:
-    """Refuse a config whose fields ``names`` are not whole numbers of at least ``least``, naming the field."""
+def check_counts(config, names: typing.Iterable[str], least: int = 1, none_ok: bool = False) -> None:
+    """Refuse a config whose fields ``names`` are not whole numbers of at least ``least`` (``none_ok``: or
+    None, "no limit"), naming the field."""
     for name in names:
         value = getattr(config, name)
+        if value is None and none_ok:
+            continue
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise SettingError(name, f"must be a whole number of at least {least}, not {value!r}")
+
+
+def check_port(config, name: str = "port") -> None:
+    """Refuse a port number outside 0..65535 (0: a free one), naming the field."""
+    port = getattr(config, name)
+    if not 0 <= port <= 65535:
+        raise SettingError(name, f"must be a port number (0 to 65535), not {port}")
 
 
 def add_arguments(

@@ -28,6 +28,9 @@ class Command:
     """Flags after a lone ``--`` go to the vLLM server, as ``args.vllm_args``."""
 
     def add_to(self, commands) -> None:
-        parser = commands.add_parser(self.name, help=self.help, epilog=self.epilog, add_help=not self.own_help)
+        # no abbreviations: with flags that go on to TRL or vLLM, `--branching` must not become `--branching-default`
+        parser = commands.add_parser(
+            self.name, help=self.help, epilog=self.epilog, add_help=not self.own_help, allow_abbrev=False
+        )
         self.arguments(parser)
         parser.set_defaults(command=self, command_parser=parser)  # its own usage in its errors

@@ -78,12 +78,13 @@ def _proxy_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _proxy(args: argparse.Namespace) -> None:
+    from threadweaver.engine import EngineError
     from threadweaver.orchestrator import Limits
     from threadweaver.vllm_orchestrator.proxy import ProxyArgs, serve_proxy
 
     try:
         serve_proxy(from_args(ProxyArgs, args), from_args(Limits, args, branching=True))
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, EngineError) as err:
         sys.exit(f"threadweaver proxy: {err}")
 
 

@@ -96,8 +96,8 @@ class QuickstartArgs:
     timelines: int = option(4, "Problems drawn as timelines in timelines.html.")
 
     def __post_init__(self):
-        check_counts(self, ("concurrency",) + (("retrain_steps",) if self.retrain_steps is not None else ()))
-        check_counts(self, ("timelines",) + (("problems",) if self.problems is not None else ()), least=0)
+        check_counts(self, ("concurrency", "retrain_steps"), none_ok=True)
+        check_counts(self, ("timelines", "problems"), least=0, none_ok=True)
 
 
 def _recipe(args: QuickstartArgs) -> Recipe:

@@ -13,7 +13,8 @@ import json
 import sys
 from dataclasses import dataclass
 
-from threadweaver.cli_args import option
+from threadweaver.cli_args import SettingError, check_counts, check_port, option
+from threadweaver.model_dirs import check_model_dir
 from threadweaver.orchestrator import Limits
 
 from .openai_api import (
@@ -41,6 +42,14 @@ class ProxyArgs:
     branching_default: bool = branching_default_option()
     api_key: str | None = option(None, "Bearer token for the backend.")
     max_trajectories: int | None = max_trajectories_option()
+
+    def __post_init__(self):
+        if not self.backend.startswith(("http://", "https://")):
+            raise SettingError("backend", f"must be an http:// or https:// URL, not {self.backend!r}")
+        if self.model:
+            check_model_dir(self.model, weights=False)
+        check_port(self)
+        check_counts(self, ("max_trajectories",), none_ok=True)
 
 
 def proxy_app(args: ProxyArgs, limits: Limits = Limits()):

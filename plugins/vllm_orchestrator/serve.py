@@ -26,9 +26,10 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from threadweaver.cli_args import check_counts, flag, option
+from threadweaver.cli_args import SettingError, check_counts, check_port, flag, option
 from threadweaver.hosts import check_host
 from threadweaver.interrupts import STOPPING_SIGNALS, interrupt_like_ctrl_c
+from threadweaver.model_dirs import check_model_dir
 from threadweaver.orchestrator import Limits
 
 from .openai_api import ServerSettings, branching_default_option, max_trajectories_option
@@ -59,7 +60,14 @@ class ServeArgs:
     max_trajectories: int | None = max_trajectories_option()
 
     def __post_init__(self):
-        check_counts(self, ("max_model_len",))
+        check_counts(self, ("max_model_len", "cpu_kv_cache_gib", "block_size", "max_trajectories"), none_ok=True)
+        check_port(self)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise SettingError(
+                "gpu_memory_utilization", f"is a share (more than 0, at most 1), not {self.gpu_memory_utilization}"
+            )
+        if not self.startup_timeout_s > 0:
+            raise SettingError("startup_timeout_s", f"must be more than 0 seconds, not {self.startup_timeout_s}")
 
 
 SERVER_KEEPALIVE_S = 60
@@ -89,7 +97,7 @@ def server_command(args: ServeArgs, port: int, extra: list[str] = ()) -> list[st
         settings["gpu_memory_utilization"] = args.gpu_memory_utilization
     if args.dtype != "auto":
         settings["dtype"] = args.dtype
-    if args.block_size:
+    if args.block_size is not None:
         settings["block_size"] = args.block_size
     for name, value in settings.items():
         command += [flag(name)] if value is True else [flag(name), str(value)]
@@ -233,6 +241,7 @@ class VLLMServer:
 
 def serve_until_stopped(args: ServeArgs, extra: list[str] = (), limits: Limits = Limits()) -> None:
     """Start the server, print its URL, and stop it cleanly on Ctrl-C or SIGTERM."""
+    check_model_dir(args.model)  # before vLLM starts: its own error is a traceback, a minute later
     server = VLLMServer(args, extra=extra, limits=limits)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"starting vLLM: {' '.join(server.command)}", file=sys.stderr, flush=True)
