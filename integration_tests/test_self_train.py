@@ -63,21 +63,27 @@ def test_self_train_samples_filters_mixes_and_fine_tunes_then_resumes_without_re
 
 @pytest.mark.parametrize(
     "flags, message",
-    [(["--start", "base"], "--start base needs --base MODEL"), (["--mix", "nowhere.jsonl"], "nowhere.jsonl")],
+    [
+        (["--start", "base"], "--start base needs --base MODEL"),
+        (["--mix", "nowhere.jsonl"], "nowhere.jsonl"),
+        (["--base", "nowhere"], "--base MODEL goes with --start base"),
+        (["--max_stepz", "1"], "sft takes no --max_stepz 1"),  # a typo of an sft flag: now, not after sampling
+    ],
 )
 def test_self_train_refuses_bad_flags_in_one_line(tmp_path, flags, message):
     problems = tmp_path / "p.jsonl"
     problems.write_text('{"id": "a", "prompt": "A=1+2\\nA=?", "answer": "3"}\n')
     done = subprocess.run([CLI, "self-train", str(tmp_path), str(problems), *flags], capture_output=True, text=True)
     assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr
+    assert "rerun the same command" not in done.stderr  # nothing was done to go on from
 
 
 @pytest.mark.parametrize(
     "problems_text, flags, message",
     [
         ("", [], "has no problems"),
-        ('{"id": "a", "prompt": "A=?", "answer": "3"}\n', ["--n", "0"], "n must be a whole number of at least 1"),
-        ('{"id": "a", "prompt": "A=?", "answer": "3"}\n', ["--max-model-len", "0"], "max_model_len must be"),
+        ('{"id": "a", "prompt": "A=?", "answer": "3"}\n', ["--n", "0"], "--n must be a whole number of at least 1"),
+        ('{"id": "a", "prompt": "A=?", "answer": "3"}\n', ["--max-model-len", "0"], "--max-model-len must be"),
     ],
 )
 def test_self_train_refuses_bad_problems_or_counts_before_it_starts_a_server(tmp_path, problems_text, flags, message):

@@ -257,9 +257,13 @@ def _self_train(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         configs = [from_args(c, args) for c in (SelfTrainArgs, Sampling, FilterConfig)]
+    except (ValueError, OSError) as err:  # nothing started: nothing to go on from
+        sys.exit(f"threadweaver self-train: {err}")
+    try:
         summary = run(*configs, args.rest)
     except (ValueError, OSError, RuntimeError, EngineError) as err:
-        sys.exit(f"threadweaver self-train: {err}\nwhat is done is in {args.out}; rerun the same command to go on")
+        done = f"\nwhat is done is in {args.out}; rerun the same command to go on" if os.path.isdir(args.out) else ""
+        sys.exit(f"threadweaver self-train: {err}{done}")
     print(format_report(summary["filter"]))
     print(f"trained on {summary['kept']} kept + {summary['mixed']} mixed rows: {summary['model']}")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from threadweaver.cli_args import option
+from threadweaver.cli_args import check_counts, option
 from threadweaver.engine import Sampling
 from threadweaver.selection import FilterConfig
 
@@ -33,8 +33,11 @@ class SelfTrainArgs:
     max_model_len: int = option(4096, "The started server's longest context plus completion, in tokens.")
 
     def __post_init__(self):
+        check_counts(self, ("n", "concurrency", "max_model_len"))
         if self.start == "base" and not self.base:
             raise ValueError("--start base needs --base MODEL")
+        if self.base and self.start != "base":
+            raise ValueError("--base MODEL goes with --start base: without it the sampling model is fine-tuned")
         for path in (self.model, self.problems, self.mix, self.base if self.start == "base" else None):
             if path is not None and not os.path.exists(path):
                 raise FileNotFoundError(f"no such file or directory: {path}")
@@ -48,6 +51,9 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
     from threadweaver.rows import RowReader
     from threadweaver.selection import select
 
+    unknown = sft.parser().parse_known_args([args.model, args.problems, *sft_argv])[1]
+    if unknown:  # now, not after sampling
+        raise ValueError(f"sft takes no {' '.join(unknown)} (`threadweaver sft --help` lists its flags)")
     os.makedirs(args.out, exist_ok=True)
     generated, done = os.path.join(args.out, "generated.jsonl"), os.path.join(args.out, "generated.done")
     if not os.path.exists(done):
