@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from threadweaver.cli_args import SettingError
 from threadweaver.jsonl import RowError, read_jsonl, write_json
 from threadweaver.rows import RowReader, prompt_messages
 
@@ -58,9 +59,15 @@ def main(argv: list[str]) -> str:
             "the batch is --prompts-per-step x --num-generations rollouts; "
             "set those instead of --per-device-train-batch-size"
         )
+    if prompts < 1:
+        raise ValueError(f"--prompts-per-step must be a whole number of at least 1, not {prompts}")
     values["per_device_train_batch_size"] = prompts * values["num_generations"]
     try:
-        return train(model, data, PGRPOConfig(**values))
+        config = PGRPOConfig(**values)
+    except SettingError as err:  # named as TRL's flags are
+        raise ValueError(f"{' and '.join('--' + name for name in err.names)} {err.reason}") from None
+    try:
+        return train(model, data, config)
     except RowError as err:
         raise ValueError(f"{data}: {err}") from None
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from threadweaver.cli_args import check_counts
+from threadweaver.engine import Sampling
 from threadweaver.orchestrator import Limits
 from threadweaver.pgrpo import PAPER
 from threadweaver.reward import ACCELERATION_FORMS, RewardConfig
@@ -66,6 +68,10 @@ class PGRPOConfig(GRPOConfig):
     max_depth: int = _limit("max_depth")
 
     def __post_init__(self) -> None:
+        # before TRL's own checks: num_generations 0 is a ZeroDivisionError there, and the others would
+        # be found only once the model has loaded and the first rollout starts
+        check_counts(self, ("num_generations", "max_threads", "max_depth"))
+        Sampling(temperature=self.temperature, top_p=self.top_p)
         if self.scale_rewards is False:
             self.scale_rewards = "none"
         if self.scale_rewards != "none":
