@@ -66,6 +66,7 @@ def add_arguments(
     """A flag per field of ``config_cls`` (only ``include`` if given; never ``exclude`` or non-init fields);
     ``defaults``: this command's own defaults, where they differ from the config's."""
     hints = typing.get_type_hints(config_cls)
+    shows_defaults = issubclass(parser.formatter_class, argparse.ArgumentDefaultsHelpFormatter)  # TRL's parser
     for f in dataclasses.fields(config_cls):
         if f.name in exclude or not f.init or (include and f.name not in include):
             continue
@@ -82,7 +83,7 @@ def add_arguments(
                 type=kind,
                 default=default,
                 choices=f.metadata.get("choices"),
-                help=help_text if "default" in help_text else f"{help_text} (default: {default})",
+                help=help_text if shows_defaults or "default" in help_text else f"{help_text} (default: {default})",
             )
 
 
