@@ -67,6 +67,13 @@ class SessionKeyed:
         return view
 
 
+START_ONE = {
+    "vLLM server": " `threadweaver serve MODEL` starts one",
+    "SGLang server": " `python -m sglang.launch_server --model-path MODEL` starts one",
+}
+"""How to start the server a client could not reach, where the project knows."""
+
+
 class JSONClient:
     def __init__(self, base_url: str, options: HTTPOptions = HTTPOptions(), *, what: str = "server"):
         self.base_url = base_url.rstrip("/")
@@ -158,7 +165,7 @@ class JSONClient:
         if attempt >= self.options.retries:
             raise EngineError(
                 f"cannot reach the {self.what} at {self.base_url} ({type(err).__name__}: {err}) "
-                f"after {attempt + 1} tries; is it running? `threadweaver serve MODEL` starts one"
+                f"after {attempt + 1} tries; is it running?{START_ONE.get(self.what, '')}"
             ) from err
         return f"{type(err).__name__}: {err}"
 
