@@ -212,7 +212,7 @@ def test_the_command_names_a_refused_setting_by_its_flag_before_the_model_loads(
     from threadweaver.trl_pgrpo import command
 
     for flags, message in [
-        (["--num_generations", "0"], "--num_generations must be a whole number of at least 1, not 0"),
+        (["--num_generations", "0"], "--num-generations must be a whole number of at least 1, not 0"),
         (["--prompts-per-step", "0"], "--prompts-per-step must be a whole number of at least 1, not 0"),
     ]:
         with pytest.raises(ValueError) as refused:

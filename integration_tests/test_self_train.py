@@ -68,12 +68,15 @@ def test_self_train_samples_filters_mixes_and_fine_tunes_then_resumes_without_re
         (["--mix", "nowhere.jsonl"], "nowhere.jsonl"),
         (["--base", "nowhere"], "--base MODEL goes with --start base"),
         (["--max_stepz", "1"], "sft takes no --max_stepz 1"),  # a typo of an sft flag: now, not after sampling
+        (["--max_step", "1"], "sft takes no --max_step 1"),  # nor an abbreviation of one
+        (["--base-url", "localhost:8000"], "--base-url must be an http:// or https:// URL, not 'localhost:8000'"),
     ],
 )
 def test_self_train_refuses_bad_flags_in_one_line(tmp_path, flags, message):
     problems = tmp_path / "p.jsonl"
     problems.write_text('{"id": "a", "prompt": "A=1+2\\nA=?", "answer": "3"}\n')
-    done = subprocess.run([CLI, "self-train", str(tmp_path), str(problems), *flags], capture_output=True, text=True)
+    argv = [CLI, "self-train", str(tmp_path), str(problems), "--out", str(tmp_path / "out"), *flags]
+    done = subprocess.run(argv, capture_output=True, text=True)
     assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr
     assert "rerun the same command" not in done.stderr  # nothing was done to go on from
 

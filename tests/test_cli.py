@@ -154,7 +154,8 @@ def test_a_row_whose_shape_is_at_fault_gets_no_tokenizer_hint(tmp_path):
         (
             json.dumps({"tokenizer": 5, "text": "a"}),
             ["stats", str(rows)],
-            f"{rows}: line 1: field 'tokenizer': must name the tokenizer the row was written with, not 5",
+            f"{rows}: line 1: field 'tokenizer': must name the tokenizer the row was written with, not 5 "
+            "(--tokenizer NAME reads the rows with another)",
         ),
     ]
     for line, args, message in cases:

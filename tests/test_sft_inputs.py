@@ -43,9 +43,10 @@ def test_bad_paths_and_settings_are_named_before_anything_loads(kit):
         (model, data, "--max_length", "0"): "--max_length must be a whole number of at least 1 (or none), not 0",
         (model, data, "--max_steps", "0", "--num_train_epochs", "0"): "--max_steps and --num_train_epochs are both 0",
     }
+    out = ["--output_dir", str(kit / "out")]
     for argv, message in cases.items():
         with pytest.raises(ValueError) as refused:
-            sft.main([*argv, "--report_to", "none"])
+            sft.main([*(argv if "--output_dir" in argv else (*argv, *out)), "--report_to", "none"])
         assert str(refused.value).startswith(message), (argv, str(refused.value))
     assert sorted(p.name for p in kit.iterdir()) == ["k", "s"]
 

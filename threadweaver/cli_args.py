@@ -49,6 +49,13 @@ def check_counts(config, names: typing.Iterable[str], least: int = 1, none_ok: b
             raise SettingError(name, f"must be a whole number of at least {least}, not {value!r}")
 
 
+def check_url(config, name: str, url: str | None = None) -> None:
+    """Refuse a server URL (``url``, else the field ``name``'s value) that is not http:// or https://."""
+    url = getattr(config, name) if url is None else url
+    if not url.startswith(("http://", "https://")):
+        raise SettingError(name, f"must be an http:// or https:// URL, not {url!r}")
+
+
 def check_port(config, name: str = "port") -> None:
     """Refuse a port number outside 0..65535 (0: a free one), naming the field."""
     port = getattr(config, name)

@@ -196,22 +196,10 @@ SET_ASIDE = ".set-aside"
 """Suffix of the file where resuming moves the lines of an output file that are not finished rows."""
 
 
-def finished_keys(path: str) -> tuple[set[tuple[str, int]], int]:
-    """(id, sample) of the finished rows in ``path``, which is left ready to append to; and how many
-    lines were set aside.
-
-    Resuming never deletes a finished row. A torn last line (a crash mid-write: not a JSON
-    row) is cut off, and a last row that lacks only its newline gets one. Any other line that
-    is not a finished row (not UTF-8, not a JSON object with an ``id`` and a ``sample``) and
-    every repeat of an (id, sample) is moved, byte for byte, to ``path + SET_ASIDE``, and the
-    file is rewritten without it. A file with such lines and no finished row is no output to resume
-    (most often the problems file, named in its place): :class:`ValueError`, and it is left as it was.
-    """
-    if not os.path.exists(path):
-        return set(), 0
+def _scan(path: str) -> tuple[set[tuple[str, int]], list[bytes], list[bytes], bytes, int]:
+    """(finished keys, lines kept, lines to set aside, the torn last line, how many whole lines) of an output."""
     with open(path, "rb") as f:
-        data = f.read()
-    lines = data.split(b"\n")
+        lines = f.read().split(b"\n")
     torn = lines.pop()  # b"" when the file ends with a newline
     keys: set[tuple[str, int]] = set()
     kept, aside = [], []
@@ -222,15 +210,40 @@ def finished_keys(path: str) -> tuple[set[tuple[str, int]], int]:
             kept.append(line)
         elif line.strip() and i < len(lines):
             aside.append(line)
+    return keys, kept, aside, torn, len(lines)
+
+
+def check_resumable(path: str) -> None:
+    """Refuse, reading only, an existing ``path`` with lines but no finished row: no output to resume (most
+    often the problems file, named in its place), which :func:`finished_keys` would set aside whole."""
+    if not os.path.isfile(path):
+        return
+    keys, _, aside, _, _ = _scan(path)
     if aside and not keys:
         raise ValueError(
             f"{path} holds no finished row: none of its {len(aside)} lines is a JSON object with an 'id' and a "
             "'sample', so it is no output to resume; name another output, or move it"
         )
+
+
+def finished_keys(path: str) -> tuple[set[tuple[str, int]], int]:
+    """(id, sample) of the finished rows in ``path``, which is left ready to append to; and how many
+    lines were set aside.
+
+    Resuming never deletes a finished row. A torn last line (a crash mid-write: not a JSON
+    row) is cut off, and a last row that lacks only its newline gets one. Any other line that
+    is not a finished row (not UTF-8, not a JSON object with an ``id`` and a ``sample``) and
+    every repeat of an (id, sample) is moved, byte for byte, to ``path + SET_ASIDE``, and the
+    file is rewritten without it. A file that :func:`check_resumable` refuses is left as it was.
+    """
+    if not os.path.exists(path):
+        return set(), 0
+    check_resumable(path)
+    keys, kept, aside, torn, whole = _scan(path)
     if aside:
         with open(path + SET_ASIDE, "ab") as f:
             f.write(b"".join(line + b"\n" for line in aside))
-    if torn or len(kept) != len(lines):  # a torn or newline-less last line, lines set aside or blank
+    if torn or len(kept) != whole:  # a torn or newline-less last line, lines set aside or blank
         tmp = path + ".tmp"
         with open(tmp, "wb") as f:
             f.write(b"".join(line + b"\n" for line in kept))

@@ -19,6 +19,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "voc
 def check_model_dir(
     model: str,
     *,
+    contents: bool = True,
     weights: bool = True,
     what: str = "a model directory",
     gguf_advice: str = "`threadweaver prepare` makes a model directory of it",
@@ -26,6 +27,8 @@ def check_model_dir(
     """Refuse a local ``model`` (``~`` expanded) that cannot be a transformers model directory, with a
     :class:`ValueError` naming it; a hub id (``org/name`` where no such path exists) is the hub's to judge.
 
+    ``contents``: check what it holds, not only that it exists (off where the loader takes more than a
+    transformers directory: vLLM also reads a GGUF file, Mistral's format, a tokenizer given apart).
     ``weights``: it must hold a model (``config.json``), not only a tokenizer. ``what``: what the command
     takes, for a file given in its place. ``gguf_advice``: what to do with a GGUF file the folder holds
     (``{name}``: its name)."""
@@ -34,6 +37,8 @@ def check_model_dir(
     path = os.path.expanduser(model)
     if not os.path.exists(path):
         raise ValueError(f"{model}: no such directory (a hub id reads org/name)")
+    if not contents:
+        return
     if not os.path.isdir(path):
         raise ValueError(f"{model}: a file, not {what}")
     names = os.listdir(path)

@@ -35,7 +35,7 @@ def row_reader(spec: str | None, files: list[str], command: str):
             try:
                 recorded[path] = recorded_tokenizer(path)
             except RowError as err:
-                sys.exit(f"threadweaver {command}: {path}: {err}")
+                sys.exit(f"threadweaver {command}: {path}: {err} (--tokenizer NAME reads the rows with another)")
         named = {name for name in recorded.values() if name is not None}
         if len(named) > 1:
             sides = "; ".join(f"{path} records {name!r}" for path, name in recorded.items())
@@ -252,17 +252,19 @@ def _self_train(args: argparse.Namespace) -> None:
 
     from threadweaver.engine import EngineError, Sampling
     from threadweaver.selection import format_report
-    from threadweaver.self_train import SelfTrainArgs, run
+    from threadweaver.self_train import SelfTrainArgs, check_sft_flags, run
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         configs = [from_args(c, args) for c in (SelfTrainArgs, Sampling, FilterConfig)]
+        check_sft_flags(args.rest)
     except (ValueError, OSError) as err:  # nothing started: nothing to go on from
         sys.exit(f"threadweaver self-train: {err}")
     try:
         summary = run(*configs, args.rest)
     except (ValueError, OSError, RuntimeError, EngineError) as err:
-        done = f"\nwhat is done is in {args.out}; rerun the same command to go on" if os.path.isdir(args.out) else ""
+        sampled = os.path.exists(os.path.join(args.out, "generated.jsonl"))
+        done = f"\nwhat is done is in {args.out}; rerun the same command to go on" if sampled else ""
         sys.exit(f"threadweaver self-train: {err}{done}")
     print(format_report(summary["filter"]))
     print(f"trained on {summary['kept']} kept + {summary['mixed']} mixed rows: {summary['model']}")

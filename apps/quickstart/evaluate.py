@@ -92,6 +92,8 @@ def check_task(task: str) -> None:
     """Refuse a task lm-eval does not know now, not after the servers have started (10 s: every task's YAML)."""
     from lm_eval.tasks import TaskManager
 
+    if os.path.exists(task):  # a task's YAML file or folder, which lm-eval takes as it is
+        return
     known = TaskManager().all_tasks
     if task not in known:
         close = difflib.get_close_matches(task, known, n=3)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from threadweaver.cli_args import check_counts, option
+from threadweaver.cli_args import check_counts, check_url, option
 from threadweaver.engine import Sampling
 from threadweaver.selection import FilterConfig
 
@@ -34,6 +34,8 @@ class SelfTrainArgs:
 
     def __post_init__(self):
         check_counts(self, ("n", "concurrency", "max_model_len"))
+        if self.base_url is not None:
+            check_url(self, "base_url")
         if self.start == "base" and not self.base:
             raise ValueError("--start base needs --base MODEL")
         if self.base and self.start != "base":
@@ -41,6 +43,15 @@ class SelfTrainArgs:
         for path in (self.model, self.problems, self.mix, self.base if self.start == "base" else None):
             if path is not None and not os.path.exists(path):
                 raise FileNotFoundError(f"no such file or directory: {path}")
+
+
+def check_sft_flags(sft_argv: list[str]) -> None:
+    """Refuse, before any sampling, flags that ``sft`` would refuse only after it."""
+    from threadweaver.hf_collator import sft
+
+    unknown = sft.parser().parse_known_args(["MODEL", "DATA", *sft_argv])[1]
+    if unknown:
+        raise ValueError(f"sft takes no {' '.join(unknown)} (`threadweaver sft --help` lists its flags)")
 
 
 def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_argv: list[str]) -> dict:
@@ -51,9 +62,6 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
     from threadweaver.rows import RowReader
     from threadweaver.selection import select
 
-    unknown = sft.parser().parse_known_args([args.model, args.problems, *sft_argv])[1]
-    if unknown:  # now, not after sampling
-        raise ValueError(f"sft takes no {' '.join(unknown)} (`threadweaver sft --help` lists its flags)")
     os.makedirs(args.out, exist_ok=True)
     generated, done = os.path.join(args.out, "generated.jsonl"), os.path.join(args.out, "generated.done")
     if not os.path.exists(done):

@@ -59,7 +59,9 @@ def parser():
     from trl import SFTConfig
 
     cuda = torch.cuda.is_available()
-    parser = HfArgumentParser(SFTConfig, prog="threadweaver sft", description=__doc__.split("\n\n")[0])
+    parser = HfArgumentParser(
+        SFTConfig, prog="threadweaver sft", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     parser.add_argument("model", help="Model directory or hub id (a causal LM in transformers format).")
     parser.add_argument(
         "data",
@@ -157,7 +159,7 @@ def check_paths(model_dir: str, data: str, output_dir: str) -> None:
     from threadweaver.model_dirs import check_model_dir
 
     check_model_dir(model_dir, what="a model directory (sft takes MODEL, then DATA)")
-    if not os.path.isfile(data):
+    if not os.path.exists(data) or os.path.isdir(data):  # a pipe, <(zcat rows.gz), is a file of rows too
         raise ValueError(f"{data}: {'a folder, not a file of rows' if os.path.isdir(data) else 'no such file'}")
     if not output_dir:
         raise ValueError("--output_dir is empty: name the folder to save the model in")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from threadweaver.cli_args import SettingError
+from threadweaver.cli_args import SettingError, flag
 from threadweaver.jsonl import RowError, read_jsonl, write_json
 from threadweaver.rows import RowReader, prompt_messages
 
@@ -34,7 +34,9 @@ def parser():
     from threadweaver.trl_pgrpo import PGRPOConfig
 
     cuda = torch.cuda.is_available()
-    parser = HfArgumentParser(PGRPOConfig, prog="threadweaver pgrpo", description=__doc__.split("\n\n")[0])
+    parser = HfArgumentParser(
+        PGRPOConfig, prog="threadweaver pgrpo", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     parser.add_argument("model", help="The SFT'd ThreadWeaver model (directory or hub id).")
     parser.add_argument("data", help="JSONL problems: 'messages' or 'prompt' (see threadweaver.rows), and 'answer'.")
     parser.add_argument(
@@ -65,7 +67,7 @@ def main(argv: list[str]) -> str:
     try:
         config = PGRPOConfig(**values)
     except SettingError as err:  # named as TRL's flags are
-        raise ValueError(f"{' and '.join('--' + name for name in err.names)} {err.reason}") from None
+        raise ValueError(f"{' and '.join(map(flag, err.names))} {err.reason}") from None
     try:
         return train(model, data, config)
     except RowError as err:

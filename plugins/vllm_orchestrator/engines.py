@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from threadweaver.cli_args import SettingError, check_counts, option
+from threadweaver.cli_args import check_counts, check_url, option
 from threadweaver.model_dirs import check_model_dir
 
 from .http import HTTPOptions
@@ -36,14 +36,13 @@ class EngineArgs:
         check_counts(self, ("retries",), least=0)
         if self.engine in SERVER_ENGINES:
             for url in self.base_url.split():
-                if not url.startswith(("http://", "https://")):
-                    raise SettingError("base_url", f"must be an http:// or https:// URL, not {url!r}")
+                check_url(self, "base_url", url)
 
     def check_model(self, model: str | None) -> None:
         """Refuse, before anything loads, a local ``model`` that cannot be one: a model directory for the
         in-process engines, a tokenizer's for the servers'."""
         if model:
-            check_model_dir(model, weights=self.engine not in SERVER_ENGINES)
+            check_model_dir(model, contents=self.engine != "vllm-inprocess", weights=self.engine not in SERVER_ENGINES)
 
 
 def make_engine(args: EngineArgs, model: str | None = None):

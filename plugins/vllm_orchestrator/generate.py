@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from threadweaver.batch import problem_jobs, read_problems, run_batch, run_sync
 from threadweaver.cli_args import check_counts, option
-from threadweaver.jsonl import SET_ASIDE, check_outputs, finished_keys
+from threadweaver.jsonl import SET_ASIDE, check_outputs, check_resumable, finished_keys
 from threadweaver.orchestrator import Limits, Sampling
 
 from .engines import EngineArgs, make_engine, tokenizer_source
@@ -32,6 +32,7 @@ class GenerateArgs:
 def checked_problems(args: GenerateArgs) -> list[tuple[int, str, dict]]:
     """The problem rows, checked before any server is asked or any output touched."""
     check_outputs([args.out], [args.problems])
+    check_resumable(args.out)
     try:
         problems = read_problems(args.problems)
     except OSError as err:

@@ -13,10 +13,11 @@ import json
 import sys
 from dataclasses import dataclass
 
-from threadweaver.cli_args import SettingError, check_counts, check_port, option
+from threadweaver.cli_args import check_counts, check_port, check_url, option
 from threadweaver.model_dirs import check_model_dir
 from threadweaver.orchestrator import Limits
 
+from .engines import SERVER_ENGINES
 from .openai_api import (
     ROUTES,
     Admission,
@@ -33,7 +34,7 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length",
 @dataclass(frozen=True)
 class ProxyArgs:
     backend: str = option("http://127.0.0.1:8000", "URL of the server that decodes (vLLM or SGLang).")
-    engine: str = option("vllm", "What the backend is: 'vllm' or 'sglang'.", choices=("vllm", "sglang"))
+    engine: str = option("vllm", "What the backend is: 'vllm' or 'sglang'.", choices=SERVER_ENGINES)
     model: str | None = option(
         None, "Tokenizer directory or hub id (default: the model the vLLM backend reports it loaded)."
     )
@@ -44,8 +45,7 @@ class ProxyArgs:
     max_trajectories: int | None = max_trajectories_option()
 
     def __post_init__(self):
-        if not self.backend.startswith(("http://", "https://")):
-            raise SettingError("backend", f"must be an http:// or https:// URL, not {self.backend!r}")
+        check_url(self, "backend")
         if self.model:
             check_model_dir(self.model, weights=False)
         check_port(self)

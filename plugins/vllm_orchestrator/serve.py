@@ -60,7 +60,8 @@ class ServeArgs:
     max_trajectories: int | None = max_trajectories_option()
 
     def __post_init__(self):
-        check_counts(self, ("max_model_len", "cpu_kv_cache_gib", "block_size", "max_trajectories"), none_ok=True)
+        check_counts(self, ("max_model_len", "cpu_kv_cache_gib"))
+        check_counts(self, ("block_size", "max_trajectories"), none_ok=True)
         check_port(self)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise SettingError(
@@ -241,7 +242,7 @@ class VLLMServer:
 
 def serve_until_stopped(args: ServeArgs, extra: list[str] = (), limits: Limits = Limits()) -> None:
     """Start the server, print its URL, and stop it cleanly on Ctrl-C or SIGTERM."""
-    check_model_dir(args.model)  # before vLLM starts: its own error is a traceback, a minute later
+    check_model_dir(args.model, contents=False)  # before vLLM starts: its error is a traceback, a minute later
     server = VLLMServer(args, extra=extra, limits=limits)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"starting vLLM: {' '.join(server.command)}", file=sys.stderr, flush=True)
