@@ -122,7 +122,7 @@ def test_bad_input_is_one_line_naming_the_file_and_line(synth, tmp_path):
     assert not (tmp_path / "kept.jsonl").exists()
     with pytest.raises(SystemExit, match=r"gen\.jsonl is the input file"):
         cli(["filter", str(generated), str(generated)])
-    with pytest.raises(SystemExit, match="per_problem must be at least 1"):
+    with pytest.raises(SystemExit, match="--per-problem must be at least 1, not 0"):
         cli(["filter", str(generated), str(tmp_path / "k.jsonl"), "--per-problem", "0"])
 
 
