@@ -115,8 +115,8 @@ def test_a_killed_run_resumes_without_repeating_a_call_and_the_report_accounts_f
     assert cached_at_kill >= 4 and 0 <= at_kill - start - cached_at_kill <= 2  # at most --concurrency in flight
 
     rerun = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert rerun.returncode == 0, rerun.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
+    assert rerun.returncode == (0 if report["kept"] else 1), rerun.stderr[-2000:]  # a tiny model may keep none
     calls = sum(t["calls"] for t in report["tokens"].values())
     hits = sum(t["cache_hits"] for t in report["tokens"].values())
     assert server_counters(url)["requests"] - at_kill == calls
@@ -134,7 +134,7 @@ def test_a_killed_run_resumes_without_repeating_a_call_and_the_report_accounts_f
     }
 
     again = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and "LLM calls 0 (+" in again.stdout
+    assert again.returncode == (0 if report["kept"] else 1) and "LLM calls 0 (+" in again.stdout
     assert server_counters(url)["requests"] - at_kill == calls
 
 

@@ -488,24 +488,29 @@ def test_when_no_trace_reaches_the_server_the_command_fails_naming_its_url_and_k
 def test_a_run_that_keeps_no_trace_fails_and_keeps_the_outputs_of_an_earlier_one(tmp_path, traces, capsys):
     rows, sequential = sequential_rows(2)
     write_jsonl(str(tmp_path / "t.jsonl"), sequential if traces == "replies_all_bad" else [])
-    out = tmp_path / "out"
-    out.mkdir()
     earlier = {"train.jsonl": '{"id": "a"}\n', "dropped.jsonl": "", "report.json": "{}"}
-    for name, text in earlier.items():
-        (out / name).write_text(text)
-    with (
-        stand_in_server(StandIn({row["prompt"]: "bad_json" for row in rows})) as url,
-        pytest.raises(SystemExit) as exit_,
-    ):
-        main(["curate", str(tmp_path / "t.jsonl"), str(out), "--base-url", url, "--model", "m", "--tokenizer", "synth"])
-    why = (
-        "no trace to curate" if traces == "empty" else "nothing kept (the first dropped: line 1: segment, invalid_json"
-    )
-    message = str(exit_.value.code)
-    assert message.startswith(f"threadweaver curate: {tmp_path / 't.jsonl'}: {why}") and "\n" not in message
-    assert message.endswith(f"; the outputs in {out} are left as they were")
-    assert {name: (out / name).read_text() for name in earlier} == earlier
-    assert ("traces 2, kept 0" in capsys.readouterr().out) == (traces != "empty")
+    first = "line 1: segment, invalid_json"
+    why = "no trace to curate" if traces == "empty" else f"nothing kept (the first dropped: {first}"
+    for out in (tmp_path / "earlier", tmp_path / "first"):
+        out.mkdir()
+        if out.name == "earlier":
+            for name, text in earlier.items():
+                (out / name).write_text(text)
+        argv = ["curate", str(tmp_path / "t.jsonl"), str(out), "--model", "m", "--tokenizer", "synth"]
+        stand_in = StandIn({r["prompt"]: "bad_json" for r in rows})
+        with stand_in_server(stand_in) as url, pytest.raises(SystemExit) as exit_:
+            main([*argv, "--base-url", url])
+        message = str(exit_.value.code)
+        assert message.startswith(f"threadweaver curate: {tmp_path / 't.jsonl'}: {why}") and "\n" not in message
+        assert ("traces 2, kept 0" in capsys.readouterr().out) == (traces != "empty")
+        if out.name == "earlier":  # its finished work stays
+            assert message.endswith(f"; the outputs in {out} are left as they were")
+            assert {name: (out / name).read_text() for name in earlier} == earlier
+        elif traces == "replies_all_bad":  # a first run writes why, with rc 1
+            assert message.endswith(f"; why each trace was dropped: {out / 'dropped.jsonl'}")
+            assert (out / "train.jsonl").read_text() == ""
+            assert len((out / "dropped.jsonl").read_text().splitlines()) == 2
+            assert json.loads((out / "report.json").read_text())["kept"] == 0
 
 
 def test_deepseek_r1_responses_without_an_opening_think_are_curated(tmp_path):

@@ -224,11 +224,7 @@ def _curate(args: argparse.Namespace) -> None:
     except NothingCurated as err:
         if err.report["traces"]:
             print(format_report(err.report))
-        earlier = os.path.exists(os.path.join(args.out_dir, "train.jsonl"))
-        sys.exit(
-            f"threadweaver curate: {args.traces}: {err}"
-            + (f"; the outputs in {args.out_dir} are left as they were" if earlier else "")
-        )
+        sys.exit(f"threadweaver curate: {args.traces}: {err}")
     except (ValueError, OSError) as err:
         sys.exit(f"threadweaver curate: {err}")
     if stats.get("dry_run"):

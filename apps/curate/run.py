@@ -37,17 +37,22 @@ def target_reader(spec: str) -> RowReader:
 
 
 class NothingCurated(ValueError):
-    """No trace was kept: no output is written, so an earlier run's stay; ``report`` says why."""
+    """No trace was kept; ``report`` says why. Where an earlier run kept rows (its ``train.jsonl``), no
+    output is written (``kept_earlier``); otherwise the three are, ``train.jsonl`` empty, ``dropped.jsonl``
+    with every trace's reason."""
 
-    def __init__(self, report: dict, outcomes: list[Outcome]):
+    def __init__(self, report: dict, outcomes: list[Outcome], out_dir: str, kept_earlier: bool):
         first = next((o.drops[-1] for o in outcomes if o.drops), None)
         message = "no trace to curate"
         if first is not None:
             detail = " ".join(first["detail"].split())
             detail = detail if len(detail) <= 200 else detail[:200] + "..."
-            message = (
-                f"nothing kept (the first dropped: line {first['line']}: {first['stage']}, {first['reason']}: {detail})"
-            )
+            where = f"line {first['line']}: {first['stage']}, {first['reason']}"
+            message = f"nothing kept (the first dropped: {where}: {detail})"
+        if kept_earlier:
+            message += f"; the outputs in {out_dir} are left as they were"
+        elif report["traces"]:
+            message += f"; why each trace was dropped: {os.path.join(out_dir, 'dropped.jsonl')}"
         super().__init__(message)
         self.report = report
 
@@ -56,8 +61,8 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     """Curate ``args.traces`` into ``args.out_dir``; the report (also in ``report.json``).
 
     Raises :class:`InterruptedError` on Ctrl-C (the replies so far stay in the call cache, so a rerun
-    resumes), :class:`ConnectionError` where the server answered no trace, and :class:`NothingCurated`
-    where no trace was kept: then the outputs of an earlier run stay as they were.
+    resumes), :class:`ConnectionError` where the server answered no trace (the outputs of an earlier run
+    stay as they were), and :class:`NothingCurated` where no trace was kept.
     """
     from tqdm import tqdm
 
@@ -68,8 +73,10 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
         return estimate(traces, dropped, fmt, llm_args, config)
     if not llm_args.model:
         raise ValueError("name the model the endpoint serves: --model NAME")
+    train = os.path.join(args.out_dir, "train.jsonl")
+    kept_earlier = os.path.exists(train) and os.path.getsize(train) > 0  # rows a run with none must not replace
     if not traces:
-        raise NothingCurated(report(dropped, {}, config), dropped)
+        raise NothingCurated(report(dropped, {}, config), dropped, args.out_dir, kept_earlier)
     cache = CallCache(os.path.join(args.out_dir, "calls.sqlite"))
     bar = tqdm(total=len(traces), desc="curate", unit=" traces", disable=not sys.stderr.isatty())
     done: list[Outcome] = list(dropped)
@@ -107,11 +114,13 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     _check_server(outcomes, len(traces), base_url, llm_args.model, args.out_dir)
     stats = report(outcomes, usage, config)
     stats["llm"] = {"base_url": base_url, "model": llm_args.model, "temperature": llm_args.temperature}
-    if not stats["kept"]:
-        raise NothingCurated(stats, outcomes)
-    write_jsonl(os.path.join(args.out_dir, "train.jsonl"), (o.row for o in outcomes if o.row is not None))
+    if not stats["kept"] and kept_earlier:
+        raise NothingCurated(stats, outcomes, args.out_dir, kept_earlier)
+    write_jsonl(train, (o.row for o in outcomes if o.row is not None))
     write_jsonl(os.path.join(args.out_dir, "dropped.jsonl"), (d for o in outcomes for d in o.drops))
     write_json(os.path.join(args.out_dir, "report.json"), stats)
+    if not stats["kept"]:
+        raise NothingCurated(stats, outcomes, args.out_dir, kept_earlier)
     return stats
 
 
