@@ -177,7 +177,6 @@ def train(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
-    check_paths(model_dir, data, config.output_dir)
     if config.max_length is not None and config.max_length < 1:
         raise ValueError(f"--max_length must be a whole number of at least 1 (or none), not {config.max_length}")
     if config.max_steps <= 0 and config.num_train_epochs <= 0:
@@ -203,6 +202,7 @@ def train(
         )
     if flex_backend == "FLASH" and (missing := flash_attention_4_missing()):
         raise ValueError(f"--flex_backend FLASH: {missing}")
+    check_paths(model_dir, data, config.output_dir)  # after the flags' refusals, which read flags only
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     check_prepared(model_dir, tokenizer)
     base = "sdpa" if attention == "varlen" else attention  # varlen is a tree attention only
