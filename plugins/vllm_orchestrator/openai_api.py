@@ -26,7 +26,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, fields, replace
 
-from threadweaver.cli_args import SettingError, option, value_type
+from threadweaver.cli_args import SettingError, check_counts, option, value_type
 from threadweaver.engine import EngineError, RequestRefused
 from threadweaver.format import Format
 from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, trajectory_text
@@ -159,8 +159,7 @@ class ServerSettings:
     """The model's context, where the server knows it: a longer prompt is a 400, as vLLM's own."""
 
     def __post_init__(self):
-        if self.max_trajectories is not None and self.max_trajectories < 1:
-            raise SettingError("max_trajectories", f"must be at least 1, not {self.max_trajectories}")
+        check_counts(self, ("max_trajectories",), none_ok=True)
 
     @classmethod
     def from_env(cls, environ=os.environ) -> ServerSettings:
