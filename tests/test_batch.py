@@ -8,7 +8,7 @@ from orchestrator_scripts import GOOD, PROMPT, WELL_FORMED
 
 from threadweaver.batch import Job, problem_jobs, read_problems, run_batch
 from threadweaver.jsonl import RowError, finished_keys
-from threadweaver.orchestrator import Orchestrator
+from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.rows import RowReader
 from threadweaver.testing import ScriptedEngine
 from threadweaver.tree import tree_json
@@ -67,7 +67,7 @@ def test_rows_are_written_as_they_finish_and_resume_skips_them(fmt, tmp_path):
     jobs = list(problem_jobs(read_problems(str(problems)), ChatTokenizer(fmt), 2))
     orchestrator = Orchestrator(ScriptedEngine(fmt, GOOD), fmt)
     progress = asyncio.run(run_batch(jobs[:4], orchestrator, str(out), concurrency=2))
-    assert progress.done == 4 and progress.mean_speedup > 1
+    assert progress.done == 4 and progress.mean_speedup > 1 and progress.cut_short() == ""
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0]["text"] == fmt.decode(fmt.encode(WELL_FORMED) + [999])
     assert rows[0]["answer"] == "42" and rows[0]["degradations"] == []
@@ -131,3 +131,10 @@ def test_tree_json_nests_threads(fmt):
         },
         {"text": " done"},
     ]
+
+
+def test_trajectories_cut_short_are_counted_by_their_finish_reason(fmt, tmp_path):
+    jobs = [Job(f"p{i}", 0, tuple(fmt.encode(PROMPT)), {}) for i in range(2)]
+    orchestrator = Orchestrator(ScriptedEngine(fmt, GOOD), fmt, Limits(max_tokens=3))
+    progress = asyncio.run(run_batch(jobs, orchestrator, str(tmp_path / "o.jsonl"), concurrency=2))
+    assert progress.done == 2 and progress.cut_short() == "2 cut short (finish_reason length 2)"

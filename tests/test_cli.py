@@ -260,6 +260,16 @@ def test_a_file_of_synth_or_kit_that_a_folder_holds_the_place_of_is_refused_befo
         assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
+def test_generate_counts_the_trajectories_a_limit_cut_short(tmp_path):
+    problems, out = tmp_path / "problems.jsonl", tmp_path / "out.jsonl"
+    problems.write_text("".join(json.dumps({"id": i, "prompt": f"{i}+1="}) + "\n" for i in "ab"))
+    model = os.path.join(os.path.dirname(__file__), "..", "apps", "quickstart", "models", "parallel")
+    flags = ["--engine", "transformers", "--model", model, "--max-tokens", "4"]
+    result = run("generate", str(problems), str(out), *flags)
+    assert f"decoded 2 trajectories into {out}, 2 cut short (finish_reason length 2): " in result.stdout
+    assert [json.loads(line)["finish_reason"] for line in out.read_text().splitlines()] == ["length"] * 2
+
+
 def test_an_unknown_flag_gets_the_commands_own_usage():
     done = run("stats", "--bogus", "rows.jsonl", check=False)
     assert done.returncode == 2 and "usage: threadweaver stats" in done.stderr

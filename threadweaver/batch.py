@@ -92,6 +92,8 @@ class BatchProgress:
     degraded: int = 0
     kinds: Counter = dataclasses.field(default_factory=Counter)
     """Trajectories with at least one degradation, per kind."""
+    finish_reasons: Counter = dataclasses.field(default_factory=Counter)
+    """Trajectories per :attr:`Trajectory.finish_reason`."""
     started: float = dataclasses.field(default_factory=time.monotonic)
     clocks: list[dict] = dataclasses.field(default_factory=list)
 
@@ -102,6 +104,7 @@ class BatchProgress:
         self.speedup_sum += trajectory.stats.speedup
         self.degraded += not trajectory.well_formed
         self.kinds.update(trajectory.degradation_kinds)
+        self.finish_reasons[trajectory.finish_reason] += 1
 
     @property
     def tokens_per_s(self) -> float:
@@ -115,6 +118,15 @@ class BatchProgress:
         """``"3 degraded (bad_outlines 2, eos_in_thread 1)"``."""
         kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(self.kinds.items()))
         return f"{self.degraded} degraded" + (f" ({kinds})" if kinds else "")
+
+    def cut_short(self) -> str:
+        """``"2 cut short (finish_reason length 1, timeout 1)"``: trajectories that did not end at EOS;
+        ``""`` if none."""
+        cut = {reason: n for reason, n in self.finish_reasons.items() if reason != "stop"}
+        if not cut:
+            return ""
+        reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(cut.items()))
+        return f"{sum(cut.values())} cut short (finish_reason {reasons})"
 
     def wall_clock(self) -> str:
         """Where a trajectory's seconds went, on average (see :mod:`threadweaver.wall_clock`)."""

@@ -115,8 +115,10 @@ def _generate(args: argparse.Namespace) -> None:
     if not progress.done:
         print(f"nothing to decode: every trajectory is already in {args.out}")
         return
+    cut_short = progress.cut_short()
     print(
-        f"decoded {progress.done} trajectories into {args.out}: mean speedup {progress.mean_speedup:.2f}x, "
+        f"decoded {progress.done} trajectories into {args.out}{', ' + cut_short if cut_short else ''}: "
+        f"mean speedup {progress.mean_speedup:.2f}x, "
         f"{progress.tokens_per_s:.0f} generated tokens/s, {progress.degraded_by_kind()}\n"
         f"mean wall-clock per trajectory: {progress.wall_clock()}"
     )

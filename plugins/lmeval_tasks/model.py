@@ -191,6 +191,8 @@ class ThreadWeaverLM(LM):
             bar.set_postfix_str(progress.postfix())
         if progress.done:
             log.info("threadweaver: mean wall-clock per trajectory: %s", progress.wall_clock())
+        if progress.cut_short():
+            log.warning("threadweaver: of %d trajectories, %s", progress.done, progress.cut_short())
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         raise NotImplementedError("the threadweaver model only generates (generate_until tasks such as tw_math)")
