@@ -86,6 +86,8 @@ def test_quickstart_refuses_bad_settings_and_an_unknown_task_before_it_starts(tm
         ("--problems", "-3"): "--problems must be a whole number of at least 0, not -3",
         ("--retrain", "--retrain-steps", "0"): "--retrain-steps must be a whole number of at least 1, not 0",
         ("--task", "tw_synt"): "--task tw_synt: lm-eval knows no such task (did you mean tw_synth?)",
+        ("--base-url", "localhost:8000"): "--base-url must be an http:// or https:// URL, not 'localhost:8000'",
+        ("--baseline-url", "x"): "--baseline-url must be an http:// or https:// URL, not 'x'",
     }
     for flags, message in cases.items():
         done = run("quickstart", "--out", str(out), *flags, check=False)

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from threadweaver.cli_args import check_counts, option
+from threadweaver.cli_args import check_counts, check_url, option
 from threadweaver.quickstart.compare import format_table, per_problem_speedups, problems, table
 from threadweaver.quickstart.evaluate import MODES, Endpoint, check_task, evaluate, served
 from threadweaver.quickstart.recipe import (
@@ -98,6 +98,9 @@ class QuickstartArgs:
     def __post_init__(self):
         check_counts(self, ("concurrency", "retrain_steps"), none_ok=True)
         check_counts(self, ("timelines", "problems"), least=0, none_ok=True)
+        for name in ("base_url", "baseline_url"):
+            if getattr(self, name) is not None:
+                check_url(self, name)
 
 
 def _recipe(args: QuickstartArgs) -> Recipe:
