@@ -61,3 +61,28 @@ def test_a_token_id_past_the_embeddings_is_named_before_training(kit, tmp_path):
         "(--skip-malformed skips such rows)"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_max_length_that_cuts_rows_is_told_and_one_that_leaves_nothing_to_train_is_refused(kit, caplog):
+    from transformers import AutoTokenizer
+
+    from threadweaver.hf_collator.collator import TrieCollator
+
+    tokenizer, data = AutoTokenizer.from_pretrained(kit / "k"), str(kit / "s" / "parallel" / "train.jsonl")
+    whole = [len(r.input_ids) for r in map(TrieCollator(tokenizer).flatten, map(json.loads, open(data)))]
+    with caplog.at_level("WARNING"):
+        assert len(sft.load_rows(data, TrieCollator(tokenizer, max_length=max(whole)))) == 4
+        assert not caplog.records
+        sft.load_rows(data, TrieCollator(tokenizer, max_length=max(whole) - 1))
+    cut = sum(n == max(whole) for n in whole)
+    assert caplog.messages == [
+        f"--max_length {max(whole) - 1} cuts {cut} of 4 rows of {data} (the longest is {max(whole)} tokens): "
+        "their later tokens are not trained"
+    ]
+    with pytest.raises(ValueError) as refused:
+        sft.main([str(kit / "k"), data, "--output_dir", str(kit / "out"), "--max_length", "3"])
+    assert str(refused.value) == (
+        f"{data}: --max_length 3 cuts every row inside its prompt, so no row has a trajectory token left to "
+        f"train (the longest row is {max(whole)} tokens)"
+    )
+    assert not (kit / "out").exists()

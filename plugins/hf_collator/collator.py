@@ -53,6 +53,8 @@ class FlatRow:
     position_ids: list[int]
     subtree_end: list[int] | None
     """None for a plain causal row."""
+    cut: int = 0
+    """Tokens cut off at ``max_length``."""
 
 
 @dataclass
@@ -114,9 +116,12 @@ class TrieCollator:
                 return _plain(prompt, trajectory, self.max_length)
             tree = parse(trajectory, self.fmt, strict=True, max_depth=self.max_depth)
             flat = trajectory_trie(prompt, tree.nodes, self.fmt, train_injected=self.train_injected)
+            whole = len(flat)
             if self.max_length is not None:
                 flat = flat.truncate(self.max_length)
-            return FlatRow(flat.input_ids, flat.labels(IGNORE_INDEX), flat.position_ids, flat.subtree_end)
+            return FlatRow(
+                flat.input_ids, flat.labels(IGNORE_INDEX), flat.position_ids, flat.subtree_end, whole - len(flat)
+            )
         except TrajectoryFormatError as err:
             raise RowFormatError(name, f"trajectory {err}", err.position) from None
         except ValueError as err:
@@ -213,4 +218,4 @@ def _tensor(values: list[int]) -> torch.Tensor:
 def _plain(prompt: list[int], trajectory: list[int], max_length: int | None) -> FlatRow:
     ids = (prompt + trajectory)[:max_length]
     labels = ([IGNORE_INDEX] * len(prompt) + trajectory)[:max_length]
-    return FlatRow(ids, labels, list(range(len(ids))), None)
+    return FlatRow(ids, labels, list(range(len(ids))), None, len(prompt) + len(trajectory) - len(ids))

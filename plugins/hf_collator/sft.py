@@ -19,7 +19,7 @@ from tqdm import tqdm
 from threadweaver.cli_args import add_arguments
 from threadweaver.format import split_tags
 from threadweaver.hf_collator.attention import flash_attention_4_missing, use_tree_attention
-from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
+from threadweaver.hf_collator.collator import IGNORE_INDEX, RowFormatError, TrieCollator
 from threadweaver.hf_collator.malloc import keep_freed_memory
 from threadweaver.jsonl import RowError, read_jsonl
 from threadweaver.rows import FIELDS
@@ -114,15 +114,33 @@ def load_rows(path: str, collator: TrieCollator) -> list[dict]:
 
     With ``collator.skip_malformed`` bad rows are dropped and counted instead.
     """
-    rows = []
+    rows, cut, untrained, longest = [], 0, 0, 0
     for line, row in tqdm(read_jsonl(path), desc="checking rows", unit=" rows"):
         name = f"{line}" + (f" (id {row['id']})" if "id" in row else "")
-        if collator.flatten_or_skip(row, name) is not None:
+        if (flat := collator.flatten_or_skip(row, name)) is not None:
             rows.append({**{field: row[field] for field in FIELDS if field in row}, "_row": name})
+            cut += flat.cut > 0
+            untrained += flat.cut > 0 and all(label == IGNORE_INDEX for label in flat.labels)
+            longest = max(longest, len(flat.input_ids) + flat.cut)
     if collator.skipped:
         logger.warning("skipped %d malformed rows of %s", collator.skipped, path)
     if not rows:
         raise ValueError(f"{path}: no trainable rows")
+    if untrained == len(rows):
+        raise ValueError(
+            f"{path}: --max_length {collator.max_length} cuts every row inside its prompt, so no row has a "
+            f"trajectory token left to train (the longest row is {longest} tokens)"
+        )
+    if cut:
+        logger.warning(
+            "--max_length %d cuts %d of %d rows of %s (the longest is %d tokens): their later tokens are not trained%s",
+            collator.max_length,
+            cut,
+            len(rows),
+            path,
+            longest,
+            f", and {untrained} of them keep no trajectory token at all" if untrained else "",
+        )
     return rows
 
 
