@@ -3,8 +3,10 @@
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -262,14 +264,44 @@ def test_a_file_of_synth_or_kit_that_a_folder_holds_the_place_of_is_refused_befo
         assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
-def test_generate_counts_the_trajectories_a_limit_cut_short(tmp_path):
-    problems, out = tmp_path / "problems.jsonl", tmp_path / "out.jsonl"
-    problems.write_text("".join(json.dumps({"id": i, "prompt": f"{i}+1="}) + "\n" for i in "ab"))
-    model = os.path.join(os.path.dirname(__file__), "..", "apps", "quickstart", "models", "parallel")
-    flags = ["--engine", "transformers", "--model", model, "--max-tokens", "4"]
-    result = run("generate", str(problems), str(out), *flags)
-    assert f"decoded 2 trajectories into {out}, 2 cut short (finish_reason length 2): " in result.stdout
-    assert [json.loads(line)["finish_reason"] for line in out.read_text().splitlines()] == ["length"] * 2
+EMBEDDED = os.path.join(os.path.dirname(__file__), "..", "apps", "quickstart", "models", "parallel")
+
+
+def in_process_problems(path, count: int) -> list[str]:
+    """``generate`` arguments: ``count`` problems written to ``path``, decoded in-process by an embedded model."""
+    path.write_text("".join(json.dumps({"id": str(i), "prompt": f"{i}+1="}) + "\n" for i in range(count)))
+    return [str(path), str(path.with_name("out.jsonl")), "--engine", "transformers", "--model", EMBEDDED]
+
+
+@pytest.mark.parametrize("limit, reason", [(["--max-tokens", "4"], "length"), (["--timeout-s", "0.1"], "timeout")])
+def test_generate_counts_the_trajectories_a_limit_cut_short(tmp_path, limit, reason):
+    """A trajectory that times out leaves its batch decoding in a worker thread: the engine lets it go quietly."""
+    result = run("generate", *in_process_problems(tmp_path / "problems.jsonl", 2), *limit)
+    out = tmp_path / "out.jsonl"
+    assert f"decoded 2 trajectories into {out}, 2 cut short (finish_reason {reason} 2): " in result.stdout
+    assert [json.loads(line)["finish_reason"] for line in out.read_text().splitlines()] == [reason] * 2
+    assert "Task was destroyed" not in result.stderr
+
+
+def test_generate_stopped_by_ctrl_c_says_where_its_trajectories_are_and_resumes(tmp_path):
+    argv = [CLI, "generate", *in_process_problems(tmp_path / "problems.jsonl", 40), "--concurrency", "2"]
+    out = tmp_path / "out.jsonl"
+    as_a_terminal = {"preexec_fn": lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)}  # nohup'd CI too
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **as_a_terminal)
+    deadline = time.monotonic() + 60
+    while not (out.exists() and out.read_text().count("\n")) and process.poll() is None:
+        assert time.monotonic() < deadline, "no trajectory finished in 60 s"
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 1 and "Traceback" not in err and "Task was destroyed" not in err, err[-2000:]
+    assert err.endswith(
+        f"threadweaver generate: stopped\nfinished trajectories are in {out}; rerun the same command to resume\n"
+    )
+    finished = out.read_text().count("\n")
+    assert 0 < finished < 40
+    resumed = subprocess.run([*argv, "--max-tokens", "4"], capture_output=True, text=True, check=True)
+    assert f"resuming: {finished} trajectories already in {out}, {40 - finished} to go" in resumed.stderr
 
 
 def test_an_unknown_flag_gets_the_commands_own_usage():

@@ -259,11 +259,17 @@ def _self_train(args: argparse.Namespace) -> None:
     try:
         summary = run(*configs, args.rest)
     except (ValueError, OSError, RuntimeError, EngineError) as err:
-        sampled = os.path.exists(os.path.join(args.out, "generated.jsonl"))
-        done = f"\nwhat is done is in {args.out}; rerun the same command to go on" if sampled else ""
-        sys.exit(f"threadweaver self-train: {err}{done}")
+        sys.exit(f"threadweaver self-train: {err}{_go_on_hint(args.out)}")
+    except KeyboardInterrupt:  # Ctrl-C
+        sys.exit(f"threadweaver self-train: stopped{_go_on_hint(args.out)}")
     print(format_report(summary["filter"]))
     print(f"trained on {summary['kept']} kept + {summary['mixed']} mixed rows: {summary['model']}")
+
+
+def _go_on_hint(out: str) -> str:
+    if not os.path.exists(os.path.join(out, "generated.jsonl")):
+        return ""
+    return f"\nwhat is done is in {out}; rerun the same command to go on"
 
 
 def _view_arguments(p: argparse.ArgumentParser) -> None:

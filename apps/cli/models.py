@@ -112,6 +112,8 @@ def _generate(args: argparse.Namespace) -> None:
         sys.exit(f"threadweaver generate: {err}")
     except (EngineError, OSError) as err:
         sys.exit(f"threadweaver generate: {err}{_resume_hint(args.out)}")
+    except KeyboardInterrupt:  # Ctrl-C
+        sys.exit(f"threadweaver generate: stopped{_resume_hint(args.out)}")
     if not progress.done:
         print(f"nothing to decode: every trajectory is already in {args.out}")
         return

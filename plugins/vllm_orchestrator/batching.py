@@ -3,7 +3,9 @@
 The threads of a block are requested at the same moment; the first ``generate`` call
 schedules a drain that yields once to the event loop, so every request made in that
 turn joins it, then runs the batch in a worker thread (the event loop keeps serving
-deadlines). Each request gets its own result or the batch's exception.
+deadlines). Each request gets its own result or the batch's exception. A batch whose
+requests have all been given up (their trajectories timed out, or the run stopped) is
+:meth:`~BatchingEngine.abandoned`: an engine that can stop a batch midway stops it then.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class BatchingEngine:
         self.max_batch = max_batch
         self._pending: list[tuple[Request, asyncio.Future]] = []
         self._worker: asyncio.Task | None = None
+        self._running: list[asyncio.Future] = []
+        """The futures of the batch now in the worker thread."""
 
     def batch_key(self, request: Request) -> Hashable:
         """Requests with equal keys may share a batch (all of them, unless overridden)."""
@@ -45,6 +49,22 @@ class BatchingEngine:
             self._worker = asyncio.ensure_future(self._drain())
         return await future
 
+    def abandoned(self) -> bool:
+        """Whether no request of the batch now decoding still waits for it (called from its worker thread)."""
+        return all(future.cancelled() for future in self._running)
+
+    async def aclose(self) -> None:
+        """Give up every request. A batch already in its worker thread finishes there, unawaited (at once,
+        where the engine stops an abandoned batch)."""
+        for _, future in self._pending:
+            future.cancel()
+        self._pending.clear()
+        for future in self._running:
+            future.cancel()
+        if self._worker is not None and not self._worker.done():
+            self._worker.cancel()
+            await asyncio.wait([self._worker])
+
     async def _drain(self) -> None:
         while self._pending:
             await asyncio.sleep(0)
@@ -53,6 +73,7 @@ class BatchingEngine:
             for item in batch:
                 groups.setdefault(self.batch_key(item[0]), []).append(item)
             for items in groups.values():
+                self._running = [future for _, future in items]
                 try:
                     results = await asyncio.to_thread(self.generate_batch, [request for request, _ in items])
                 except Exception as err:

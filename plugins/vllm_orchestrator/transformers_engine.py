@@ -3,7 +3,8 @@
 Requests that arrive together (the threads of a block) are batched into one
 ``generate`` call with left padding, so a block costs one batched decode. With
 ``logprobs=True`` each completion carries its sampled tokens' log-probs under the raw
-logits (before temperature and top-p), as vLLM reports them by default.
+logits (before temperature and top-p), as vLLM reports them by default. A batch that no
+trajectory waits for any more (timed out, or the run stopped) stops at its next token.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ class TransformersEngine(BatchingEngine):
 
     def generate_batch(self, requests: list[Request]) -> list[Completion]:
         import torch
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        engine = self
+
+        class Abandoned(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                return torch.full((input_ids.shape[0],), engine.abandoned(), dtype=torch.bool, device=input_ids.device)
 
         stop, sampling = requests[0].stop_ids, requests[0].sampling
         width = max(len(r.prompt_ids) for r in requests)
@@ -57,6 +65,7 @@ class TransformersEngine(BatchingEngine):
                 pad_token_id=self.pad_token_id,
                 return_dict_in_generate=True,
                 output_logits=self.logprobs,
+                stopping_criteria=StoppingCriteriaList([Abandoned()]),
                 **kwargs,
             )
         generated = output.sequences[:, width:]

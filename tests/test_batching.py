@@ -1,0 +1,54 @@
+"""Engines over synchronous batch APIs: a batch that no request waits for any more can stop midway."""
+
+import asyncio
+import threading
+import time
+
+from threadweaver.engine import Completion, Sampling
+from threadweaver.vllm_orchestrator.batching import BatchingEngine
+
+
+class UntilAbandoned(BatchingEngine):
+    """Decodes (in its worker thread) until no request of the batch waits for it, or 10 s."""
+
+    def __init__(self):
+        super().__init__(max_batch=8)
+        self.started, self.stopped = threading.Event(), threading.Event()
+
+    def generate_batch(self, requests):
+        self.started.set()
+        for _ in range(1000):
+            if self.abandoned():
+                self.stopped.set()
+                break
+            time.sleep(0.01)
+        return [Completion((1,), "length")] * len(requests)
+
+
+async def until(event: threading.Event) -> bool:
+    return await asyncio.to_thread(event.wait, 10)
+
+
+def test_a_batch_stops_once_every_request_in_it_is_given_up_and_not_before():
+    async def run():
+        engine = UntilAbandoned()
+        first, second = (asyncio.ensure_future(engine.generate([5], [9], 4, Sampling())) for _ in range(2))
+        assert await until(engine.started)
+        first.cancel()  # a trajectory timed out: the other one still waits
+        await asyncio.sleep(0.1)
+        assert not engine.stopped.is_set()
+        second.cancel()
+        assert await until(engine.stopped)
+
+    asyncio.run(run())
+
+
+def test_closing_the_engine_gives_up_the_batch_in_flight():
+    async def run():
+        engine = UntilAbandoned()
+        request = asyncio.ensure_future(engine.generate([5], [9], 4, Sampling()))
+        assert await until(engine.started)
+        await engine.aclose()
+        assert await until(engine.stopped) and request.cancelled()
+
+    asyncio.run(run())
