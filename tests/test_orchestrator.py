@@ -264,3 +264,20 @@ def test_max_concurrent_requests_bounds_one_trajectorys_requests_in_flight(fmt, 
 def test_limits_out_of_range_are_refused_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"^{field} must be"):
         Limits(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        ("What is 2+2?", "prompt_ids must be a list of token ids, not str (tokenizer.encode(text), or"),
+        ({"input_ids": [1, 2], "attention_mask": [1, 1]}, "prompt_ids must be a list of token ids, not dict"),
+        ([[1, 2]], "prompt_ids must be a list of token ids (ints), but it holds [1, 2]"),
+        ([1, 2.5], "prompt_ids must be a list of token ids (ints), but it holds 2.5"),
+    ],
+)
+def test_a_prompt_that_is_not_token_ids_is_refused_before_any_request(fmt, prompt, message):
+    """An HTTP engine would send a BatchEncoding's keys as two text prompts and decode garbage."""
+    engine = ScriptedEngine(fmt, GOOD)
+    with pytest.raises(TypeError) as refused:
+        asyncio.run(Orchestrator(engine, fmt).run(prompt))
+    assert str(refused.value).startswith(message) and not engine.calls

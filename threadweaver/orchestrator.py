@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import operator
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -57,6 +58,23 @@ from threadweaver.tree import (
 
 MOST_THREADS = 16
 """The most threads one block decodes at a time by default; curate proposes no wider block."""
+
+
+def token_ids(prompt_ids) -> tuple[int, ...]:
+    """``prompt_ids`` as a tuple of ints; anything else (text, a tokenizer's ``BatchEncoding``, a tensor of
+    rows) is refused here, not sent to an engine that may read it as something else."""
+    if isinstance(prompt_ids, (str, bytes, Mapping)) or not isinstance(prompt_ids, Iterable):
+        raise TypeError(
+            f"prompt_ids must be a list of token ids, not {type(prompt_ids).__name__} (tokenizer.encode(text), or "
+            "tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))"
+        )
+    ids = []
+    for token in prompt_ids:
+        try:
+            ids.append(operator.index(token))
+        except TypeError:
+            raise TypeError(f"prompt_ids must be a list of token ids (ints), but it holds {token!r}") from None
+    return tuple(ids)
 
 
 @dataclass(frozen=True)
@@ -260,7 +278,7 @@ class Orchestrator:
         otherwise as each request ends. Without ``timeout_s`` and with engine failures raised,
         that is: a request cut short would take back tokens already shown.
         """
-        run = _Run(self, tuple(prompt_ids), sampling or self.sampling, streaming=on_tokens is not None)
+        run = _Run(self, token_ids(prompt_ids), sampling or self.sampling, streaming=on_tokens is not None)
         stream = OrderedStream(on_tokens)
         try:
             main = await run.sequence(run.prompt, (), 0, stream.root, _Budget(self.limits.max_tokens))
