@@ -140,3 +140,36 @@ def test_a_request_the_server_aborts_names_the_server_and_why():
     aborted_by = r"^vLLM server at http://127\.0\.0\.1:\d+ aborted the request: it is shutting down"
     with pytest.raises(EngineError, match=aborted_by):
         asyncio.run(scenario())
+
+
+def test_a_url_given_as_an_openai_client_takes_it_reaches_the_same_paths():
+    """``http://host:port/v1`` (an OpenAI client's base URL) is the server's root plus /v1: the paths are
+    not doubled (``/v1/v1/models`` was a 404 that named the right path)."""
+
+    async def scenario():
+        asked = []
+
+        async def answer(reader, writer):
+            asked.append((await reader.readuntil(b"\r\n\r\n")).split(b" ")[1].decode())
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        for url in (f"http://127.0.0.1:{port}/v1", f"http://127.0.0.1:{port}/v1/", f"http://127.0.0.1:{port}"):
+            client = JSONClient(url)
+            assert await client.get("/v1/models") == {}
+            await client.aclose()
+        server.close()
+        return asked
+
+    assert asyncio.run(scenario()) == ["/v1/models"] * 3
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8000", "localhost", "ws://127.0.0.1:8000"])
+def test_a_url_without_an_http_scheme_is_refused_when_the_engine_is_made(url):
+    from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
+
+    with pytest.raises(ValueError, match=f"the vLLM server's URL must start with http:// or https://, not '{url}'"):
+        VLLMServerEngine(url)

@@ -76,7 +76,10 @@ START_ONE = {
 
 class JSONClient:
     def __init__(self, base_url: str, options: HTTPOptions = HTTPOptions(), *, what: str = "server"):
-        self.base_url = base_url.rstrip("/")
+        """``base_url``: the server's root; a last ``/v1``, as OpenAI clients are given it, is dropped."""
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"the {what}'s URL must start with http:// or https://, not {base_url!r}")
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.options = options
         self.what = what
         self._session = None
