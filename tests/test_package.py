@@ -23,6 +23,26 @@ def test_import_threadweaver_imports_no_host():
     assert json.loads(out) == []
 
 
+def test_engines_import_from_the_engines_package_and_load_only_their_own_host():
+    """``from threadweaver.vllm_orchestrator import VLLMServerEngine`` (as the README names them) loads no vLLM."""
+    code = (
+        "import sys, json\n"
+        "from threadweaver.vllm_orchestrator import ENGINES, VLLMServerEngine, SGLangEngine, HTTPOptions, Replicas\n"
+        "from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine as defined\n"
+        "assert VLLMServerEngine is defined\n"
+        f"print(json.dumps([sorted(ENGINES), sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    names, heavy = json.loads(out)
+    assert "vllm" not in heavy and "torch" not in heavy
+    from threadweaver import vllm_orchestrator
+
+    for name in names:
+        assert getattr(vllm_orchestrator, name).__name__ == name
+    with pytest.raises(ImportError, match="cannot import name 'Nope'"):
+        from threadweaver.vllm_orchestrator import Nope  # noqa: F401
+
+
 @pytest.mark.parametrize("plugin", ["hf_collator", "trl_pgrpo", "verl_rollout", "vllm_orchestrator", "lmeval_tasks"])
 def test_plugin_folders_are_threadweaver_subpackages(plugin):
     module = __import__(f"threadweaver.{plugin}", fromlist=["_"])
