@@ -260,7 +260,9 @@ def test_example_script_trains_with_sfttrainer(tmp_path):
             example,
             str(tmp_path / "kit"),
             str(tmp_path / "data" / "parallel" / "train.jsonl"),
+            "--output-dir",
             str(tmp_path / "out"),
+            "--max-steps",
             "2",
         ],
         check=True,
@@ -268,6 +270,8 @@ def test_example_script_trains_with_sfttrainer(tmp_path):
         cwd=tmp_path,
     )
     assert (tmp_path / "out" / "model.safetensors").exists()
+    usage = subprocess.run([sys.executable, example, "--help"], check=True, capture_output=True, text=True).stdout
+    assert "--learning-rate" in usage and "model_dir" in usage
 
 
 def test_recipe_schedules_mean_what_recipe_md_says(tmp_path):
