@@ -1,12 +1,13 @@
 """P-GRPO inside your own TRL script: PGRPOTrainer where you had GRPOTrainer.
 
-    python examples/pgrpo_trl.py MODEL_DIR PROBLEMS.jsonl [OUTPUT_DIR] [MAX_STEPS]
+    python examples/pgrpo_trl.py MODEL_DIR PROBLEMS.jsonl [--output-dir DIR] [--max-steps N]
 
-MODEL_DIR is an SFT'd ThreadWeaver model; PROBLEMS.jsonl rows have a 'prompt' (chat
-messages) and an 'answer'. The paper's settings are PGRPOConfig's defaults.
+MODEL_DIR is an SFT'd ThreadWeaver model; PROBLEMS.jsonl rows have a 'prompt' (a question,
+or chat messages) or 'messages' (as `threadweaver synth` writes them), and an 'answer'.
+The paper's settings are PGRPOConfig's defaults.
 """
 
-import sys
+import argparse
 
 import torch
 from datasets import load_dataset
@@ -15,21 +16,26 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from threadweaver.trl_pgrpo import PGRPOConfig, PGRPOTrainer
 
 if __name__ == "__main__":  # rollouts grade answers; keep a script's work under the guard
-    model_dir, data, out = sys.argv[1], sys.argv[2], (sys.argv[3:] or ["runs/pgrpo_example"])[0]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", help="an SFT'd ThreadWeaver model")
+    parser.add_argument("data", help="JSONL problems: 'prompt' or 'messages', and 'answer'")
+    parser.add_argument("--output-dir", default="runs/pgrpo_example")
+    parser.add_argument("--max-steps", type=int, default=100)
+    options = parser.parse_args()
     gpu = torch.cuda.is_available()
     trainer = PGRPOTrainer(
-        AutoModelForCausalLM.from_pretrained(model_dir),
+        AutoModelForCausalLM.from_pretrained(options.model_dir),
         args=PGRPOConfig(
-            output_dir=out,
-            max_steps=int((sys.argv[4:] or [100])[0]),
+            output_dir=options.output_dir,
+            max_steps=options.max_steps,
             per_device_train_batch_size=8,
             max_completion_length=1024,
             use_cpu=not gpu,
             bf16=gpu,
             report_to="none",
         ),
-        train_dataset=load_dataset("json", data_files=data, split="train"),
-        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        train_dataset=load_dataset("json", data_files=options.data, split="train"),
+        processing_class=AutoTokenizer.from_pretrained(options.model_dir),
     )
     trainer.train()
-    trainer.save_model(out)
+    trainer.save_model(options.output_dir)

@@ -8,7 +8,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from threadweaver.quickstart.recipe import embedded_models
-from threadweaver.synth import make_rows
+from threadweaver.synth import chat_row, make_rows
 from threadweaver.trl_pgrpo import PGRPOConfig, PGRPOTrainer
 
 GROUP = 4
@@ -41,6 +41,11 @@ def dataset(n: int) -> Dataset:
     return Dataset.from_list(
         [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in rows]
     )
+
+
+def messages_dataset(n: int) -> Dataset:
+    """Rows as ``threadweaver synth`` writes them: ``messages`` ending in the solution, and ``answer``."""
+    return Dataset.from_list([chat_row(r, "parallel") for r in make_rows(n, 7, split="pgrpo-test")])
 
 
 def config(tmp_path, **overrides) -> PGRPOConfig:

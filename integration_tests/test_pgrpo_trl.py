@@ -12,7 +12,8 @@ import sys
 
 import pytest
 import torch
-from pgrpo_helpers import GROUP, METRICS, Recorder, Recording, config, dataset, trainer_for
+from datasets import Dataset
+from pgrpo_helpers import GROUP, METRICS, Recorder, Recording, config, dataset, messages_dataset, trainer_for
 from trained_model import run_cli
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
@@ -240,6 +241,79 @@ def test_colocated_vllm_and_an_engine_are_not_both_taken(tmp_path):
         trainer_for(tmp_path, engine=engine, use_vllm=True)
 
 
+PROMPT_OR_MESSAGES = "PGRPOTrainer needs a 'prompt' column (a string, or a list of chat messages"
+ANSWER = "an 'answer' column (the gold answer the correctness reward grades against"
+
+
+@pytest.mark.parametrize(
+    "train, evaluate, expected",
+    [
+        (
+            [{"question": "A=1+2\nA=?", "solution": "3"}],
+            None,
+            f"train_dataset has the columns ['question', 'solution'], but {PROMPT_OR_MESSAGES}",
+        ),
+        (
+            [{"prompt": "A=1+2\nA=?", "solution": "3"}],
+            None,
+            f"train_dataset has the columns ['prompt', 'solution'], but PGRPOTrainer needs {ANSWER}",
+        ),
+        (
+            [{"prompt": "A=?", "answer": "3"}],
+            {"held": [{"prompt": "B=?", "gold": "4"}]},
+            f"eval_dataset['held'] has the columns ['prompt', 'gold'], but PGRPOTrainer needs {ANSWER}",
+        ),
+    ],
+)
+def test_a_dataset_without_its_columns_is_refused_before_the_model_loads(tmp_path, train, evaluate, expected):
+    """The model is a directory that does not exist: a refusal that came after loading it (or
+    after a rollout, where the rewards read ``answer``) would be an OSError instead."""
+    with pytest.raises(ValueError) as refused:
+        PGRPOTrainer(
+            str(tmp_path / "not-loaded"),
+            args=config(tmp_path),
+            train_dataset=Dataset.from_list(train),
+            eval_dataset=evaluate and {key: Dataset.from_list(rows) for key, rows in evaluate.items()},
+        )
+    assert expected in str(refused.value)
+    assert ANSWER in str(refused.value)  # every case lacks it
+
+
+def test_own_reward_functions_need_no_answer_column(tmp_path):
+    path = str(embedded_models()["parallel"])
+    trainer = PGRPOTrainer(
+        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        reward_funcs=[lambda completions, **kwargs: [0.0] * len(completions)],
+        args=config(tmp_path),
+        train_dataset=dataset(2).remove_columns("answer"),
+        processing_class=AutoTokenizer.from_pretrained(path),
+    )
+    assert trainer.train_dataset.column_names == ["prompt"]
+
+
+def test_messages_rows_roll_out_their_turns_before_the_solution(tmp_path):
+    """``threadweaver synth``'s rows, as ``threadweaver pgrpo`` takes them: TRL's batches carry the
+    user turn as the prompt (TRL itself reads only ``prompt``: a KeyError at step 1 before)."""
+    path = str(embedded_models()["parallel"])
+    rows = messages_dataset(GROUP)
+    trainer = PGRPOTrainer(
+        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        args=config(tmp_path),
+        train_dataset=rows,
+        eval_dataset={"held": rows},
+        processing_class=AutoTokenizer.from_pretrained(path),
+    )
+    batch = next(iter(trainer.get_train_dataloader()))
+    by_id = {row["id"]: row for row in rows}
+    for row in batch:
+        assert row["prompt"] == by_id[row["id"]]["messages"][:1] and row["prompt"][0]["role"] == "user"
+        assert trainer.reader.prompt({"prompt": row["prompt"]}) == trainer.reader.prompt(by_id[row["id"]])
+    assert trainer.eval_dataset["held"]["prompt"] == [r["messages"][:1] for r in rows]
+    bad = rows.select([0]).map(lambda row: {"messages": row["messages"][1:]})
+    with pytest.raises(ValueError, match="train_dataset row 0: field 'messages' has no turn before the assistant's"):
+        PGRPOTrainer(str(tmp_path / "not-loaded"), args=config(tmp_path), train_dataset=bad)
+
+
 def test_paper_defaults(tmp_path):
     args = PGRPOConfig(output_dir=str(tmp_path), use_cpu=True)
     assert (args.learning_rate, args.num_generations, args.epsilon, args.epsilon_high) == (1e-6, 8, 0.2, 0.28)
@@ -322,9 +396,12 @@ def test_example_script_trains_with_pgrpotrainer(tmp_path):
     data = problems_file(tmp_path / "problems.jsonl", 2)
     example = os.path.join(os.path.dirname(__file__), "..", "examples", "pgrpo_trl.py")
     subprocess.run(
-        [sys.executable, example, str(embedded_models()["parallel"]), str(data), str(tmp_path / "out"), "1"],
+        [sys.executable, example, str(embedded_models()["parallel"]), str(data), "--output-dir", str(tmp_path / "out")]
+        + ["--max-steps", "1"],
         check=True,
         capture_output=True,
         cwd=tmp_path,
     )
     assert (tmp_path / "out" / "model.safetensors").exists()
+    usage = subprocess.run([sys.executable, example, "--help"], check=True, capture_output=True, text=True).stdout
+    assert "--max-steps" in usage and "model_dir" in usage

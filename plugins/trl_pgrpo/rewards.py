@@ -15,6 +15,16 @@ from collections.abc import Callable
 from threadweaver.reward import RewardConfig, acceleration, grade
 
 GOLD_COLUMN = "answer"
+_NOT_COLUMNS = (
+    "prompts",
+    "completion_ids",
+    "trajectory_stats",
+    "trainer_state",
+    "log_extra",
+    "log_metric",
+    "environments",
+)
+"""What TRL and the rollouts pass a reward function beside the dataset's own columns."""
 
 
 def completion_text(completion) -> str:
@@ -29,9 +39,14 @@ def is_correct(text: str, gold: str, timeout_s: float = 5.0) -> bool:
     return grade(text, gold, timeout_s=timeout_s).correct
 
 
+def reads_gold(reward_func) -> bool:
+    """Whether a reward function grades against the ``answer`` column (those of :func:`pgrpo_rewards` do)."""
+    return getattr(reward_func, "reads_gold", False)
+
+
 def _golds(kwargs: dict, who: str) -> list[str]:
     if GOLD_COLUMN not in kwargs:
-        columns = sorted(k for k in kwargs if k not in ("trainer_state", "log_extra", "log_metric"))
+        columns = sorted(k for k in kwargs if k not in _NOT_COLUMNS)
         raise ValueError(f"{who} needs the gold answer in a dataset column {GOLD_COLUMN!r}; the rows have {columns}")
     return [str(g) for g in kwargs[GOLD_COLUMN]]
 
@@ -59,4 +74,5 @@ def pgrpo_rewards(config: RewardConfig = RewardConfig()) -> list[Callable]:
         ]
 
     acceleration_reward.__name__ = "acceleration"
+    correctness.reads_gold = acceleration_reward.reads_gold = True
     return [correctness, acceleration_reward]

@@ -35,10 +35,10 @@ from threadweaver.batch import decode_many, run_sync
 from threadweaver.hf_collator import use_tree_attention
 from threadweaver.orchestrator import Engine, Orchestrator, Sampling, Trajectory, trajectory_text
 from threadweaver.pgrpo import TrieRow, rollout_metrics, sampling_logprobs, trie_row
-from threadweaver.rows import RowReader
+from threadweaver.rows import RowReader, prompt_messages
 from threadweaver.trl_pgrpo.config import PGRPOConfig
 from threadweaver.trl_pgrpo.idle_steps import SkipIdleSteps
-from threadweaver.trl_pgrpo.rewards import GOLD_COLUMN, is_correct, pgrpo_rewards
+from threadweaver.trl_pgrpo.rewards import GOLD_COLUMN, is_correct, pgrpo_rewards, reads_gold
 from threadweaver.trl_pgrpo.scoring import parent_logps
 from threadweaver.trl_pgrpo.trl_internals import replace_step_metric, with_completions
 from threadweaver.trl_pgrpo.vllm_sync import use_vllm_reload
@@ -74,6 +74,9 @@ class PGRPOTrainer(GRPOTrainer):
             raise TypeError("PGRPOTrainer decodes its own fork-join rollouts; pass engine= to choose where")
         if reward_funcs is None:
             reward_funcs = pgrpo_rewards(args.reward_config())
+        gold = any(map(reads_gold, reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]))
+        train_dataset = problem_dataset(train_dataset, "train_dataset", gold)
+        eval_dataset = problem_dataset(eval_dataset, "eval_dataset", gold)
         super().__init__(
             model=model,
             reward_funcs=reward_funcs,
@@ -246,6 +249,48 @@ class PGRPOTrainer(GRPOTrainer):
             logps.append(scored[0])
             entropies.append(scored[1])
         return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
+
+def problem_dataset(dataset, name: str, gold: bool):
+    """``dataset`` checked for P-GRPO's columns before any rollout, ``messages`` rows given their ``prompt``.
+
+    A row needs a ``prompt`` (a string, or chat messages, as TRL's GRPOTrainer takes) or ``messages``
+    (whose turns before the trailing assistant turns are the prompt, as ``threadweaver pgrpo`` reads
+    them), and, when ``gold`` (a reward grades against it), the gold answer in ``answer``. A dict of
+    datasets (an ``eval_dataset``) is checked one by one; a dataset whose columns are not known
+    without reading it (an ``IterableDataset`` without features) is taken as it is.
+    """
+    if isinstance(dataset, dict):
+        return {key: problem_dataset(value, f"{name}[{key!r}]", gold) for key, value in dataset.items()}
+    columns = getattr(dataset, "column_names", None)
+    if not isinstance(columns, list):
+        return dataset
+    missing = []
+    if "prompt" not in columns and "messages" not in columns:
+        missing.append(
+            "a 'prompt' column (a string, or a list of chat messages, as TRL's GRPOTrainer takes) or a "
+            "'messages' column (a conversation; its turns before the final assistant turn are the prompt)"
+        )
+    if gold and GOLD_COLUMN not in columns:
+        missing.append(
+            f"an {GOLD_COLUMN!r} column (the gold answer the correctness reward grades against; "
+            f"rename yours with .rename_column(NAME, {GOLD_COLUMN!r}))"
+        )
+    if missing:
+        raise ValueError(f"{name} has the columns {columns}, but PGRPOTrainer needs {' and '.join(missing)}")
+    return dataset if "prompt" in columns else _with_prompt(dataset, name)
+
+
+def _with_prompt(dataset, name: str):
+    """``messages`` rows with their prompt turns as TRL's ``prompt`` column."""
+
+    def prompt(row: dict, index: int) -> dict:
+        try:
+            return {"prompt": prompt_messages(row["messages"])}
+        except ValueError as err:
+            raise ValueError(f"{name} row {index}: {err}") from None
+
+    return dataset.map(prompt, with_indices=True)
 
 
 def _without_tokens(trajectory: Trajectory) -> Trajectory:
