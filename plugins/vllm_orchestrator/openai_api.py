@@ -12,6 +12,10 @@ text is the whole trajectory, tags included; ``usage.completion_tokens`` counts 
 generated in every request, and the field ``threadweaver`` holds the latency stats, the
 requests (as ``threadweaver generate`` records them) and the problems the orchestrator
 decoded around.
+
+A field the orchestrator does not honour (``logprobs``, ``echo``, ``tools``, ``response_format``,
+...) is a 400 naming it, where a plain reply would honour it; behind the vLLM plugin a ``model``
+the server does not serve is vLLM's own 404 (:func:`check_model`).
 """
 
 from __future__ import annotations
@@ -23,12 +27,12 @@ import os
 import time
 import typing
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, fields, replace
 
 from threadweaver.cli_args import SettingError, check_counts, option, value_type
 from threadweaver.engine import EngineError, RequestRefused
-from threadweaver.format import Format
+from threadweaver.format import Format, split_tags
 from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, trajectory_text
 from threadweaver.rows import chat_prompt_ids, plain_ids
 from threadweaver.wall_clock import wall_clock
@@ -43,6 +47,18 @@ LIMITS_ENV = "THREADWEAVER_LIMITS"
 MAX_TRAJECTORIES_ENV = "THREADWEAVER_MAX_TRAJECTORIES"
 """The most fork-join trajectories the server decodes at once (unset: no limit)."""
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+UNSUPPORTED = {
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "prompt_logprobs": (None,),
+    "echo": (None, False),
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),  # auto: what vLLM sets beside tools (refused); without, no call
+    "response_format": (None, {"type": "text"}),
+    "structured_outputs": (None,),
+}
+"""The OpenAI and vLLM fields fork-join does not honour, each with the values that ask for nothing
+(its defaults): any other value is a 400, not a reply that silently lacks what was asked for."""
 
 
 def branching_default_option():
@@ -64,15 +80,35 @@ def max_trajectories_option():
 class APIError(Exception):
     """A request that ends in an error reply, in vLLM's shape (``{"error": {...}}``)."""
 
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = 400, param: str | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.param = status, param
 
     def body(self) -> dict:
-        kind = {429: "RateLimitError"}.get(
+        kind = {404: "NotFoundError", 429: "RateLimitError"}.get(
             self.status, "BadRequestError" if self.status < 500 else "InternalServerError"
         )
-        return {"error": {"message": str(self), "type": kind, "param": None, "code": self.status}}
+        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.status}}
+
+
+def check_model(name: str | None, served: Sequence[str]) -> None:
+    """A ``model`` the server does not serve is a 404, as vLLM's own routes answer it (none: the first)."""
+    if name and name not in served:
+        raise APIError(
+            f"The model `{name}` does not exist. Valid aliases: {', '.join(served)}.", status=404, param="model"
+        )
+
+
+def unprepared(tokenizer, model: str = "MODEL") -> str | None:
+    """Why the model cannot decode fork-join: its tokenizer has no single token for some tags (None: it has
+    them). ``model``: its path in the advice, for the operator; a client reads ``MODEL``."""
+    missing = list(split_tags(tokenizer))
+    if not missing:
+        return None
+    return (
+        f"the model's tokenizer has no single token for {', '.join(missing)}, so it cannot decode fork-join: "
+        f"`threadweaver prepare {model} DIR` adds the tags (then serve DIR)"
+    )
 
 
 def _typed(name: str, value, hint):
@@ -171,8 +207,8 @@ class ServerSettings:
         except json.JSONDecodeError as err:
             raise ValueError(f"{LIMITS_ENV} is not a JSON object: {err}") from None
         most = environ.get(MAX_TRAJECTORIES_ENV) or None
-        if most is not None and not most.isdigit():
-            raise ValueError(f"{MAX_TRAJECTORIES_ENV} must be a whole number, not {most!r}")
+        if most is not None and not (most.isdigit() and int(most) >= 1):
+            raise ValueError(f"{MAX_TRAJECTORIES_ENV} must be a whole number of at least 1, not {most!r}")
         try:
             return cls(default == "default", limits_from(values, Limits(), LIMITS_ENV), most and int(most))
         except APIError as err:
@@ -218,6 +254,7 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
     """A fork-join request's prompt ids, limits and sampling; anything we cannot honour is a 400."""
     if body.get("n", 1) != 1:
         raise APIError("fork-join decodes one trajectory a request: n must be 1")
+    _refuse_unsupported(body)
     if route == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -255,6 +292,22 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
     if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
         raise APIError(f"'stop' must be a string or a list of strings, not {body.get('stop')!r}")
     return ForkJoinRequest(prompt_ids, limits, sampling, tuple(s for s in stop if s))
+
+
+def _refuse_unsupported(body: dict) -> None:
+    """A 400 naming each :data:`UNSUPPORTED` field set to more than its default."""
+    asked = [name for name, defaults in UNSUPPORTED.items() if name in body and _asks(body[name], defaults)]
+    if asked:
+        names = ", ".join(f"'{name}'" for name in asked)
+        raise APIError(
+            f'fork-join requests do not support {names} (plain requests, with "threadweaver": false, do)',
+            param=asked[0],
+        )
+
+
+def _asks(value, defaults: tuple) -> bool:
+    """Whether ``value`` is none of ``defaults``, type and all (``logprobs: 0`` asks for the sampled token's)."""
+    return not any(type(value) is type(default) and value == default for default in defaults)
 
 
 def _prompt_ids(prompt, tokenizer) -> list[int]:

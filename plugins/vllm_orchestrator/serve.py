@@ -32,7 +32,7 @@ from threadweaver.interrupts import STOPPING_SIGNALS, interrupt_like_ctrl_c
 from threadweaver.model_dirs import check_model_dir
 from threadweaver.orchestrator import Limits
 
-from .openai_api import ServerSettings, branching_default_option, max_trajectories_option
+from .openai_api import ServerSettings, branching_default_option, max_trajectories_option, unprepared
 
 
 @dataclass(frozen=True)
@@ -240,9 +240,33 @@ class VLLMServer:
         self.stop()
 
 
+def check_tags(args: ServeArgs, extra: list[str] = ()) -> None:
+    """With ``--branching-default`` every request is fork-join, which a model whose tokenizer lacks
+    the tags cannot decode: refused here in one line, before vLLM spends a minute loading it.
+    Without it the server starts (plain requests work, a fork-join request gets a 400 saying so)."""
+    if not args.branching_default:
+        return
+    from transformers import AutoTokenizer
+
+    why = unprepared(AutoTokenizer.from_pretrained(_vllm_flag(extra, "--tokenizer") or args.model), args.model)
+    if why:
+        raise ValueError(f"--branching-default decodes every request fork-join, but {why}")
+
+
+def _vllm_flag(extra: list[str], name: str) -> str | None:
+    """The value of the vLLM flag ``name`` in ``extra`` (``--name VALUE`` or ``--name=VALUE``), or None."""
+    for i, arg in enumerate(extra):
+        if arg == name and i + 1 < len(extra):
+            return extra[i + 1]
+        if arg.startswith(f"{name}="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def serve_until_stopped(args: ServeArgs, extra: list[str] = (), limits: Limits = Limits()) -> None:
     """Start the server, print its URL, and stop it cleanly on Ctrl-C or SIGTERM."""
     check_model_dir(args.model, contents=False)  # before vLLM starts: its error is a traceback, a minute later
+    check_tags(args, extra)
     server = VLLMServer(args, extra=extra, limits=limits)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"starting vLLM: {' '.join(server.command)}", file=sys.stderr, flush=True)

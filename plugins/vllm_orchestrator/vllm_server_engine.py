@@ -50,7 +50,7 @@ class VLLMServerEngine(SessionKeyed):
             served = [card["id"] for card in cards]
             if self.model is None and len(served) != 1:
                 raise EngineError(
-                    f"the vLLM server at {self.client.base_url} serves {served}; name one (model=..., or --served-model)"
+                    f"the vLLM server at {self.client.base_url} serves {served}; name one (model=, --served-model)"
                 )
             if self.model is not None and self.model not in served:
                 raise EngineError(
