@@ -8,6 +8,7 @@ import json
 import logging
 import re
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from orchestrator_scripts import GOOD, NESTED, PROMPT
@@ -368,6 +369,12 @@ def test_the_most_trajectories_at_once_travel_to_the_server_process_too():
         ("tool_choice", "required"),
         ("response_format", {"type": "json_object"}),
         ("structured_outputs", {"regex": "[0-9]+"}),
+        ("guided_choice", ["a", "b"]),
+        ("logit_bias", {"5": 100}),
+        ("presence_penalty", 0.5),
+        ("repetition_penalty", 1.2),
+        ("min_tokens", 8),
+        ("function_call", {"name": "f"}),
     ],
 )
 def test_a_field_fork_join_does_not_honour_is_a_400_naming_it(fmt, route, field, value):
@@ -397,6 +404,11 @@ def test_those_fields_at_their_defaults_ask_for_nothing(fmt):
         "tool_choice": "auto",
         "response_format": {"type": "text"},
         "structured_outputs": None,
+        "logit_bias": {},
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "min_tokens": 0,
     }
     assert request_with(fmt, ServerSettings(), **defaults).prompt_ids == fmt.encode(PROMPT)
     assert request_with(fmt, ServerSettings(), logprobs=None, tool_choice="none").prompt_ids == fmt.encode(PROMPT)
@@ -485,3 +497,18 @@ def test_the_endpoint_serves_fork_join_under_its_served_names_only(synth, tmp_pa
         endpoint.check({"model": name, "threadweaver": True})
     with pytest.raises(APIError, match=re.escape("The model `nope` does not exist. Valid aliases: tw, tw-alias.")):
         endpoint.check({"model": "nope", "threadweaver": True})
+    adapters = SimpleNamespace(openai_serving_models=SimpleNamespace(lora_requests={"tw-lora": object()}))
+    with pytest.raises(APIError) as caught:
+        endpoint.check({"model": "tw-lora", "threadweaver": True}, adapters)
+    assert caught.value.status == 400 and caught.value.body()["error"]["message"] == (
+        "fork-join decodes the base model only (tw, tw-alias), not the LoRA adapter `tw-lora` "
+        '(plain requests, with "threadweaver": false, take it)'
+    )
+
+
+def test_vllms_own_switch_to_skip_the_model_name_check_skips_it_for_fork_join_too(synth, tmp_path, monkeypatch):
+    """VLLM_SKIP_MODEL_NAME_VALIDATION: a gateway rewrites the names, and vLLM takes any."""
+    synth.save_pretrained(tmp_path)
+    endpoint = endpoint_on(str(tmp_path), served=["tw"])
+    monkeypatch.setenv("VLLM_SKIP_MODEL_NAME_VALIDATION", "1")
+    endpoint.check({"model": "gateway-name", "threadweaver": True})

@@ -50,7 +50,7 @@ class ThreadWeaverEndpoint:
             try:
                 if not self.settings.wants_fork_join(body):
                     return await plain[path](request, raw_request)
-                self.check(body)
+                self.check(body, raw_request.app.state)
                 model = body.get("model") or self.model
                 out = await until_disconnected(
                     answer(
@@ -77,11 +77,16 @@ class ThreadWeaverEndpoint:
         app.post("/v1/chat/completions")(chat)
         app.post("/v1/completions")(completion)
 
-    def check(self, body: dict) -> None:
-        """What vLLM's routes check first (the model's name), then whether this server can decode fork-join."""
+    def check(self, body: dict, state=None) -> None:
+        """What vLLM's routes check first (the model's name, unless ``VLLM_SKIP_MODEL_NAME_VALIDATION``), then
+        whether this server can decode fork-join. ``state``: the app's, with vLLM's LoRA adapters."""
+        from vllm import envs
+
         if self.engine is None:
             raise APIError("the threadweaver plugin has no engine on this server", status=501)
-        check_model(body.get("model"), self.served)
+        if not envs.VLLM_SKIP_MODEL_NAME_VALIDATION:
+            models = getattr(state, "openai_serving_models", None)
+            check_model(body.get("model"), self.served, getattr(models, "lora_requests", {}))
         if self.unprepared:
             raise APIError(self.unprepared)
 

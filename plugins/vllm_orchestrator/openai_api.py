@@ -27,7 +27,7 @@ import os
 import time
 import typing
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass, fields, replace
 
 from threadweaver.cli_args import SettingError, check_counts, option, value_type
@@ -54,11 +54,25 @@ UNSUPPORTED = {
     "echo": (None, False),
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"),  # auto: what vLLM sets beside tools (refused); without, no call
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
     "response_format": (None, {"type": "text"}),
     "structured_outputs": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None, []),
+    "guided_grammar": (None,),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0.0, 0),
+    "frequency_penalty": (None, 0.0, 0),
+    "repetition_penalty": (None, 1.0, 1),
+    "min_tokens": (None, 0),
+    "bad_words": (None, []),
+    "allowed_token_ids": (None, []),
 }
-"""The OpenAI and vLLM fields fork-join does not honour, each with the values that ask for nothing
-(its defaults): any other value is a 400, not a reply that silently lacks what was asked for."""
+"""The OpenAI and vLLM request fields that fork-join does not honour (it honours the prompt or messages,
+``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop`` and ``stream``), each with the
+values that ask for nothing: any other value is a 400, not a reply that silently lacks what was asked for."""
 
 
 def branching_default_option():
@@ -91,12 +105,18 @@ class APIError(Exception):
         return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.status}}
 
 
-def check_model(name: str | None, served: Sequence[str]) -> None:
-    """A ``model`` the server does not serve is a 404, as vLLM's own routes answer it (none: the first)."""
-    if name and name not in served:
+def check_model(name: str | None, served: Sequence[str], adapters: Collection[str] = ()) -> None:
+    """A ``model`` the server does not serve is a 404, as vLLM's own routes answer it (none: the first). A LoRA
+    adapter it serves (``adapters``) is a 400: the orchestrator decodes the base model only."""
+    if not name or name in served:
+        return
+    if name in adapters:
         raise APIError(
-            f"The model `{name}` does not exist. Valid aliases: {', '.join(served)}.", status=404, param="model"
+            f"fork-join decodes the base model only ({', '.join(served)}), not the LoRA adapter `{name}` "
+            '(plain requests, with "threadweaver": false, take it)',
+            param="model",
         )
+    raise APIError(f"The model `{name}` does not exist. Valid aliases: {', '.join(served)}.", status=404, param="model")
 
 
 def unprepared(tokenizer, model: str = "MODEL") -> str | None:
