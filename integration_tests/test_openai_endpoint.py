@@ -259,7 +259,7 @@ def start_proxy(*args: str) -> tuple[subprocess.Popen, str]:
 
 
 def test_the_proxy_gives_the_same_replies_over_http(trained, trained_server, problems, generated, fmt):
-    proxy, url = start_proxy("--backend", trained_server)
+    proxy, url = start_proxy("--backend", trained_server + "/v1")  # as OpenAI clients are given it: the root
     try:
         model = str(trained[1])
         for problem in problems:

@@ -173,3 +173,15 @@ def test_a_url_without_an_http_scheme_is_refused_when_the_engine_is_made(url):
 
     with pytest.raises(ValueError, match=f"the vLLM server's URL must start with http:// or https://, not '{url}'"):
         VLLMServerEngine(url)
+
+
+def test_the_server_root_drops_only_a_last_v1_of_the_path():
+    from threadweaver.vllm_orchestrator.http import server_root
+
+    cases = {
+        "http://h:8000/v1/": "http://h:8000",
+        "http://gateway/api/v1": "http://gateway/api",
+        "http://v1": "http://v1",  # a host named v1
+        "https://h/v1x": "https://h/v1x",
+    }
+    assert {url: server_root(url) for url in cases} == cases

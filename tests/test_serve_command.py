@@ -86,3 +86,11 @@ def test_only_branching_default_refuses_it_and_the_tokenizer_checked_is_the_one_
     check_tags(ServeArgs(str(tagless), branching_default=True), [f"--tokenizer={tmp_path}"])
     with pytest.raises(ValueError, match="has no single token for <Parallel>"):
         check_tags(ServeArgs(str(tmp_path), branching_default=True), ["--tokenizer", str(tagless)])
+
+
+def test_a_tokenizer_that_cannot_be_loaded_for_the_check_is_one_line(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError) as refused:
+        check_tags(ServeArgs(str(empty), branching_default=True))
+    assert str(refused.value).startswith(f"--branching-default: cannot load the tokenizer of {empty} to check its tags")

@@ -12,6 +12,7 @@ import asyncio
 import copy
 import json
 import logging
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -74,12 +75,19 @@ START_ONE = {
 """How to start the server a client could not reach, where the project knows."""
 
 
+def server_root(url: str, what: str = "server") -> str:
+    """The server's root from its URL: a last ``/v1`` of the path, as OpenAI clients are given it, is dropped.
+    A URL that is not http(s) is refused, naming ``what`` was at it."""
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(f"the {what}'s URL must start with http:// or https://, not {url!r}")
+    parts = urllib.parse.urlsplit(url.rstrip("/"))
+    return urllib.parse.urlunsplit(parts._replace(path=parts.path.removesuffix("/v1")))
+
+
 class JSONClient:
     def __init__(self, base_url: str, options: HTTPOptions = HTTPOptions(), *, what: str = "server"):
-        """``base_url``: the server's root; a last ``/v1``, as OpenAI clients are given it, is dropped."""
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"the {what}'s URL must start with http:// or https://, not {base_url!r}")
-        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        """``base_url``: the server's root (:func:`server_root`)."""
+        self.base_url = server_root(base_url, what)
         self.options = options
         self.what = what
         self._session = None

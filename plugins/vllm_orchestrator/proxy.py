@@ -18,6 +18,7 @@ from threadweaver.model_dirs import check_model_dir
 from threadweaver.orchestrator import Limits
 
 from .engines import SERVER_ENGINES
+from .http import server_root
 from .openai_api import (
     ROUTES,
     Admission,
@@ -61,7 +62,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
 
     state: dict = {"settings": ServerSettings(args.branching_default, limits, args.max_trajectories)}
     admission = Admission(args.max_trajectories)
-    backend = args.backend.rstrip("/")
+    backend = server_root(args.backend, "backend")
 
     async def start(app) -> None:
         from transformers import AutoTokenizer

@@ -248,7 +248,14 @@ def check_tags(args: ServeArgs, extra: list[str] = ()) -> None:
         return
     from transformers import AutoTokenizer
 
-    why = unprepared(AutoTokenizer.from_pretrained(_vllm_flag(extra, "--tokenizer") or args.model), args.model)
+    source = _vllm_flag(extra, "--tokenizer") or args.model
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code="--trust-remote-code" in extra)
+    except (OSError, ValueError) as err:
+        raise ValueError(
+            f"--branching-default: cannot load the tokenizer of {source} to check its tags: {err}"
+        ) from None
+    why = unprepared(tokenizer, args.model)
     if why:
         raise ValueError(f"--branching-default decodes every request fork-join, but {why}")
 
