@@ -52,3 +52,33 @@ def test_closing_the_engine_gives_up_the_batch_in_flight():
         assert await until(engine.stopped) and request.cancelled()
 
     asyncio.run(run())
+
+
+def test_the_transformers_engine_stops_a_batch_nobody_waits_for_at_its_next_token():
+    """A trajectory that timed out used to leave its batch decoding to ``max_tokens`` in the worker thread."""
+    import os
+
+    from transformers import AutoModelForCausalLM
+
+    from threadweaver.vllm_orchestrator import TransformersEngine
+
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.join(os.path.dirname(__file__), "..", "apps", "quickstart", "models", "parallel")
+    )
+    stop = (model.config.vocab_size - 1,)
+    steps = []
+    model.register_forward_hook(lambda *_: steps.append(1))
+
+    async def run():
+        engine = TransformersEngine(model)
+        whole = await engine.generate([1, 2, 3], stop, 300, Sampling())
+        assert len(whole.token_ids) == 300  # nothing stops it before max_tokens
+        steps.clear()
+        request = asyncio.ensure_future(engine.generate([1, 2, 3], stop, 3000, Sampling()))
+        while not steps:
+            await asyncio.sleep(0.01)
+        request.cancel()
+        await asyncio.wait([engine._worker], timeout=60)
+        assert engine._worker.done() and len(steps) < 300
+
+    asyncio.run(run())

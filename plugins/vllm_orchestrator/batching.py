@@ -11,6 +11,7 @@ requests have all been given up (their trajectories timed out, or the run stoppe
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,10 @@ class Request:
     stop_ids: tuple[int, ...]
     max_tokens: int
     sampling: Sampling
+
+
+_batch: contextvars.ContextVar[tuple[asyncio.Future, ...]] = contextvars.ContextVar("batch", default=())
+"""The futures of the batch a worker thread decodes."""
 
 
 class BatchingEngine:
@@ -50,8 +55,9 @@ class BatchingEngine:
         return await future
 
     def abandoned(self) -> bool:
-        """Whether no request of the batch now decoding still waits for it (called from its worker thread)."""
-        return all(future.cancelled() for future in self._running)
+        """Whether no request of the batch this worker thread decodes still waits for it (call it from
+        ``generate_batch``: each batch's thread sees its own futures)."""
+        return all(future.cancelled() for future in _batch.get())
 
     async def aclose(self) -> None:
         """Give up every request. A batch already in its worker thread finishes there, unawaited (at once,
@@ -73,7 +79,11 @@ class BatchingEngine:
             for item in batch:
                 groups.setdefault(self.batch_key(item[0]), []).append(item)
             for items in groups.values():
+                items = [item for item in items if not item[1].cancelled()]  # given up while they waited
+                if not items:
+                    continue
                 self._running = [future for _, future in items]
+                _batch.set(tuple(self._running))  # the worker thread runs in a copy of this context
                 try:
                     results = await asyncio.to_thread(self.generate_batch, [request for request, _ in items])
                 except Exception as err:
