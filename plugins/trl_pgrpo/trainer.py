@@ -75,8 +75,9 @@ class PGRPOTrainer(GRPOTrainer):
         if reward_funcs is None:
             reward_funcs = pgrpo_rewards(args.reward_config())
         gold = any(map(reads_gold, reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]))
-        train_dataset = problem_dataset(train_dataset, "train_dataset", gold)
-        eval_dataset = problem_dataset(eval_dataset, "eval_dataset", gold)
+        with args.main_process_first(desc="P-GRPO prompts"):  # as TRL prepares its datasets: one cache for all ranks
+            train_dataset = problem_dataset(train_dataset, "train_dataset", gold)
+            eval_dataset = problem_dataset(eval_dataset, "eval_dataset", gold)
         super().__init__(
             model=model,
             reward_funcs=reward_funcs,
