@@ -294,7 +294,7 @@ def test_generate_stopped_by_ctrl_c_says_where_its_trajectories_are_and_resumes(
         time.sleep(0.2)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)
-    assert process.returncode == 1 and "Traceback" not in err and "Task was destroyed" not in err, err[-2000:]
+    assert process.returncode == 130 and "Traceback" not in err and "Task was destroyed" not in err, err[-2000:]
     assert err.endswith(
         f"threadweaver generate: stopped\nfinished trajectories are in {out}; rerun the same command to resume\n"
     )

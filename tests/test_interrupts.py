@@ -9,7 +9,7 @@ import weakref
 import pytest
 
 from threadweaver.batch import run_sync
-from threadweaver.interrupts import interrupt_like_ctrl_c, raise_keyboard_interrupt, run_until_complete
+from threadweaver.interrupts import exit_status, interrupt_like_ctrl_c, raise_keyboard_interrupt, run_until_complete
 
 
 @pytest.fixture
@@ -58,6 +58,7 @@ def test_a_signal_that_lands_in_a_weakref_callback_still_stops_the_run(signum, r
         run_sync(work())
     assert unwound and signal.getsignal(signum) is handler
     assert raised.value.args == (() if signum == signal.SIGINT else (signal.Signals(signum).name,))
+    assert exit_status(raised.value) == 128 + signum  # what a shell reports for a command the signal stopped
 
 
 def test_a_second_signal_raises_at_once_while_the_task_unwinds(stopping_signals_interrupt):

@@ -30,6 +30,23 @@ def _interrupt(signum: int) -> KeyboardInterrupt:
     return KeyboardInterrupt() if signum == signal.SIGINT else KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def exit_status(interrupt: KeyboardInterrupt) -> int:
+    """The status a shell gives a command that a signal stopped: 128 + the signal's number (130 for
+    Ctrl-C, 143 for SIGTERM), so that scripts and job schedulers tell a stop from a failure."""
+    name = interrupt.args[0] if interrupt.args else ""
+    signum = signal.Signals.__members__.get(name, signal.SIGINT) if isinstance(name, str) else signal.SIGINT
+    return 128 + signum
+
+
+class Stopped(Exception):
+    """A run that a signal stopped, having kept what it finished: its message says where that is and
+    how to go on; a command prints it and exits with :attr:`status`."""
+
+    def __init__(self, message: str, interrupt: KeyboardInterrupt):
+        super().__init__(message)
+        self.status = exit_status(interrupt)
+
+
 def interrupt_like_ctrl_c(*signums: signal.Signals) -> None:
     """On the main thread, make each of ``signums`` that nothing else handles interrupt as Ctrl-C does
     (a job scheduler's SIGTERM, a closed terminal's SIGHUP), so that ``with`` blocks and ``finally``

@@ -11,6 +11,8 @@ import argparse
 import os
 import sys
 
+from threadweaver.interrupts import Stopped, exit_status
+
 from .data import DATA_COMMANDS
 from .models import MODEL_COMMANDS
 
@@ -46,13 +48,20 @@ def main(argv: list[str] | None = None) -> None:
     try:
         command.run(args)
         sys.stdout.flush()  # what a pipe buffered fails here, not at exit
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP where a server is running (serve.VLLMServer)
-        sys.exit(f"threadweaver {command.name}: stopped")
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM/SIGHUP where a server is running (serve.VLLMServer)
+        _stop(command.name, "stopped", exit_status(interrupt))
+    except Stopped as stopped:  # the same, where the command kept its finished work
+        _stop(command.name, str(stopped), stopped.status)
     except BrokenPipeError:
         if not _reader_left():  # another pipe broke: not ours to hide
             raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush writes nowhere
         sys.exit(1)
+
+
+def _stop(name: str, message: str, status: int) -> None:
+    print(f"threadweaver {name}: {message}", file=sys.stderr)
+    sys.exit(status)
 
 
 def _reader_left() -> bool:

@@ -247,6 +247,7 @@ def _self_train(args: argparse.Namespace) -> None:
     import logging
 
     from threadweaver.engine import EngineError, Sampling
+    from threadweaver.interrupts import Stopped
     from threadweaver.selection import format_report
     from threadweaver.self_train import SelfTrainArgs, check_sft_flags, run
 
@@ -260,8 +261,8 @@ def _self_train(args: argparse.Namespace) -> None:
         summary = run(*configs, args.rest)
     except (ValueError, OSError, RuntimeError, EngineError) as err:
         sys.exit(f"threadweaver self-train: {err}{_go_on_hint(args.out)}")
-    except KeyboardInterrupt:  # Ctrl-C
-        sys.exit(f"threadweaver self-train: stopped{_go_on_hint(args.out)}")
+    except KeyboardInterrupt as interrupt:  # Ctrl-C
+        raise Stopped(f"stopped{_go_on_hint(args.out)}", interrupt) from None
     print(format_report(summary["filter"]))
     print(f"trained on {summary['kept']} kept + {summary['mixed']} mixed rows: {summary['model']}")
 

@@ -99,6 +99,7 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
 
 def _generate(args: argparse.Namespace) -> None:
     from threadweaver.engine import EngineError
+    from threadweaver.interrupts import Stopped
     from threadweaver.jsonl import RowError
     from threadweaver.orchestrator import Limits, Sampling
     from threadweaver.vllm_orchestrator.engines import EngineArgs
@@ -112,8 +113,8 @@ def _generate(args: argparse.Namespace) -> None:
         sys.exit(f"threadweaver generate: {err}")
     except (EngineError, OSError) as err:
         sys.exit(f"threadweaver generate: {err}{_resume_hint(args.out)}")
-    except KeyboardInterrupt:  # Ctrl-C
-        sys.exit(f"threadweaver generate: stopped{_resume_hint(args.out)}")
+    except KeyboardInterrupt as interrupt:  # Ctrl-C
+        raise Stopped(f"stopped{_resume_hint(args.out)}", interrupt) from None
     if not progress.done:
         print(f"nothing to decode: every trajectory is already in {args.out}")
         return

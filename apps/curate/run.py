@@ -15,6 +15,7 @@ from collections import Counter
 
 from threadweaver.batch import run_sync
 from threadweaver.format import Format, add_tags
+from threadweaver.interrupts import Stopped
 from threadweaver.jsonl import read_rows, write_json, write_jsonl
 from threadweaver.rows import RowReader
 
@@ -60,7 +61,7 @@ class NothingCurated(ValueError):
 def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     """Curate ``args.traces`` into ``args.out_dir``; the report (also in ``report.json``).
 
-    Raises :class:`InterruptedError` on Ctrl-C (the replies so far stay in the call cache, so a rerun
+    Raises :class:`~threadweaver.interrupts.Stopped` on Ctrl-C (the replies so far stay in the call cache, so a rerun
     resumes), :class:`ConnectionError` where the server answered no trace (the outputs of an earlier run
     stay as they were), and :class:`NothingCurated` where no trace was kept.
     """
@@ -100,12 +101,13 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
 
     try:
         outcomes, usage = run_sync(main())
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         _stop(running)
         finished = len(done) - len(dropped)
-        raise InterruptedError(
+        raise Stopped(
             f"stopped after {finished} of {len(traces)} traces; rerun the same command to resume: "
-            f"the {len(cache)} replies so far are kept in {cache.path} and not asked again"
+            f"the {len(cache)} replies so far are kept in {cache.path} and not asked again",
+            interrupt,
         ) from None
     finally:
         bar.close()
