@@ -439,14 +439,15 @@ class Vocab:
 
 
 def test_a_tokenizer_without_the_tags_says_how_to_prepare_the_model():
+    from threadweaver.format import missing_tags
     from threadweaver.kit.tokenizers import qwen_tokenizer
 
-    assert unprepared(qwen_tokenizer(), "m") is None
-    tagless = qwen_tokenizer(tags=False)
-    why = unprepared(tagless, "models/qwen3")
+    assert missing_tags(qwen_tokenizer()) is None
+    missing = missing_tags(qwen_tokenizer(tags=False))
+    why = unprepared(missing, "models/qwen3")
     assert why.startswith("the model's tokenizer has no single token for <Parallel>, </Parallel>, <Outlines>")
     assert "`threadweaver prepare models/qwen3 DIR`" in why and "<think>" not in why
-    assert "`threadweaver prepare MODEL DIR`" in unprepared(tagless)  # for a client: not the server's path
+    assert "`threadweaver prepare MODEL DIR`" in unprepared(missing)  # for a client: not the server's path
 
 
 @pytest.fixture(scope="module")

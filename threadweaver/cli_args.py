@@ -49,10 +49,15 @@ def check_counts(config, names: typing.Iterable[str], least: int = 1, none_ok: b
             raise SettingError(name, f"must be a whole number of at least {least}, not {value!r}")
 
 
+def is_http_url(url) -> bool:
+    """Whether ``url`` is an http:// or https:// URL, the only kind a server is reached by."""
+    return isinstance(url, str) and url.startswith(("http://", "https://"))
+
+
 def check_url(config, name: str, url: str | None = None) -> None:
     """Refuse a server URL (``url``, else the field ``name``'s value) that is not http:// or https://."""
     url = getattr(config, name) if url is None else url
-    if not url.startswith(("http://", "https://")):
+    if not is_http_url(url):
         raise SettingError(name, f"must be an http:// or https:// URL, not {url!r}")
 
 

@@ -254,6 +254,14 @@ def split_tags(tokenizer: Any) -> dict[str, list[int]]:
     return split
 
 
+def missing_tags(tokenizer: Any) -> str | None:
+    """What ``tokenizer`` lacks to read and write the format, in words ("tokenizer has no single token for
+    <Parallel>, ..."), or None where every tag is one token (:func:`split_tags`). ``threadweaver prepare``
+    adds them."""
+    split = split_tags(tokenizer)
+    return f"tokenizer has no single token for {', '.join(split)}" if split else None
+
+
 def add_tags(tokenizer: Any, model: Any = None, init: str = "spelling") -> list[int]:
     """Add the tags to a transformers tokenizer as single tokens; prepare ``model``.
 

@@ -17,7 +17,7 @@ import os
 from tqdm import tqdm
 
 from threadweaver.cli_args import add_arguments
-from threadweaver.format import split_tags
+from threadweaver.format import missing_tags
 from threadweaver.hf_collator.attention import flash_attention_4_missing, use_tree_attention
 from threadweaver.hf_collator.collator import IGNORE_INDEX, RowFormatError, TrieCollator
 from threadweaver.hf_collator.malloc import keep_freed_memory
@@ -157,12 +157,12 @@ def check_prepared(model_dir: str, tokenizer, model=None) -> None:
     """Refuse a model whose tokenizer splits a tag or whose embeddings do not cover the tokenizer: adding
     tags is `threadweaver prepare`'s job (the same :func:`threadweaver.format.add_tags`, and a chat
     template that renders ``<think>``), not something training does on the side."""
-    split = split_tags(tokenizer)
+    missing = missing_tags(tokenizer)
     rows = len(tokenizer) if model is None else model.get_input_embeddings().weight.shape[0]
-    if split or rows < len(tokenizer):
+    if missing or rows < len(tokenizer):
         what = (
-            f"its tokenizer has no single token for {', '.join(split)}"
-            if split
+            f"its {missing}"
+            if missing
             else f"its embeddings have {rows} rows, fewer than its tokenizer's {len(tokenizer)} tokens"
         )
         raise ValueError(

@@ -95,15 +95,16 @@ class ThreadWeaverEndpoint:
             return
         from transformers import AutoTokenizer
 
-        from threadweaver.format import Format
+        from threadweaver.format import Format, missing_tags
 
         from .async_llm_engine import AsyncLLMEngine
 
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-        why = unprepared(self.tokenizer, args.model)
-        if why:
+        missing = missing_tags(self.tokenizer)
+        if missing:
+            why = unprepared(missing, args.model)
             logger.warning("%s; plain requests are served, fork-join requests get a 400 saying so", why)
-            self.unprepared = unprepared(self.tokenizer)
+            self.unprepared = unprepared(missing)
         else:
             self.fmt = Format.from_tokenizer(self.tokenizer)
         self.served = list(args.served_model_name or [args.model])

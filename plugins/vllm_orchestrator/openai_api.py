@@ -32,7 +32,7 @@ from dataclasses import dataclass, fields, replace
 
 from threadweaver.cli_args import SettingError, check_counts, option, value_type
 from threadweaver.engine import EngineError, RequestRefused
-from threadweaver.format import Format, split_tags
+from threadweaver.format import Format
 from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, trajectory_text
 from threadweaver.rows import chat_prompt_ids, plain_ids
 from threadweaver.wall_clock import wall_clock
@@ -119,14 +119,12 @@ def check_model(name: str | None, served: Sequence[str], adapters: Collection[st
     raise APIError(f"The model `{name}` does not exist. Valid aliases: {', '.join(served)}.", status=404, param="model")
 
 
-def unprepared(tokenizer, model: str = "MODEL") -> str | None:
-    """Why the model cannot decode fork-join: its tokenizer has no single token for some tags (None: it has
-    them). ``model``: its path in the advice, for the operator; a client reads ``MODEL``."""
-    missing = list(split_tags(tokenizer))
-    if not missing:
-        return None
+def unprepared(missing: str, model: str = "MODEL") -> str:
+    """Why the model cannot decode fork-join, and how to prepare it: ``missing`` is what its tokenizer lacks
+    (:func:`~threadweaver.format.missing_tags`); ``model``: its path in the advice, for the operator (a
+    client reads ``MODEL``)."""
     return (
-        f"the model's tokenizer has no single token for {', '.join(missing)}, so it cannot decode fork-join: "
+        f"the model's {missing}, so it cannot decode fork-join: "
         f"`threadweaver prepare {model} DIR` adds the tags (then serve DIR)"
     )
 

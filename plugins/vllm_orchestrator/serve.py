@@ -27,6 +27,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from threadweaver.cli_args import SettingError, check_counts, check_port, flag, option
+from threadweaver.format import missing_tags
 from threadweaver.hosts import check_host
 from threadweaver.interrupts import STOPPING_SIGNALS, interrupt_like_ctrl_c
 from threadweaver.model_dirs import check_model_dir
@@ -255,9 +256,9 @@ def check_tags(args: ServeArgs, extra: list[str] = ()) -> None:
         raise ValueError(
             f"--branching-default: cannot load the tokenizer of {source} to check its tags: {err}"
         ) from None
-    why = unprepared(tokenizer, args.model)
-    if why:
-        raise ValueError(f"--branching-default decodes every request fork-join, but {why}")
+    missing = missing_tags(tokenizer)
+    if missing:
+        raise ValueError(f"--branching-default decodes every request fork-join, but {unprepared(missing, args.model)}")
 
 
 def _vllm_flag(extra: list[str], name: str) -> str | None:
