@@ -23,6 +23,7 @@ from threadweaver.reward import RewardConfig, acceleration, grade
 from threadweaver.synth import make_rows
 from threadweaver.trl_pgrpo import PGRPOConfig, PGRPOTrainer
 from threadweaver.trl_pgrpo.idle_steps import SKIPPED_METRIC
+from threadweaver.trl_pgrpo.trainer import problem_dataset
 from threadweaver.vllm_orchestrator.transformers_engine import TransformersEngine
 
 pytestmark = pytest.mark.slow
@@ -309,6 +310,8 @@ def test_messages_rows_roll_out_their_turns_before_the_solution(tmp_path):
         assert row["prompt"] == by_id[row["id"]]["messages"][:1] and row["prompt"][0]["role"] == "user"
         assert trainer.reader.prompt({"prompt": row["prompt"]}) == trainer.reader.prompt(by_id[row["id"]])
     assert trainer.eval_dataset["held"]["prompt"] == [r["messages"][:1] for r in rows]
+    both = rows.add_column("prompt", ["B=?"] * len(rows))  # messages first, as every command reads a row
+    assert problem_dataset(both, "train_dataset", gold=True)["prompt"] == [r["messages"][:1] for r in rows]
     bad = rows.select([0]).map(lambda row: {"messages": row["messages"][1:]})
     with pytest.raises(ValueError, match="train_dataset row 0: field 'messages' has no turn before the assistant's"):
         PGRPOTrainer(str(tmp_path / "not-loaded"), args=config(tmp_path), train_dataset=bad)

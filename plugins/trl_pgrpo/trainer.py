@@ -256,10 +256,11 @@ def problem_dataset(dataset, name: str, gold: bool):
     """``dataset`` checked for P-GRPO's columns before any rollout, ``messages`` rows given their ``prompt``.
 
     A row needs a ``prompt`` (a string, or chat messages, as TRL's GRPOTrainer takes) or ``messages``
-    (whose turns before the trailing assistant turns are the prompt, as ``threadweaver pgrpo`` reads
-    them), and, when ``gold`` (a reward grades against it), the gold answer in ``answer``. A dict of
-    datasets (an ``eval_dataset``) is checked one by one; a dataset whose columns are not known
-    without reading it (an ``IterableDataset`` without features) is taken as it is.
+    (whose turns before the trailing assistant turns are the prompt; read first where a row has both, as
+    :class:`~threadweaver.rows.RowReader` and ``threadweaver pgrpo`` read rows), and, when ``gold`` (a
+    reward grades against it), the gold answer in ``answer``. A dict of datasets (an ``eval_dataset``) is
+    checked one by one; a dataset whose columns are not known without reading it (an ``IterableDataset``
+    without features) is taken as it is.
     """
     if isinstance(dataset, dict):
         return {key: problem_dataset(value, f"{name}[{key!r}]", gold) for key, value in dataset.items()}
@@ -279,11 +280,11 @@ def problem_dataset(dataset, name: str, gold: bool):
         )
     if missing:
         raise ValueError(f"{name} has the columns {columns}, but PGRPOTrainer needs {' and '.join(missing)}")
-    return dataset if "prompt" in columns else _with_prompt(dataset, name)
+    return _with_prompt(dataset, name) if "messages" in columns else dataset
 
 
 def _with_prompt(dataset, name: str):
-    """``messages`` rows with their prompt turns as TRL's ``prompt`` column."""
+    """``messages`` rows with their prompt turns as TRL's ``prompt`` column (a ``prompt`` column is replaced)."""
 
     def prompt(row: dict, index: int) -> dict:
         try:
