@@ -404,6 +404,18 @@ def test_flex_kernel_options_reach_every_layer_and_flash_runs_the_whole_tree(tok
     assert [getattr(layer.self_attn, KERNEL_OPTIONS) for layer in model.model.layers] == [None] * 2, "sdpa drops them"
 
 
+def test_flex_training_on_cpu_names_the_backend_that_trains_there(tokenizer, collator):
+    """FlexAttention has no backward on CPU (torch says only that): a library user is told what does."""
+    batch = collator(three_rows())
+    model = use_tree_attention(tiny_qwen3(tokenizer, TinyQwen3Config(num_hidden_layers=1)), "flex_attention")
+    with pytest.raises(
+        TreeAttentionError, match=r"no backward on CPU: train there with use_tree_attention\(model, 'sdpa'\)"
+    ):
+        model(**batch, use_cache=False)
+    with torch.no_grad():
+        assert model(**batch, use_cache=False).logits.isfinite().all()
+
+
 def test_flex_and_varlen_run_in_the_autocast_dtype_as_mixed_precision_trains(tokenizer, collator, monkeypatch):
     """TRL's ``--bf16`` (``threadweaver sft`` on a GPU) trains float32 weights under autocast, where Qwen3's
     query and key norms hand back float32 beside a bf16 value: the tree's FlexAttention call and varlen's

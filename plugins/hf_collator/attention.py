@@ -267,6 +267,11 @@ def _flex_attention(module, query, key, value, block_mask, scaling=None, kernel_
     from transformers.integrations.flex_attention import compile_friendly_flex_attention
 
     _refuse_unsupported("threadweaver_flex", kwargs)
+    if query.device.type == "cpu" and query.requires_grad:
+        raise TreeAttentionError(
+            "threadweaver_flex: FlexAttention has no backward on CPU: train there with "
+            "use_tree_attention(model, 'sdpa'), the same tree as a dense mask (flex runs forwards under no_grad)"
+        )
     dtype = _attention_dtype(query)
     out = compile_friendly_flex_attention(
         query.to(dtype),
