@@ -11,13 +11,14 @@ from threadweaver.vllm_orchestrator.batching import BatchingEngine
 class UntilAbandoned(BatchingEngine):
     """Decodes (in its worker thread) until no request of the batch waits for it, or 10 s."""
 
-    def __init__(self):
+    def __init__(self, steps: int = 1000):
         super().__init__(max_batch=8)
         self.started, self.stopped = threading.Event(), threading.Event()
+        self.steps = steps
 
     def generate_batch(self, requests):
         self.started.set()
-        for _ in range(1000):
+        for _ in range(self.steps):
             if self.abandoned():
                 self.stopped.set()
                 break
@@ -52,6 +53,37 @@ def test_closing_the_engine_gives_up_the_batch_in_flight():
         assert await until(engine.stopped) and request.cancelled()
 
     asyncio.run(run())
+
+
+class ByMaxTokens(UntilAbandoned):
+    def batch_key(self, request):
+        return request.max_tokens
+
+
+def test_closing_the_engine_gives_up_the_groups_that_wait_behind_the_batch_in_flight():
+    """One drain takes requests of several batch keys (TransformersEngine's: stop ids and sampling): those
+    waiting behind the group in the worker thread are given up too, and so is a request made while the
+    worker unwinds; none is left waiting forever."""
+
+    async def run():
+        engine = ByMaxTokens()
+        running, behind = (asyncio.ensure_future(engine.generate([5], [9], n, Sampling())) for n in (4, 5))
+        assert await until(engine.started)
+        closing = asyncio.ensure_future(engine.aclose())
+        await asyncio.sleep(0)
+        late = asyncio.ensure_future(engine.generate([5], [9], 6, Sampling()))
+        await asyncio.wait_for(closing, 10)
+        await asyncio.wait([running, behind, late], timeout=10)
+        assert running.cancelled() and behind.cancelled() and late.cancelled()
+
+    asyncio.run(run())
+
+
+def test_a_batch_decoded_outside_the_engines_drain_is_nobodys_to_give_up():
+    from threadweaver.vllm_orchestrator.batching import Request
+
+    engine = UntilAbandoned(steps=20)
+    assert engine.generate_batch([Request((5,), (9,), 4, Sampling())]) and not engine.stopped.is_set()
 
 
 def test_the_transformers_engine_stops_a_batch_nobody_waits_for_at_its_next_token():

@@ -36,7 +36,8 @@ class BatchingEngine:
         self._pending: list[tuple[Request, asyncio.Future]] = []
         self._worker: asyncio.Task | None = None
         self._running: list[asyncio.Future] = []
-        """The futures of the batch now in the worker thread."""
+        """The futures taken from ``_pending`` and not yet answered: the batch in the worker thread and the
+        groups of other batch keys waiting for it."""
 
     def batch_key(self, request: Request) -> Hashable:
         """Requests with equal keys may share a batch (all of them, unless overridden)."""
@@ -57,40 +58,52 @@ class BatchingEngine:
     def abandoned(self) -> bool:
         """Whether no request of the batch this worker thread decodes still waits for it (call it from
         ``generate_batch``: each batch's thread sees its own futures)."""
-        return all(future.cancelled() for future in _batch.get())
+        futures = _batch.get()  # empty outside a drained batch: a direct call is nobody's to give up
+        return bool(futures) and all(future.cancelled() for future in futures)
 
     async def aclose(self) -> None:
         """Give up every request. A batch already in its worker thread finishes there, unawaited (at once,
-        where the engine stops an abandoned batch)."""
-        for _, future in self._pending:
-            future.cancel()
-        self._pending.clear()
-        for future in self._running:
-            future.cancel()
+        where the engine stops an abandoned batch; ``LLMEngine`` cannot, and a process that exits waits for
+        it)."""
+        self._give_up()
         if self._worker is not None and not self._worker.done():
             self._worker.cancel()
             await asyncio.wait([self._worker])
+        self._give_up()  # requests made while the worker unwound
+
+    def _give_up(self) -> None:
+        for future in [*self._running, *(future for _, future in self._pending)]:
+            future.cancel()
+        self._pending.clear()
 
     async def _drain(self) -> None:
         while self._pending:
             await asyncio.sleep(0)
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
-            groups: dict[Hashable, list[tuple[Request, asyncio.Future]]] = {}
-            for item in batch:
-                groups.setdefault(self.batch_key(item[0]), []).append(item)
-            for items in groups.values():
-                items = [item for item in items if not item[1].cancelled()]  # given up while they waited
-                if not items:
-                    continue
-                self._running = [future for _, future in items]
-                _batch.set(tuple(self._running))  # the worker thread runs in a copy of this context
-                try:
-                    results = await asyncio.to_thread(self.generate_batch, [request for request, _ in items])
-                except Exception as err:
-                    for _, future in items:
-                        if not future.done():
-                            future.set_exception(err)
-                    continue
-                for (_, future), result in zip(items, results):
+            self._running = [future for _, future in batch]
+            try:
+                await self._decode(batch)
+            finally:  # cancelled (aclose) or failed: no request of the batch is left waiting
+                for future in self._running:
+                    future.cancel()
+                self._running = []
+
+    async def _decode(self, batch: list[tuple[Request, asyncio.Future]]) -> None:
+        groups: dict[Hashable, list[tuple[Request, asyncio.Future]]] = {}
+        for item in batch:
+            groups.setdefault(self.batch_key(item[0]), []).append(item)
+        for items in groups.values():
+            items = [item for item in items if not item[1].cancelled()]  # given up while they waited
+            if not items:
+                continue
+            _batch.set(tuple(future for _, future in items))  # the worker thread runs in a copy of this context
+            try:
+                results = await asyncio.to_thread(self.generate_batch, [request for request, _ in items])
+            except Exception as err:
+                for _, future in items:
                     if not future.done():
-                        future.set_result(result)
+                        future.set_exception(err)
+                continue
+            for (_, future), result in zip(items, results):
+                if not future.done():
+                    future.set_result(result)
