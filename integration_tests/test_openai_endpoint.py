@@ -218,8 +218,9 @@ def test_a_model_without_the_tags_serves_plain_requests_and_refuses_fork_join(tm
         assert plain[0] == 404 and post(url + "/v1/chat/completions", {**unknown, "threadweaver": True}) == plain
 
 
-def post(url: str, payload: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(url, json.dumps(payload).encode(), {"Content-Type": "application/json"})
+def post(url: str, payload: dict | bytes) -> tuple[int, dict]:
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, json.loads(response.read())
@@ -305,6 +306,9 @@ def test_a_dead_backend_is_a_clear_5xx_not_a_hang(trained):
         )
         status, reply = post(url + "/v1/chat/completions", {"model": "m", "messages": messages})
         assert status == 502 and f"cannot reach the backend at {dead}" in reply["error"]["message"]
+        for hostile in (b'{"threadweaver": true, "seed": ' + b"9" * 5000 + b"}", b"[" * 100_000):  # were 500s
+            status, reply = post(url + "/v1/completions", hostile)
+            assert status == 400 and reply["error"]["message"].startswith("the request body is not JSON: "), reply
     finally:
         proxy.terminate()
         proxy.wait(timeout=30)

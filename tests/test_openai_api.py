@@ -17,6 +17,7 @@ from threadweaver.engine import EngineError, RequestRefused
 from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.testing import ScriptedEngine
 from threadweaver.vllm_orchestrator.openai_api import (
+    MESSAGE_LIMIT,
     Admission,
     APIError,
     ServerSettings,
@@ -375,6 +376,13 @@ def test_the_most_trajectories_at_once_travel_to_the_server_process_too():
         ("repetition_penalty", 1.2),
         ("min_tokens", 8),
         ("function_call", {"name": "f"}),
+        ("chat_template_kwargs", {"enable_thinking": False}),  # Qwen3's: the prompt would change
+        ("add_generation_prompt", False),
+        ("min_p", 0.1),
+        ("ignore_eos", True),
+        ("stop_token_ids", [5]),
+        ("use_beam_search", True),
+        ("include_stop_str_in_output", True),
     ],
 )
 def test_a_field_fork_join_does_not_honour_is_a_400_naming_it(fmt, route, field, value):
@@ -414,6 +422,24 @@ def test_those_fields_at_their_defaults_ask_for_nothing(fmt):
     assert request_with(fmt, ServerSettings(), logprobs=None, tool_choice="none").prompt_ids == fmt.encode(PROMPT)
 
 
+def test_an_error_quotes_a_clients_value_cut_short():
+    """vLLM's ``sanitize_message`` takes superlinear time in a message's length, on the event loop: 16 KB of
+    echoed input held every client for 20 s."""
+    with pytest.raises(APIError) as caught:
+        ServerSettings().wants_fork_join({"threadweaver": "/a" * 8000})
+    assert str(caught.value) == "threadweaver must be true, false or an object of limits, not '/a/a/a" + "/a" * 36 + "…"
+    with pytest.raises(APIError) as caught:
+        check_model("m" * 5000, ["a"])
+    assert len(str(caught.value)) < 150
+    assert len(str(APIError("x" * 5000))) == MESSAGE_LIMIT
+
+
+def test_n_may_be_null_as_vllm_takes_it(fmt):
+    assert request_with(fmt, ServerSettings(), n=None).prompt_ids == fmt.encode(PROMPT)
+    with pytest.raises(APIError, match="n must be 1"):
+        request_with(fmt, ServerSettings(), n=2)
+
+
 def test_a_model_the_server_does_not_serve_is_vllms_own_404():
     check_model("b", ["a", "b"])
     check_model(None, ["a"])  # no name: the server's model, as vLLM's own
@@ -428,14 +454,6 @@ def test_a_model_the_server_does_not_serve_is_vllms_own_404():
             "code": 404,
         }
     }
-
-
-class Vocab:
-    def __init__(self, *tokens):
-        self.tokens = tokens
-
-    def get_vocab(self):
-        return {token: i for i, token in enumerate(self.tokens)}
 
 
 def test_a_tokenizer_without_the_tags_says_how_to_prepare_the_model():

@@ -54,7 +54,15 @@ class ThreadWeaverEndpoint:
                 model = body.get("model") or self.model
                 out = await until_disconnected(
                     answer(
-                        body, ROUTES[path], self.tokenizer, self.settings, self.engine, self.fmt, model, self.admission
+                        body,
+                        ROUTES[path],
+                        self.tokenizer,
+                        self.settings,
+                        self.engine,
+                        self.fmt,
+                        model,
+                        self.admission,
+                        sanitize_message,
                     ),
                     raw_request,
                 )
@@ -64,9 +72,7 @@ class ThreadWeaverEndpoint:
                     return JSONResponse(out)
                 return StreamingResponse(out, media_type="text/event-stream")
             except APIError as err:  # without the server's paths, as vLLM's own error replies
-                body = err.body()
-                body["error"]["message"] = sanitize_message(body["error"]["message"])
-                return JSONResponse(body, status_code=err.status)
+                return JSONResponse(err.body(sanitize_message), status_code=err.status)
 
         async def chat(request: ChatCompletionRequest, raw_request: Request):
             return await respond("/v1/chat/completions", request, raw_request)

@@ -27,7 +27,7 @@ import os
 import time
 import typing
 import uuid
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, fields, replace
 
 from threadweaver.cli_args import SettingError, check_counts, option, value_type
@@ -47,11 +47,30 @@ LIMITS_ENV = "THREADWEAVER_LIMITS"
 MAX_TRAJECTORIES_ENV = "THREADWEAVER_MAX_TRAJECTORIES"
 """The most fork-join trajectories the server decodes at once (unset: no limit)."""
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+HONOURED = frozenset(
+    {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed"}
+    | {"stop", "stream", "n", FIELD}
+)
+"""The request fields fork-join decoding honours (``n`` only as 1)."""
+HARMLESS = frozenset(
+    {"user", "metadata", "store", "service_tier", "priority", "request_id", "session_id", "cache_salt"}
+    | {"stream_options", "stream_interval", "kv_transfer_params", "ec_transfer_params", "parallel_tool_calls"}
+    | {"include_reasoning", "skip_special_tokens", "spaces_between_special_tokens", "add_special_tokens"}
+    | {"truncation_side", "mm_payload", "media_io_kwargs", "mm_processor_kwargs", "return_mm_kwargs"}
+    | {"routed_experts_prompt_start"}
+)
+"""Request fields that do not change the text decoded, or only with a field of :data:`UNSUPPORTED` (a
+replica's routing, the stream's pacing, multimodal inputs a text prompt has none of): taken as they come."""
 UNSUPPORTED = {
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
     "prompt_logprobs": (None,),
+    "logprob_token_ids": (None,),
     "echo": (None, False),
+    "suffix": (None, ""),
+    "best_of": (None, 1),
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1.0, 1),
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"),  # auto: what vLLM sets beside tools (refused); without, no call
     "functions": (None, []),
@@ -66,13 +85,37 @@ UNSUPPORTED = {
     "presence_penalty": (None, 0.0, 0),
     "frequency_penalty": (None, 0.0, 0),
     "repetition_penalty": (None, 1.0, 1),
+    "min_p": (None, 0.0, 0),
     "min_tokens": (None, 0),
+    "ignore_eos": (None, False),
+    "stop_token_ids": (None, []),
+    "include_stop_str_in_output": (None, False),
     "bad_words": (None, []),
     "allowed_token_ids": (None, []),
+    "watermarking": (None,),
+    "repetition_detection": (None,),
+    "thinking_token_budget": (None,),
+    "reasoning_effort": (None,),
+    "truncate_prompt_tokens": (None,),
+    "prompt_embeds": (None,),
+    "chat_template": (None,),
+    "chat_template_kwargs": (None, {}),
+    "add_generation_prompt": (None, True),
+    "continue_final_message": (None, False),
+    "documents": (None, []),
+    "return_tokens_as_token_ids": (None, False),
+    "return_token_ids": (None, False),
+    "return_token_offsets": (None, False),
+    "return_prompt_text": (None, False),
+    "vllm_xargs": (None, {}),
 }
-"""The OpenAI and vLLM request fields that fork-join does not honour (it honours the prompt or messages,
-``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop`` and ``stream``), each with the
-values that ask for nothing: any other value is a 400, not a reply that silently lacks what was asked for."""
+"""The OpenAI and vLLM request fields that fork-join does not honour, each with the values that ask for
+nothing: any other value is a 400, not a reply that silently lacks what was asked for. Every field of
+vLLM's two request schemas is :data:`HONOURED`, :data:`HARMLESS` or here (a test holds vLLM to it); a field
+vLLM does not know is ignored, as vLLM ignores it."""
+MESSAGE_LIMIT = 1000
+"""The most characters of an error message: vLLM's ``sanitize_message`` takes time superlinear in its length
+(16 KB of echoed input took 20 s on the event loop)."""
 
 
 def branching_default_option():
@@ -95,14 +138,24 @@ class APIError(Exception):
     """A request that ends in an error reply, in vLLM's shape (``{"error": {...}}``)."""
 
     def __init__(self, message: str, status: int = 400, param: str | None = None):
+        if len(message) > MESSAGE_LIMIT:
+            message = message[: MESSAGE_LIMIT - 1] + "…"
         super().__init__(message)
         self.status, self.param = status, param
 
-    def body(self) -> dict:
+    def body(self, sanitize: Callable[[str], str] | None = None) -> dict:
+        """The reply's body; ``sanitize``: what the server does to an error's message (vLLM drops its paths)."""
         kind = {404: "NotFoundError", 429: "RateLimitError"}.get(
             self.status, "BadRequestError" if self.status < 500 else "InternalServerError"
         )
-        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.status}}
+        message = sanitize(str(self)) if sanitize else str(self)
+        return {"error": {"message": message, "type": kind, "param": self.param, "code": self.status}}
+
+
+def shown(value, limit: int = 80) -> str:
+    """A client's value as an error message quotes it: its ``repr``, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def check_model(name: str | None, served: Sequence[str], adapters: Collection[str] = ()) -> None:
@@ -116,6 +169,7 @@ def check_model(name: str | None, served: Sequence[str], adapters: Collection[st
             '(plain requests, with "threadweaver": false, take it)',
             param="model",
         )
+    name = name if isinstance(name, str) and len(name) <= 200 else shown(name)
     raise APIError(f"The model `{name}` does not exist. Valid aliases: {', '.join(served)}.", status=404, param="model")
 
 
@@ -137,7 +191,7 @@ def _typed(name: str, value, hint):
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
     if not (isinstance(value, bool) if hint is bool else number and (hint is float or whole)):
-        raise APIError(f"{name} must be {'true or false' if hint is bool else 'a number'}, not {value!r}")
+        raise APIError(f"{name} must be {'true or false' if hint is bool else 'a number'}, not {shown(value)}")
     try:
         return hint(value)
     except OverflowError:  # an integer past a float's range (JSON has no limit)
@@ -150,7 +204,9 @@ def _limit_values(values: dict, where: str) -> dict:
     known = {f.name for f in fields(Limits)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise APIError(f"unknown {where} field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        names = ", ".join(name if len(name) <= 40 else name[:39] + "…" for name in unknown[:5])
+        names += ", …" if len(unknown) > 5 else ""
+        raise APIError(f"unknown {where} field(s) {names}; known: {', '.join(sorted(known))}")
     return {name: _typed(f"{where}.{name}", value, hints[name]) for name, value in values.items()}
 
 
@@ -251,7 +307,7 @@ class ServerSettings:
             return value
         if isinstance(value, dict):
             return True
-        raise APIError(f"{FIELD} must be true, false or an object of limits, not {value!r}")
+        raise APIError(f"{FIELD} must be true, false or an object of limits, not {shown(value)}")
 
 
 @dataclass(frozen=True)
@@ -270,7 +326,7 @@ class ForkJoinRequest:
 
 def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -> ForkJoinRequest:
     """A fork-join request's prompt ids, limits and sampling; anything we cannot honour is a 400."""
-    if body.get("n", 1) != 1:
+    if body.get("n") not in (None, 1):
         raise APIError("fork-join decodes one trajectory a request: n must be 1")
     _refuse_unsupported(body)
     if route == "chat":
@@ -308,7 +364,7 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
     stop = body.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else stop
     if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
-        raise APIError(f"'stop' must be a string or a list of strings, not {body.get('stop')!r}")
+        raise APIError(f"'stop' must be a string or a list of strings, not {shown(body.get('stop'))}")
     return ForkJoinRequest(prompt_ids, limits, sampling, tuple(s for s in stop if s))
 
 
@@ -410,16 +466,18 @@ async def answer(
     fmt: Format,
     model: str,
     admission: Admission | None = None,
+    sanitize: Callable[[str], str] | None = None,
 ) -> dict | AsyncIterator[str]:
     """A fork-join request's reply: its JSON body, or (``stream``) its server-sent events.
 
     ``admission`` holds a slot from the request's admission until its reply is sent or its
-    stream ends (read to the end, closed, or dropped when the client goes)."""
+    stream ends (read to the end, closed, or dropped when the client goes). ``sanitize``: what the
+    server does to an error's message, here for a stream's error event (:meth:`APIError.body`)."""
     request = parse_request(body, route, tokenizer, settings)
     admission = admission or Admission(None)
     admission.enter()
     if body.get("stream"):
-        return _Held(stream_reply(route, request, engine, fmt, model), admission)
+        return _Held(stream_reply(route, request, engine, fmt, model, sanitize), admission)
     try:
         return reply(route, request, await decode(request, engine, fmt), fmt, model)
     finally:
@@ -459,7 +517,9 @@ def _event(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-async def stream_reply(route: str, request: ForkJoinRequest, engine, fmt: Format, model: str) -> AsyncIterator[str]:
+async def stream_reply(
+    route: str, request: ForkJoinRequest, engine, fmt: Format, model: str, sanitize: Callable[[str], str] | None = None
+) -> AsyncIterator[str]:
     """Server-sent events of a fork-join reply: the text in trajectory order as it becomes final
     (thread 2 after thread 1), then a last chunk with the finish reason, ``usage`` and the stats.
     An engine failure ends the stream with an error event; it never hangs."""
@@ -488,7 +548,7 @@ async def stream_reply(route: str, request: ForkJoinRequest, engine, fmt: Format
         try:
             trajectory = task.result()
         except APIError as err:
-            yield _event(err.body())
+            yield _event(err.body(sanitize))
         else:
             if text := streamed.finish():
                 yield chunk(text)

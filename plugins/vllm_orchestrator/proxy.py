@@ -110,7 +110,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         try:
             try:
                 body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, a number or nesting too large
                 raise APIError(f"the request body is not JSON: {err}") from None
             settings = state["settings"]
             if not isinstance(body, dict) or not settings.wants_fork_join(body):
