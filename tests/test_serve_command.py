@@ -88,6 +88,15 @@ def test_only_branching_default_refuses_it_and_the_tokenizer_checked_is_the_one_
         check_tags(ServeArgs(str(tmp_path), branching_default=True), ["--tokenizer", str(tagless)])
 
 
+def test_the_check_reads_vllms_flags_in_either_spelling():
+    """vLLM's parser takes ``--tokenizer-revision`` and ``--tokenizer_revision``, ``=VALUE`` or a separate one."""
+    from threadweaver.vllm_orchestrator.serve import _vllm_flag
+
+    extra = ["--tokenizer_revision=v2", "--revision", "v1", "--trust_remote_code", "--max-model-len", "64"]
+    assert (_vllm_flag(extra, "--tokenizer-revision"), _vllm_flag(extra, "--revision")) == ("v2", "v1")
+    assert _vllm_flag(extra, "--max-model-len") == "64" and _vllm_flag(extra, "--tokenizer") is None
+
+
 def test_a_tokenizer_that_cannot_be_loaded_for_the_check_is_one_line(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -105,7 +105,11 @@ class ThreadWeaverEndpoint:
 
         from .async_llm_engine import AsyncLLMEngine
 
-        self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(  # the one vLLM loads, as its flags name it
+            args.tokenizer or args.model,
+            revision=getattr(args, "tokenizer_revision", None) or getattr(args, "revision", None),
+            trust_remote_code=getattr(args, "trust_remote_code", False),
+        )
         missing = missing_tags(self.tokenizer)
         if missing:
             why = unprepared(missing, args.model)

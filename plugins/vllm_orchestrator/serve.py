@@ -250,8 +250,10 @@ def check_tags(args: ServeArgs, extra: list[str] = ()) -> None:
     from transformers import AutoTokenizer
 
     source = _vllm_flag(extra, "--tokenizer") or args.model
+    revision = _vllm_flag(extra, "--tokenizer-revision") or _vllm_flag(extra, "--revision")
+    remote_code = any(_flag_name(arg) == "--trust-remote-code" for arg in extra)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code="--trust-remote-code" in extra)
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision, trust_remote_code=remote_code)
     except (OSError, ValueError) as err:
         raise ValueError(
             f"--branching-default: cannot load the tokenizer of {source} to check its tags: {err}"
@@ -262,13 +264,19 @@ def check_tags(args: ServeArgs, extra: list[str] = ()) -> None:
 
 
 def _vllm_flag(extra: list[str], name: str) -> str | None:
-    """The value of the vLLM flag ``name`` in ``extra`` (``--name VALUE`` or ``--name=VALUE``), or None."""
+    """The value of the vLLM flag ``name`` in ``extra`` (``--name VALUE`` or ``--name=VALUE``, with dashes or
+    underscores, as vLLM's parser takes it), or None."""
     for i, arg in enumerate(extra):
-        if arg == name and i + 1 < len(extra):
+        if _flag_name(arg) == name and "=" not in arg and i + 1 < len(extra):
             return extra[i + 1]
-        if arg.startswith(f"{name}="):
+        if _flag_name(arg) == name and "=" in arg:
             return arg.split("=", 1)[1]
     return None
+
+
+def _flag_name(arg: str) -> str:
+    """``--a_b=value`` as ``--a-b``: vLLM takes either spelling of a flag."""
+    return arg.split("=", 1)[0].replace("_", "-") if arg.startswith("--") else arg
 
 
 def serve_until_stopped(args: ServeArgs, extra: list[str] = (), limits: Limits = Limits()) -> None:
