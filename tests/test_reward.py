@@ -138,3 +138,28 @@ def test_reward_pays_acceleration_only_when_correct():
     assert (right.correctness, right.acceleration, right.reward) == (1.0, pytest.approx(0.1), pytest.approx(1.1))
     wrong = reward(r"\boxed{8}", "7", total_tokens=100, critical_path_tokens=80)
     assert (wrong.correctness, wrong.acceleration, wrong.reward) == (0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    "field, value, error",
+    [
+        ("factor", "0.5", TypeError),
+        ("clip", None, TypeError),
+        ("timeout_s", "5", TypeError),
+        ("factor", True, TypeError),
+        ("factor", -0.5, ValueError),
+        ("clip", float("nan"), ValueError),
+        ("timeout_s", 0, ValueError),
+        ("timeout_s", float("inf"), ValueError),
+    ],
+)
+def test_reward_config_refuses_wrong_types_and_ranges_naming_the_field(field, value, error):
+    with pytest.raises(error, match=rf"^RewardConfig\.{field} must be a") as caught:
+        RewardConfig(**{field: value})
+    assert "\n" not in str(caught.value)
+
+
+def test_reward_config_keeps_valid_values_as_given():
+    config = RewardConfig(factor=0, clip=1, form="ratio", timeout_s=0.5)
+    assert (config.factor, config.clip, config.form, config.timeout_s) == (0, 1, "ratio", 0.5)
+    assert RewardConfig() == RewardConfig(factor=0.5, clip=0.2, form="reduction", timeout_s=5.0)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import math
 import multiprocessing
+import numbers
 import re
 import signal
 import threading
@@ -53,8 +55,19 @@ class RewardConfig:
     """Time limit for grading one answer."""
 
     def __post_init__(self) -> None:
+        _check_number("factor", self.factor, positive=False)
+        _check_number("clip", self.clip, positive=False)
+        _check_number("timeout_s", self.timeout_s, positive=True)
         if self.form not in ACCELERATION_FORMS:
             raise ValueError(f"RewardConfig.form must be 'reduction' or 'ratio', not {self.form!r}")
+
+
+def _check_number(name: str, value: object, positive: bool) -> None:
+    """A finite real number, > 0 (``positive``) or >= 0; a string from a config file is refused, not coerced."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"RewardConfig.{name} must be a number, not {type(value).__name__} {value!r}")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"RewardConfig.{name} must be a finite number {'>' if positive else '>='} 0, not {value!r}")
 
 
 @dataclass(frozen=True)

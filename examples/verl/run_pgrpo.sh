@@ -4,19 +4,33 @@
 #   MODEL=/path/to/sft-model ./examples/verl/run_pgrpo.sh [more hydra overrides]
 #   MODEL=... CONFIG=threadweaver_sequential ./examples/verl/run_pgrpo.sh   # the sequential baseline
 #
-# Needs: pip install "threadweaver[verl]" vllm (GPU). MODEL is an SFT'd ThreadWeaver model
-# (`threadweaver sft`); DATA holds train.parquet/test.parquet (made from the synthetic task
-# when missing; pass --problems FILE.jsonl to threadweaver.verl_rollout.data for your own).
+# Needs: pip install "threadweaver[verl]" vllm (GPU), and this file from a checkout of the
+# repository (examples/ is not in the wheel). MODEL is an SFT'd ThreadWeaver model
+# (`threadweaver sft`); DATA holds train.parquet and test.parquet (made from the synthetic task
+# when it has neither; pass --problems FILE.jsonl to threadweaver.verl_rollout.data for your own).
+# NGPUS: GPUs on this node (default: those `nvidia-smi -L` lists).
 set -euo pipefail
 MODEL=${MODEL:?set MODEL to the SFT model directory or hub id}
 DATA=${DATA:-$HOME/data/threadweaver_synth}
 CONFIG=${CONFIG:-threadweaver_pgrpo}
-NGPUS=${NGPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
+if [ -z "${NGPUS:-}" ]; then
+  # grep -c fails on no match: nvidia-smi missing, failing, or listing no GPU all end here.
+  NGPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ') || {
+    echo "run_pgrpo.sh: cannot count GPUs (nvidia-smi -L lists none, or there is no nvidia-smi); set NGPUS" >&2
+    exit 1
+  }
+fi
+[[ $NGPUS =~ ^[1-9][0-9]*$ ]] || { echo "run_pgrpo.sh: NGPUS must be a whole number above 0, not '$NGPUS'" >&2; exit 1; }
 
-[ -f "$DATA/train.parquet" ] || python -m threadweaver.verl_rollout.data "$DATA"
+if [ ! -e "$DATA/train.parquet" ] && [ ! -e "$DATA/test.parquet" ]; then
+  python -m threadweaver.verl_rollout.data "$DATA"
+elif [ ! -e "$DATA/train.parquet" ] || [ ! -e "$DATA/test.parquet" ]; then
+  echo "run_pgrpo.sh: $DATA has only one of train.parquet and test.parquet; add the other, or set DATA to another folder" >&2
+  exit 1
+fi
 exec python -m verl.trainer.main_ppo \
   --config-path="$(python -m threadweaver.verl_rollout.config)" --config-name="$CONFIG" \
   actor_rollout_ref.model.path="$MODEL" \
   data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" \
-  trainer.n_gpus_per_node="${NGPUS:-1}" trainer.nnodes=1 \
+  trainer.n_gpus_per_node="$NGPUS" trainer.nnodes=1 \
   "$@"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import asdict
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -12,6 +13,7 @@ from verl.trainer.main_ppo import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
 from wheel_venv import wheel_venv
 
+from threadweaver.reward import RewardConfig
 from threadweaver.verl_rollout.config import CONFIG_DIR
 
 pytestmark = pytest.mark.slow
@@ -39,7 +41,21 @@ def test_the_configs_are_valid_verl_configs_with_the_papers_settings(name, agent
     assert rollout.max_model_len >= config.data.max_prompt_length + rollout.response_length
     assert actor.ppo_max_token_len_per_gpu >= rollout.max_model_len
     assert config.reward.custom_reward_function.path == "pkg://threadweaver.verl_rollout.reward"
-    assert dict(config.reward.custom_reward_function.reward_kwargs) == {"factor": 0.5, "clip": 0.2}
+
+
+def test_the_reward_knobs_are_declared_with_reward_configs_defaults():
+    """Every knob overridable without ``+``, with the values the reward uses when it is not given."""
+    config = composed("threadweaver_pgrpo", "reward.custom_reward_function.reward_kwargs.form=ratio")
+    assert dict(composed("threadweaver_pgrpo").reward.custom_reward_function.reward_kwargs) == asdict(RewardConfig())
+    assert config.reward.custom_reward_function.reward_kwargs.form == "ratio"
+
+
+def test_the_rollouts_context_follows_the_prompt_and_response_lengths():
+    config = composed("threadweaver_sequential", "data.max_prompt_length=1000", "data.max_response_length=2000")
+    rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+    assert rollout.max_model_len == rollout.max_num_batched_tokens == 1000 + 2000 + 1024
+    assert config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == rollout.max_model_len
+    assert composed("threadweaver_pgrpo").actor_rollout_ref.rollout.max_model_len == 18432
 
 
 def test_command_line_overrides_still_apply():

@@ -30,8 +30,16 @@ from server_manager import FailingServerManager, ScriptedServerManager, Transfor
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 from verl import DataProto
-from verl.experimental.agent_loop.agent_loop import AgentLoopWorker, DictConfigWrap, ToolListWrap, _agent_loop_registry
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    AgentLoopWorker,
+    DictConfigWrap,
+    ToolListWrap,
+    _agent_loop_registry,
+)
 from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
 from verl.trainer.ppo.core_algos import AdvantageEstimator
 from verl.trainer.ppo.reward import get_custom_reward_fn
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
@@ -42,7 +50,9 @@ from threadweaver.requests import plan_requests
 from threadweaver.stats import latency_stats
 from threadweaver.synth import make_rows
 from threadweaver.tree import parse
-from threadweaver.verl_rollout.agent_loop import V1_REQUIRED
+from threadweaver.verl_rollout import AGENT_LOOPS
+from threadweaver.verl_rollout.agent_loop import REWARD_MANAGERS, V1_REQUIRED
+from threadweaver.verl_rollout.reward import compute_score
 from threadweaver.vllm_orchestrator.transformers_engine import TransformersEngine
 
 pytestmark = pytest.mark.slow
@@ -129,6 +139,75 @@ def test_import_verl_registers_the_agent_loops():
     ]
 
 
+def test_the_registered_loops_are_the_names_the_data_script_offers():
+    ours = {name for name, entry in _agent_loop_registry.items() if entry["_target_"].startswith("threadweaver.")}
+    assert ours == set(AGENT_LOOPS)
+
+
+@pytest.mark.parametrize("agent_name", AGENT_LOOPS)
+@pytest.mark.parametrize("manager", ["dapo", "gdpo"])
+def test_a_reward_manager_that_drops_the_rows_extra_fields_is_refused(worker, agent_name, manager):
+    config = verl_config(f"reward.reward_manager.name={manager}")
+    with pytest.raises(Exception, match=f"reward.reward_manager.name={manager}: .*use one that does") as caught:
+        build_loop(worker, None, agent_name, config=config)  # hydra wraps the loop's ValueError
+    assert "use one that does: naive, rate_limited, remote" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["reward.reward_manager.name=naive"],
+        ["reward.reward_manager.name=rate_limited"],
+        ["reward.reward_manager.source=importlib", "reward.reward_manager.name=MyRewardManager"],
+    ],
+)
+def test_reward_managers_that_pass_the_extra_fields_and_the_users_own_are_accepted(worker, overrides):
+    build_loop(worker, None, config=verl_config(*overrides))
+
+
+def reaches_the_reward(manager_cls, worker) -> bool:
+    """Does verl's ``manager_cls`` hand a row's extra fields to the reward function as ``extra_info``?"""
+    row = AgentLoopOutput(
+        prompt_ids=[1, 2],
+        response_ids=[3],
+        response_mask=[1],
+        num_turns=2,
+        metrics=AgentLoopMetrics(),
+        extra_fields={"threadweaver_probe": 1},
+    )
+    seen = []
+
+    def score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+        seen.append("threadweaver_probe" in extra_info)
+        return 0.0
+
+    asyncio.run(verl_reward(worker.config, worker.tokenizer, [row], {"answer": "1"}, manager_cls, score))
+    return seen == [True]
+
+
+def test_the_accepted_reward_managers_are_those_of_verl_that_pass_the_rows_extra_fields(worker):
+    """Each of verl's registered managers on a one-row session; remote scores in Ray actors, so is not run here."""
+    assert set(REWARD_MANAGERS) <= set(REWARD_MANAGER)
+    run = sorted(set(REWARD_MANAGER) - {"remote"})
+    assert {"naive", "rate_limited", "dapo", "gdpo"} <= set(run)
+    assert {name: reaches_the_reward(REWARD_MANAGER[name], worker) for name in run} == {
+        name: name in REWARD_MANAGERS for name in run
+    }
+
+
+@pytest.mark.parametrize("gold", [None, "", "  "])
+def test_an_empty_gold_answer_is_refused_not_graded(gold):
+    """``str(None)`` once graded ``\\boxed{None}`` correct."""
+    with pytest.raises(ValueError, match=r"^ground_truth is .*verl's reward_model.ground_truth\) must be"):
+        compute_score("x", f"\\boxed{{{gold}}}", gold)
+
+
+def test_no_response_at_all_scores_0():
+    parts = compute_score("x", None, "72")
+    assert (parts["score"], parts["correct"]) == (0.0, 0.0)
+    assert compute_score("x", None, 72, extra_info={"threadweaver_text": "so \\boxed{72}"})["score"] == 1.0
+
+
 def test_the_legacy_trainer_is_refused_with_the_flag_to_set(worker, model):
     legacy = verl_config("trainer.use_v1=false")
     with pytest.raises(Exception, match="trainer.use_v1=true") as caught:
@@ -167,10 +246,10 @@ def test_each_row_is_one_engine_request_with_its_log_probs(worker, model, fmt):
     assert all(set(o.extra_fields) == set(extra) for o in outputs)
 
 
-async def verl_reward(config, tokenizer, outputs, problem) -> dict:
-    """verl's reward path for one session: the custom function loaded from the config,
-    run by verl's naive reward manager on the session's rows as ``_compute_score`` lays them out."""
-    manager = NaiveRewardManager(config, tokenizer, get_custom_reward_fn(config))
+async def verl_reward(config, tokenizer, outputs, problem, manager_cls=NaiveRewardManager, score=None) -> dict:
+    """verl's reward path for one session: the custom function loaded from the config (or ``score``),
+    run by verl's reward manager (naive by default) on the session's rows as ``_compute_score`` lays them out."""
+    manager = manager_cls(config, tokenizer, score or get_custom_reward_fn(config))
     prompts = [torch.tensor(o.prompt_ids) for o in outputs]
     responses = [torch.tensor(o.response_ids) for o in outputs]
     pad = torch.nn.utils.rnn.pad_sequence

@@ -7,3 +7,6 @@ dataset's ``agent_name`` column. The reward is
 ``reward.custom_reward_function.path=pkg://threadweaver.verl_rollout.reward``. See
 ``examples/verl/`` for complete P-GRPO and baseline launches.
 """
+
+AGENT_LOOPS = ("threadweaver", "threadweaver_sequential")
+"""The agent loop names :mod:`threadweaver.verl_rollout.plugin` registers (here, where no verl import is needed)."""

@@ -37,6 +37,24 @@ V1_REQUIRED = (
 )
 
 
+REWARD_MANAGERS = ("naive", "rate_limited", "remote")
+"""verl 0.9.1's registered reward managers that merge a row's ``extra_fields`` (verl's ``tool_extra_fields``)
+into the reward's ``extra_info``. ``dapo`` and ``gdpo`` do not: the reward would see neither the trajectory's
+text nor its stats, and would pay no acceleration without a word."""
+
+
+def check_reward_manager(config) -> None:
+    """Refuse a registered reward manager that drops the rows' extra fields. A manager of the user's own
+    (``reward.reward_manager.source=importlib``) is theirs to vouch for."""
+    manager = config.reward.reward_manager
+    if manager.source == "register" and manager.name not in REWARD_MANAGERS:
+        raise ValueError(
+            f"reward.reward_manager.name={manager.name}: verl's {manager.name} reward manager does not pass the "
+            "threadweaver rows' extra fields (the trajectory's text and stats) to the reward, which would then pay no "
+            f"acceleration and log no trajectory stats; use one that does: {', '.join(REWARD_MANAGERS)}"
+        )
+
+
 @functools.lru_cache(maxsize=8)
 def _format(tokenizer) -> Format:
     return Format.from_tokenizer(tokenizer)
@@ -55,6 +73,7 @@ class ThreadWeaverAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         if not self.config.trainer.get("use_v1", False):
             raise ValueError(V1_REQUIRED)
+        check_reward_manager(self.config)
         response_length = self.rollout_config.response_length
         self.limits = Limits(
             branching=branching,

@@ -6,19 +6,26 @@ Writes ``OUT_DIR/{train,test}.parquet`` with the columns verl's ``RLHFDataset`` 
 ``prompt`` (chat messages), ``data_source``, ``reward_model.ground_truth``,
 ``extra_info``, and ``agent_name`` when ``--agent`` is given. Problems come from the
 synthetic task (held-out test problems never occur in train), or from a JSONL file of
-``{"prompt": ..., "answer": ...}`` rows, split by ``--test``.
+``{"prompt": ..., "answer": ...}`` rows, split by ``--test``. Existing parquet files in
+``OUT_DIR`` are never overwritten.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+from typing import NoReturn
 
 from threadweaver.dataset import synth_splits
-from threadweaver.jsonl import RowError, read_jsonl
+from threadweaver.jsonl import RowError, check_folder, read_jsonl
 from threadweaver.synth import SynthConfig
+from threadweaver.verl_rollout import AGENT_LOOPS
 
 DATA_SOURCE = "threadweaver/synth"
+PROG = "python -m threadweaver.verl_rollout.data"
+SPLITS = ("train", "test")
+_JSON_TYPES = {list: "a list", dict: "an object", bool: "a boolean", type(None): "null"}
 
 
 def verl_row(
@@ -37,47 +44,105 @@ def verl_row(
 
 
 def read_problems(path: str) -> list[dict]:
-    problems = []
-    for line, row in read_jsonl(path):
-        missing = [k for k in ("prompt", "answer") if not isinstance(row.get(k), str)]
-        if missing:
-            raise RowError(line, f"needs string field(s) {missing}; it has {sorted(row)}")
-        problems.append(row)
-    return problems
+    """``{prompt, answer}`` rows; a numeric answer becomes its text, as ``threadweaver pgrpo`` reads it."""
+    with open(path, "rb") as f:
+        if f.read(4) == b"PAR1":
+            raise ValueError("a parquet file; --problems expects a JSONL file of {prompt, answer} rows")
+    return [
+        {"prompt": _field(row, "prompt", line), "answer": _field(row, "answer", line)} for line, row in read_jsonl(path)
+    ]
+
+
+def _field(row: dict, name: str, line: int) -> str:
+    """A non-empty string field (``answer`` may also be a number)."""
+    if name not in row:
+        raise RowError(line, f"no {name!r} field; a row needs 'prompt' and 'answer'")
+    value = row[name]
+    numeric = name == "answer" and isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not isinstance(value, str) and not numeric:
+        kind = _JSON_TYPES.get(type(value), "a number")
+        raise RowError(line, f"field {name!r} is {kind}, expected a string")
+    text = str(value)
+    if not text.strip():
+        raise RowError(line, f"field {name!r} is empty")
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """A usage error as one line, as every other error here (argparse's exit status 2)."""
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def positive(text: str) -> int:
+    """argparse type: a whole number above 0."""
+    try:
+        if int(text) > 0:
+            return int(text)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"must be a whole number above 0, not {text!r}")
+
+
+def fail(message: str) -> NoReturn:
+    """Stop with one line on stderr, exit status 1."""
+    sys.stderr.write(f"{PROG}: {message}\n")
+    raise SystemExit(1)
+
+
+def check_out(out: str) -> None:
+    """``out`` can hold the two files and has neither: a user's own data is never overwritten."""
+    check_folder(out)
+    for split in SPLITS:
+        path = os.path.join(out, f"{split}.parquet")
+        if os.path.lexists(path):
+            raise ValueError(f"{path} exists; move it, or give another folder")
+
+
+def problem_splits(path: str, test: int) -> dict[str, list[dict]]:
+    problems = read_problems(path)
+    if len(problems) <= test:
+        raise ValueError(f"{len(problems)} problems; --test {test} leaves none to train on")
+    return {"train": problems[test:], "test": problems[:test]}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("out", help="directory for train.parquet and test.parquet")
-    parser.add_argument("--train", type=int, default=2048, help="synthetic training problems")
-    parser.add_argument("--test", type=int, default=128, help="held-out problems")
+    parser = _Parser(prog=PROG, description=__doc__.split("\n")[0])
+    parser.add_argument("out", help="directory for train.parquet and test.parquet (neither may exist yet)")
+    parser.add_argument("--train", type=positive, default=2048, help="synthetic training problems")
+    parser.add_argument("--test", type=positive, default=128, help="held-out problems")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--problems", help="a JSONL file of {prompt, answer} rows instead of the synthetic task")
     parser.add_argument("--data-source", default=None, help="the data_source column (default: the file's name)")
-    parser.add_argument("--agent", default=None, help="an agent_name column, e.g. threadweaver_sequential")
+    parser.add_argument("--agent", choices=AGENT_LOOPS, default=None, help="an agent_name column for every row")
     args = parser.parse_args(argv)
 
-    import pandas as pd
-
+    try:
+        check_out(args.out)
+    except ValueError as err:
+        fail(str(err))
     if args.problems:
         try:
-            problems = read_problems(args.problems)
-        except (OSError, UnicodeDecodeError, RowError) as err:
-            parser.exit(2, f"{parser.prog}: {args.problems}: {err}\n")
-        if len(problems) <= args.test:
-            parser.exit(
-                2, f"{parser.prog}: {args.problems} has {len(problems)} problems; --test {args.test} leaves none"
-            )
-        splits = {"train": problems[args.test :], "test": problems[: args.test]}
+            splits = problem_splits(args.problems, args.test)
+        except OSError as err:
+            fail(f"{args.problems}: {err.strerror or err}")
+        except ValueError as err:
+            fail(f"{args.problems}: {err}")
         source = args.data_source or os.path.splitext(os.path.basename(args.problems))[0]
     else:
         synth = synth_splits(SynthConfig(), args.train, args.test, args.seed)
         splits = {"train": synth["train"], "test": synth["validation"]}
         source = args.data_source or DATA_SOURCE
-    os.makedirs(args.out, exist_ok=True)
-    for split, problems in splits.items():
-        rows = [verl_row(p["prompt"], p["answer"], i, split, source, args.agent) for i, p in enumerate(problems)]
-        path = os.path.join(args.out, f"{split}.parquet")
+    write(args.out, splits, source, args.agent)
+
+
+def write(out: str, splits: dict[str, list[dict]], source: str, agent: str | None) -> None:
+    import pandas as pd
+
+    os.makedirs(out, exist_ok=True)
+    for split in SPLITS:
+        rows = [verl_row(p["prompt"], p["answer"], i, split, source, agent) for i, p in enumerate(splits[split])]
+        path = os.path.join(out, f"{split}.parquet")
         pd.DataFrame(rows).to_parquet(path)
         print(f"{path}: {len(rows)} rows")
 

@@ -31,6 +31,8 @@ def register() -> None:
     register_agent_loop("threadweaver_sequential")(SequentialAgentLoop)
     # ${threadweaver:learning_rate} and the like in our configs: the paper's settings, declared once.
     OmegaConf.register_new_resolver("threadweaver", lambda name: getattr(PAPER, name), replace=True)
+    # ${threadweaver_sum:A,B,...}: a length that follows others (rollout.max_model_len).
+    OmegaConf.register_new_resolver("threadweaver_sum", lambda *terms: sum(terms), replace=True)
 
 
 register()

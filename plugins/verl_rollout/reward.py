@@ -8,8 +8,10 @@ text after the last join, so the whole trajectory's text and stats are read from
 get correctness on ``solution_str`` and no acceleration. The parts come back beside the
 score, so verl logs each of them.
 
-Set the reward's knobs with ``+reward.custom_reward_function.reward_kwargs.<name>=...``:
-``factor`` (0.5), ``clip`` (0.2), ``form`` (``reduction``), ``timeout_s`` (5).
+Set the reward's knobs with ``reward.custom_reward_function.reward_kwargs.<name>=...``:
+``factor`` (0.5), ``clip`` (0.2), ``form`` (``reduction``), ``timeout_s`` (5). Our configs
+declare all four; over a config that does not (verl's own ``ppo_trainer``), add them with
+``+reward.custom_reward_function.reward_kwargs.<name>=...``.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ def compute_score(
             f"{sorted(RewardConfig.__dataclass_fields__)}"
         )
     config = RewardConfig(**{k: v for k, v in reward_kwargs.items() if k not in _FROM_VERL})
+    gold = _gold(ground_truth)
     info = extra_info or {}
-    text = info.get(PREFIX + "text", solution_str)
+    text = info.get(PREFIX + "text", solution_str) or ""  # no response at all is no answer
     total = int(info.get(PREFIX + "total_tokens", 0))
     critical = int(info.get(PREFIX + "critical_path_tokens", total))
-    parts = reward(text, str(ground_truth), total, critical, config)
+    parts = reward(text, gold, total, critical, config)
     kinds = info.get(PREFIX + "degradation_kinds", "").split(",")
     return {
         "score": parts.reward,
@@ -52,3 +55,14 @@ def compute_score(
         "well_formed": float(info.get(PREFIX + "well_formed", True)),
         **{f"degraded_{kind}": float(kind in kinds) for kind in DEGRADATION_KINDS},
     }
+
+
+def _gold(ground_truth: Any) -> str:
+    """The gold answer as text; an empty one is refused: ``str(None)`` would grade ``\\boxed{None}`` correct."""
+    gold = "" if ground_truth is None else str(ground_truth)
+    if not gold.strip():
+        raise ValueError(
+            f"ground_truth is {ground_truth!r}: the row's gold answer (verl's reward_model.ground_truth) "
+            "must be a non-empty answer"
+        )
+    return gold

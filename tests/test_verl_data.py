@@ -1,0 +1,115 @@
+"""``python -m threadweaver.verl_rollout.data``: verl's parquet layout, and one line on stderr for every bad input.
+
+The module needs no verl (pandas only), so it is tested here; the layout is read by verl's own
+``RLHFDataset`` in ``integration_tests/verl_venv``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from threadweaver.verl_rollout import data
+
+PROG = "python -m threadweaver.verl_rollout.data: "
+
+
+def problems(tmp_path, *rows, raw: bytes | None = None) -> str:
+    path = tmp_path / "problems.jsonl"
+    path.write_bytes(raw if raw is not None else b"".join(json.dumps(row).encode() + b"\n" for row in rows))
+    return str(path)
+
+
+def refused(capsys, *argv: str, status: int = 1) -> str:
+    """The one line ``main`` stops with (no traceback), after the module's name as a user typed it."""
+    with pytest.raises(SystemExit) as stopped:
+        data.main(list(argv))
+    assert stopped.value.code == status
+    err = capsys.readouterr().err
+    assert err.startswith(PROG) and err.endswith("\n") and err.count("\n") == 1, err
+    return err[len(PROG) : -1]
+
+
+@pytest.mark.parametrize("flag", ["--test", "--train"])
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_counts_must_be_positive(tmp_path, capsys, flag, value):
+    message = refused(capsys, str(tmp_path / "out"), flag, value, status=2)
+    assert message == f"argument {flag}: must be a whole number above 0, not '{value}'"
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_agent_is_refused_naming_ours(tmp_path, capsys):
+    message = refused(capsys, str(tmp_path / "out"), "--agent", "threadweaver_seq", status=2)
+    assert "invalid choice: 'threadweaver_seq'" in message
+    assert "'threadweaver'" in message and "'threadweaver_sequential'" in message
+
+
+def test_existing_files_are_never_overwritten(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "test.parquet").write_bytes(b"the user's own")
+    source = problems(tmp_path, *({"prompt": f"{i}+1?", "answer": str(i + 1)} for i in range(3)))
+    assert refused(capsys, str(out), "--problems", source, "--test", "1") == (
+        f"{out}/test.parquet exists; move it, or give another folder"
+    )
+    assert (out / "test.parquet").read_bytes() == b"the user's own" and not (out / "train.parquet").exists()
+    assert refused(capsys, str(source), "--problems", source, "--test", "1") == (
+        f"cannot write into {source}: {source} is a file, not a folder"
+    )
+
+
+def test_numeric_answers_are_read_as_their_text(tmp_path, capsys):
+    source = problems(
+        tmp_path, {"prompt": "1+1?", "answer": 2}, {"prompt": "half?", "answer": 0.5}, {"prompt": "x", "answer": "3"}
+    )
+    data.main([str(tmp_path / "out"), "--problems", source, "--test", "1", "--agent", "threadweaver_sequential"])
+    train = pd.read_parquet(tmp_path / "out" / "train.parquet")
+    assert [r["ground_truth"] for r in train["reward_model"]] == ["0.5", "3"]
+    assert set(train["agent_name"]) == {"threadweaver_sequential"} and set(train["data_source"]) == {"problems"}
+    test = pd.read_parquet(tmp_path / "out" / "test.parquet")
+    assert test["reward_model"][0]["ground_truth"] == "2" and list(test["prompt"][0]) == [
+        {"role": "user", "content": "1+1?"}
+    ]
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"prompt": "2+2?", "answer": ["4"]}, "line 2: field 'answer' is a list, expected a string"),
+        ({"prompt": "2+2?", "answer": None}, "line 2: field 'answer' is null, expected a string"),
+        ({"prompt": "2+2?", "answer": True}, "line 2: field 'answer' is a boolean, expected a string"),
+        ({"prompt": 4, "answer": "4"}, "line 2: field 'prompt' is a number, expected a string"),
+        ({"prompt": "2+2?", "answer": " "}, "line 2: field 'answer' is empty"),
+        ({"prompt": "", "answer": "4"}, "line 2: field 'prompt' is empty"),
+        ({"question": "2+2?", "answer": "4"}, "line 2: no 'prompt' field; a row needs 'prompt' and 'answer'"),
+    ],
+)
+def test_a_bad_row_is_refused_naming_its_line_and_field(tmp_path, capsys, bad, message):
+    source = problems(tmp_path, {"prompt": "1+1?", "answer": "2"}, bad, {"prompt": "3+3?", "answer": "6"})
+    assert refused(capsys, str(tmp_path / "out"), "--problems", source, "--test", "1") == f"{source}: {message}"
+
+
+def test_a_parquet_file_is_refused_as_not_jsonl(tmp_path, capsys):
+    data.main([str(tmp_path / "made"), "--train", "3", "--test", "1"])
+    source = str(tmp_path / "made" / "train.parquet")
+    assert refused(capsys, str(tmp_path / "out"), "--problems", source) == (
+        f"{source}: a parquet file; --problems expects a JSONL file of {{prompt, answer}} rows"
+    )
+
+
+def test_a_bom_is_refused_as_every_jsonl_reader_refuses_it(tmp_path, capsys):
+    source = problems(tmp_path, raw=b'\xef\xbb\xbf{"prompt": "1+1?", "answer": "2"}\n')
+    assert refused(capsys, str(tmp_path / "out"), "--problems", source, "--test", "1").startswith(
+        f"{source}: line 1: not JSON (Unexpected UTF-8 BOM"
+    )
+
+
+def test_too_few_problems_and_a_missing_file(tmp_path, capsys):
+    source = problems(tmp_path, {"prompt": "1+1?", "answer": "2"})
+    assert refused(capsys, str(tmp_path / "out"), "--problems", source) == (
+        f"{source}: 1 problems; --test 128 leaves none to train on"
+    )
+    missing = str(tmp_path / "missing.jsonl")
+    assert refused(capsys, str(tmp_path / "out"), "--problems", missing) == f"{missing}: No such file or directory"
