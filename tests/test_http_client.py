@@ -171,7 +171,7 @@ def test_a_url_given_as_an_openai_client_takes_it_reaches_the_same_paths():
 def test_a_url_without_an_http_scheme_is_refused_when_the_engine_is_made(url):
     from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
 
-    with pytest.raises(ValueError, match=f"the vLLM server's URL must start with http:// or https://, not '{url}'"):
+    with pytest.raises(ValueError, match=f"the vLLM server's URL must be an http:// or https:// URL, not '{url}'"):
         VLLMServerEngine(url)
 
 
@@ -185,3 +185,6 @@ def test_the_server_root_drops_only_a_last_v1_of_the_path():
         "https://h/v1x": "https://h/v1x",
     }
     assert {url: server_root(url) for url in cases} == cases
+    for url in ("http://h/v1?key=1", "http://h:8000/#v1"):  # paths would be appended after them
+        with pytest.raises(ValueError, match="must be a server's address, without a query or fragment"):
+            server_root(url)

@@ -49,16 +49,21 @@ def check_counts(config, names: typing.Iterable[str], least: int = 1, none_ok: b
             raise SettingError(name, f"must be a whole number of at least {least}, not {value!r}")
 
 
-def is_http_url(url) -> bool:
-    """Whether ``url`` is an http:// or https:// URL, the only kind a server is reached by."""
-    return isinstance(url, str) and url.startswith(("http://", "https://"))
+def url_problem(url) -> str | None:
+    """Why ``url`` cannot be a server's address ("must be an http:// or https:// URL, not 'x'"), or None: the
+    one rule for every server URL, as a flag (:func:`check_url`) or a library argument."""
+    if not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+        return f"must be an http:// or https:// URL, not {url!r}"
+    if "?" in url or "#" in url:
+        return f"must be a server's address, without a query or fragment, not {url!r}"
+    return None
 
 
 def check_url(config, name: str, url: str | None = None) -> None:
-    """Refuse a server URL (``url``, else the field ``name``'s value) that is not http:// or https://."""
+    """Refuse a server URL (``url``, else the field ``name``'s value) that :func:`url_problem` refuses."""
     url = getattr(config, name) if url is None else url
-    if not is_http_url(url):
-        raise SettingError(name, f"must be an http:// or https:// URL, not {url!r}")
+    if problem := url_problem(url):
+        raise SettingError(name, problem)
 
 
 def check_port(config, name: str = "port") -> None:

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
-from threadweaver.cli_args import check_counts, is_http_url, option
+from threadweaver.cli_args import check_counts, option, url_problem
 from threadweaver.engine import EngineError, RequestRefused
 
 logger = logging.getLogger(__name__)
@@ -78,8 +78,8 @@ START_ONE = {
 def server_root(url: str, what: str = "server") -> str:
     """The server's root from its URL: a last ``/v1`` of the path, as OpenAI clients are given it, is dropped.
     A URL that is not http(s) is refused, naming ``what`` was at it."""
-    if not is_http_url(url):
-        raise ValueError(f"the {what}'s URL must start with http:// or https://, not {url!r}")
+    if problem := url_problem(url):
+        raise ValueError(f"the {what}'s URL {problem}")
     parts = urllib.parse.urlsplit(url.rstrip("/"))
     return urllib.parse.urlunsplit(parts._replace(path=parts.path.removesuffix("/v1")))
 
