@@ -183,6 +183,8 @@ def test_the_server_root_drops_only_a_last_v1_of_the_path():
         "http://gateway/api/v1": "http://gateway/api",
         "http://v1": "http://v1",  # a host named v1
         "https://h/v1x": "https://h/v1x",
+        "http://h:8000/v1/completions": "http://h:8000",  # as lm-eval's own models take a server
+        "http://h/api/v1/chat/completions/": "http://h/api",
     }
     assert {url: server_root(url) for url in cases} == cases
     for url in ("http://h/v1?key=1", "http://h:8000/#v1"):  # paths would be appended after them

@@ -75,13 +75,19 @@ START_ONE = {
 """How to start the server a client could not reach, where the project knows."""
 
 
+ROUTE_SUFFIXES = ("/v1/chat/completions", "/v1/completions", "/v1")
+"""What a server's URL may end with as clients are given it: OpenAI's base URL, or a route, as lm-eval's own
+``local-completions`` and ``local-chat-completions`` take it."""
+
+
 def server_root(url: str, what: str = "server") -> str:
-    """The server's root from its URL: a last ``/v1`` of the path, as OpenAI clients are given it, is dropped.
-    A URL that is not http(s) is refused, naming ``what`` was at it."""
+    """The server's root from its URL: a last ``/v1`` of the path, or a whole completions route (see
+    :data:`ROUTE_SUFFIXES`), is dropped. A URL that is not http(s) is refused, naming ``what`` was at it."""
     if problem := url_problem(url):
         raise ValueError(f"the {what}'s URL {problem}")
     parts = urllib.parse.urlsplit(url.rstrip("/"))
-    return urllib.parse.urlunsplit(parts._replace(path=parts.path.removesuffix("/v1")))
+    path = next((parts.path.removesuffix(s) for s in ROUTE_SUFFIXES if parts.path.endswith(s)), parts.path)
+    return urllib.parse.urlunsplit(parts._replace(path=path))
 
 
 class JSONClient:
