@@ -291,3 +291,51 @@ def test_a_wheel_install_carries_the_start_up_hook(tmp_path):
     assert where.startswith(str(site))
     assert tasks == sorted([*BENCHMARKS, "tw_math", "tw_shopping", "tw_synth"])
     assert module == "threadweaver.lmeval_tasks.model"
+
+
+QUICKSTART = Path(__file__).parents[1] / "apps" / "quickstart" / "models" / "parallel"
+
+
+def test_equal_responses_keep_their_own_counts_and_a_resumed_run_its_ids(tmp_path):
+    """Cut at ``<Parallel>``, every response reads the same: each document still gets its own trajectory's counts.
+    A rerun under ``--use_cache`` decodes only the new document, under its own id, and tokenises the cached ones."""
+    import lm_eval
+    from transformers import AutoTokenizer
+
+    from threadweaver.lmeval_tasks.measured import count_tokens
+
+    out = tmp_path / "trajectories.jsonl"
+
+    def run(limit: int) -> dict:
+        samples = lm_eval.simple_evaluate(
+            model="threadweaver",
+            model_args=f"engine=transformers,model={QUICKSTART},trajectories={out}",
+            tasks=["tw_synth"],
+            limit=limit,
+            gen_kwargs="until=<Parallel>",
+            use_cache=str(tmp_path / "cache"),
+            log_samples=True,
+        )["samples"]["tw_synth"]
+        return {sample["doc_id"]: sample for sample in samples}
+
+    first, resumed = run(2), run(3)
+    rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert sorted(rows) == ["tw_synth/0", "tw_synth/1", "tw_synth/2"]
+    assert (
+        len({s["resps"][0][0] for s in first.values()}) == 1 < len({r["stats"]["total_tokens"] for r in rows.values()})
+    )
+    for doc_id, sample in [*first.items(), (2, resumed[2])]:
+        stats = rows[f"tw_synth/{doc_id}"]["stats"]
+        assert (sample["total_tokens"], sample["token_latency"]) == (
+            stats["total_tokens"],
+            stats["critical_path_tokens"],
+        )
+        assert sample["stats_measured"] == 1.0 and sample["cut_short"] == 0.0
+    assert resumed[0]["stats_measured"] == resumed[1]["stats_measured"] == 0.0
+    tokenizer = AutoTokenizer.from_pretrained(QUICKSTART)
+    for row in rows.values():  # counting the text gives what was measured: the end-of-sequence token included
+        counted = count_tokens(row["text"].removesuffix(tokenizer.eos_token), tokenizer).stats
+        assert (counted.total_tokens, counted.critical_path_tokens) == (
+            row["stats"]["total_tokens"],
+            row["stats"]["critical_path_tokens"],
+        )

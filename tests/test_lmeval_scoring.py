@@ -1,4 +1,4 @@
-"""The tw_* tasks' host-free parts: gold answers, local data files, metrics and the side channel.
+"""The tw_* tasks without decoding: gold answers, local data files (through lm-eval's TaskManager), metrics and counts.
 
 lm-eval itself runs in integration_tests/test_lmeval_tasks.py.
 """
@@ -24,7 +24,6 @@ PARALLEL = (
 
 @pytest.fixture(autouse=True)
 def fresh_side_channel(monkeypatch):
-    monkeypatch.setattr(measured, "_by_text", {})
     monkeypatch.setattr(measured, "_tokenizer", None)
     monkeypatch.setattr(measured, "_tokenizer_hint", None)
     monkeypatch.delenv(measured.TOKENIZER_ENV, raising=False)
@@ -81,8 +80,8 @@ def test_measured_counts_are_used_as_recorded(qwen):
         reference_longest_thread=None,
         reference_total_tokens=57,
     )
-    measured.record(PARALLEL, stats, frozenset({"eos_in_thread"}))
-    metrics = scoring.process_results({"gold": "7"}, [[PARALLEL]])
+    response = measured.Response(PARALLEL, measured.Measured(stats, False, frozenset({"eos_in_thread"}), "length"))
+    metrics = scoring.process_results({"gold": "7"}, [[response]])
     assert metrics == {
         "acc": 1.0,
         "token_latency": 20.0,
@@ -90,9 +89,23 @@ def test_measured_counts_are_used_as_recorded(qwen):
         "speedup": 2.5,
         "parallel_activation": 1.0,
         "well_formed": 0.0,
+        "cut_short": 1.0,
         "stats_measured": 1.0,
         **{f"degraded_{kind}": float(kind == "eos_in_thread") for kind in DEGRADATION_KINDS},
     }
+
+
+def test_equal_texts_keep_their_own_counts_and_a_plain_copy_is_not_measured(qwen):
+    """Two timed-out trajectories both answer "": each document still gets its own trajectory's counts."""
+    import pickle
+
+    measured.use_tokenizer(qwen)
+    short, long = (latency_stats(parse_text(t, Format.from_tokenizer(qwen)).nodes) for t in ("a", PARALLEL))
+    first, second = (measured.Response("", measured.Measured(s, True, frozenset(), "timeout")) for s in (short, long))
+    assert scoring.process_results({"gold": "7"}, [[first]])["total_tokens"] == short.total_tokens
+    assert scoring.process_results({"gold": "7"}, [[second]])["total_tokens"] == long.total_tokens
+    cached = pickle.loads(pickle.dumps(second))  # what lm-eval's --use_cache stores
+    assert type(cached) is str and scoring.process_results({"gold": "7"}, [[cached]])["stats_measured"] == 0.0
 
 
 def test_the_task_template_declares_every_metric_the_tasks_return():
@@ -106,13 +119,15 @@ def test_unmeasured_responses_are_tokenised_and_say_so(qwen):
     stats = latency_stats(parse_text(PARALLEL, Format.from_tokenizer(qwen)).nodes)
     sequential = "<think>\nno blocks</think>\n\\boxed{8}"
     metrics = scoring.process_results({"gold": "7"}, [[PARALLEL, sequential]])
-    n = len(qwen.encode(sequential, add_special_tokens=False))
+    n = len(qwen.encode(sequential, add_special_tokens=False)) + 1  # and the end-of-sequence token, as measured
+    critical, total = stats.critical_path_tokens + 1, stats.total_tokens + 1
     assert metrics["stats_measured"] == 0.0
     assert metrics["acc"] == 0.5
-    assert metrics["token_latency"] == (stats.critical_path_tokens + n) / 2
-    assert metrics["total_tokens"] == (stats.total_tokens + n) / 2
-    assert metrics["speedup"] == pytest.approx((stats.speedup + 1.0) / 2)
+    assert metrics["token_latency"] == (critical + n) / 2
+    assert metrics["total_tokens"] == (total + n) / 2
+    assert metrics["speedup"] == pytest.approx((total / critical + 1.0) / 2)
     assert metrics["parallel_activation"] == 0.5 and metrics["well_formed"] == 1.0
+    assert math.isnan(metrics["cut_short"])  # a tokenised response does not say how it ended
 
 
 def test_a_malformed_response_counts_as_sequential_and_invalid(qwen):
@@ -176,3 +191,56 @@ def test_the_trajectories_file_records_the_gold_answer_and_lm_evals_grade():
     assert _graded(request({"gold": "8"}), PARALLEL) == {"answer": "8", "correct": False}
     assert scoring.process_results({"gold": "8"}, [PARALLEL])["acc"] == 0.0  # the same grade lm-eval reports
     assert _graded(request({"question": "a task of another suite"}), PARALLEL) == {}
+
+
+def _load_aime24(**metadata):
+    """tw_aime24's documents through lm-eval's own TaskManager."""
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_defaults=False, include_path=str(discovery.TASKS_DIR), metadata=metadata)
+    return list(manager.load(["tw_aime24"])["tasks"]["tw_aime24"].test_docs())
+
+
+def test_a_data_dir_without_the_tasks_file_is_an_error_not_the_hub(tmp_path, monkeypatch):
+    monkeypatch.delenv(data.DATA_DIR_ENV, raising=False)
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path} has no tw_aime24.jsonl/.json/.parquet/.csv$"):
+        _load_aime24(data_dir=str(tmp_path))
+    monkeypatch.setenv(data.DATA_DIR_ENV, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="has no tw_aime24.jsonl"):
+        _load_aime24()
+
+
+def test_a_file_key_that_names_no_task_is_refused_naming_the_known_ones(tmp_path):
+    with pytest.raises(ValueError, match=r"^unknown metadata tw_aime_file; known: .*tw_aime24_file, .*data_dir$"):
+        _load_aime24(tw_aime_file=str(tmp_path / "aime.jsonl"))
+
+
+def test_csv_errors_name_the_files_line(tmp_path):
+    rows = tmp_path / "aime.csv"
+    rows.write_text('Problem,Answer\n"two\nlines",1\n\nempty,\n')
+    with pytest.raises(ValueError, match=r"aime.csv: line 5 has an empty 'Answer'"):
+        _load_aime24(tw_aime24_file=str(rows))
+
+
+def test_an_unreachable_hub_names_the_offline_options(tmp_path):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADWEAVER_")}
+    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path))
+    code = (
+        "import sys; from lm_eval.tasks import TaskManager; "
+        "TaskManager(include_path=sys.argv[1], include_defaults=False).load(['tw_aime24'])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(discovery.TASKS_DIR)], env=env, capture_output=True, text=True
+    )
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ConnectionError: tw_aime24: cannot reach the hub dataset Maxwell-Jia/AIME_2024")
+    for option in (
+        '"tw_aime24_file": "FILE"',
+        "THREADWEAVER_TW_AIME24_FILE=FILE",
+        '"data_dir"',
+        "THREADWEAVER_DATA_DIR",
+    ):
+        assert option in last

@@ -259,6 +259,9 @@ def test_max_concurrent_requests_bounds_one_trajectorys_requests_in_flight(fmt, 
         ("max_tokens", 2.5),
         ("max_tokens", True),
         ("timeout_s", -1.0),
+        ("branching", "no"),
+        ("concurrent_threads", 0),
+        ("warm_join", None),
     ],
 )
 def test_limits_out_of_range_are_refused_naming_the_field(field, value):

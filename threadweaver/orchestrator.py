@@ -114,6 +114,9 @@ class Limits:
             "max_concurrent_requests",
         )
         check_counts(self, counts)
+        for name in ("branching", "concurrent_threads", "warm_join"):
+            if not isinstance(getattr(self, name), bool):
+                raise SettingError(name, f"must be true or false, not {getattr(self, name)!r}")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise SettingError("timeout_s", f"must be more than 0 seconds (or none), not {self.timeout_s!r}")
 

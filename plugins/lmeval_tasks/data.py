@@ -10,12 +10,16 @@ A local file wins over the hub, so a run can be offline; the first of these is u
   ``$THREADWEAVER_DATA_DIR``,
 * the hub dataset (``tw_synth``: its problems are generated, as ``threadweaver synth`` would).
 
+A ``data_dir`` without the task's file is an error where the hub would be used instead,
+and so is a metadata key ``tw_..._file`` that names no task.
+
 Every row gets a ``gold`` column: the benchmark's answer field as a string (numbers
 without a trailing ``.0``, lists joined with ``, ``, ``$`` signs removed).
 """
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 from pathlib import Path
@@ -23,6 +27,7 @@ from pathlib import Path
 from threadweaver.jsonl import RowError, read_jsonl
 
 from . import measured
+from .discovery import TASKS_DIR
 
 DATA_DIR_ENV = "THREADWEAVER_DATA_DIR"
 _SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -56,7 +61,7 @@ def local_file(benchmark: str, metadata: dict) -> Path | None:
         if not path.is_file():
             raise FileNotFoundError(f"{benchmark}: the local dataset {path} does not exist")
         return path
-    folder = metadata.get("data_dir") or os.environ.get(DATA_DIR_ENV)
+    folder = data_dir(metadata)
     if folder:
         for suffix in _SUFFIXES:
             path = Path(folder).expanduser() / f"{benchmark}{suffix}"
@@ -65,8 +70,32 @@ def local_file(benchmark: str, metadata: dict) -> Path | None:
     return None
 
 
+def data_dir(metadata: dict) -> str | None:
+    return metadata.get("data_dir") or os.environ.get(DATA_DIR_ENV)
+
+
+def _check_metadata(benchmark: str, metadata: dict) -> None:
+    """Refuse a ``tw_..._file`` key that names no task (a typo would otherwise fall back to the hub)."""
+    known = sorted({f"{path.stem}_file" for path in TASKS_DIR.glob("tw_*.yaml")} | {f"{benchmark}_file"})
+    unknown = sorted(k for k in metadata if k.startswith("tw_") and k.endswith("_file") and k not in known)
+    if unknown:
+        raise ValueError(f"unknown metadata {', '.join(unknown)}; known: {', '.join([*known, 'data_dir'])}")
+
+
+def _csv_lines(path: Path) -> list[int]:
+    """The line each CSV row starts on (after the header; blank lines skipped, quoted fields may span lines)."""
+    starts, end = [], 0
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        reader = csv.reader(f)
+        for record in reader:
+            if record:
+                starts.append(end + 1)
+            end = reader.line_num
+    return starts[1:]
+
+
 def _read_local(path: Path, fields: list[str]):
-    """A local file's rows; a bad one names the file, and in JSON Lines the line."""
+    """A local file's rows, and for CSV each row's line; a bad one names the file, and in JSON Lines the line."""
     import datasets
 
     kind = _SUFFIXES.get(path.suffix)
@@ -74,9 +103,10 @@ def _read_local(path: Path, fields: list[str]):
         raise ValueError(f"{path}: unknown file type; use one of {', '.join(_SUFFIXES)}")
     if path.suffix != ".jsonl":
         try:
-            return datasets.load_dataset(kind, data_files=str(path), split="train")
+            rows = datasets.load_dataset(kind, data_files=str(path), split="train")
         except Exception as err:  # the readers' own errors, as one line that names the file
             raise ValueError(f"{path}: not a readable {path.suffix} file ({type(err).__name__}: {err})"[:500]) from None
+        return rows, _csv_lines(path) if kind == "csv" else None
     try:
         lines, rows = zip(*read_jsonl(str(path))) if path.stat().st_size else ((), ())
     except RowError as err:
@@ -88,7 +118,7 @@ def _read_local(path: Path, fields: list[str]):
         if empty:
             raise ValueError(f"{path}: line {line} has an empty {empty!r}")
     try:
-        return datasets.Dataset.from_list(list(rows))
+        return datasets.Dataset.from_list(list(rows)), None
     except Exception as err:  # columns whose values do not share a type
         raise ValueError(f"{path}: the rows do not form one table ({type(err).__name__}: {err})"[:500]) from None
 
@@ -115,12 +145,27 @@ def _check_fields(columns: list[str], where: str, fields: list[str]) -> None:
         )
 
 
-def _check(rows, where: str, fields: list[str]) -> None:
+def _check(rows, where: str, fields: list[str], lines: list[int] | None = None) -> None:
+    """Every row has each field; an empty one is named by its line in ``lines``, else its row (from 0)."""
     _check_fields(rows.column_names, where, fields)
     for i, row in enumerate(rows):
         for f in fields:
             if row[f] is None or row[f] == "" or row[f] == []:
-                raise ValueError(f"{where}: row {i} has an empty {f!r}")
+                raise ValueError(f"{where}: {f'line {lines[i]}' if lines else f'row {i}'} has an empty {f!r}")
+
+
+def _hub(benchmark: str, hub: str, hub_config: str | None, hub_split: str):
+    """The hub dataset; unreachable (offline), one error that names the local-file options."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(hub, hub_config, split=hub_split)
+    except ConnectionError as err:
+        raise ConnectionError(
+            f"{benchmark}: cannot reach the hub dataset {hub} ({err}); offline, use a local file in its schema: "
+            f'--metadata \'{{"{benchmark}_file": "FILE"}}\', {file_env(benchmark)}=FILE, or {benchmark}.jsonl '
+            f'in --metadata \'{{"data_dir": "DIR"}}\' or {DATA_DIR_ENV}=DIR'
+        ) from None
 
 
 def load(
@@ -137,14 +182,17 @@ def load(
     import datasets
 
     measured.hint_tokenizer(metadata.get("tokenizer") or metadata.get("pretrained") or metadata.get("model"))
-    path = local_file(benchmark, metadata)
+    _check_metadata(benchmark, metadata)
+    path, lines = local_file(benchmark, metadata), None
     if path is not None:
-        rows, where = _read_local(path, [problem_field, answer_field]), str(path)
+        (rows, lines), where = _read_local(path, [problem_field, answer_field]), str(path)
     elif synth is not None:
         rows, where = _synth(synth), f"{benchmark} (generated)"
+    elif data_dir(metadata):
+        raise FileNotFoundError(f"{data_dir(metadata)} has no {benchmark}.jsonl/.json/.parquet/.csv")
     elif hub is not None:
-        rows, where = datasets.load_dataset(hub, hub_config, split=hub_split), f"{hub} ({hub_split})"
+        rows, where = _hub(benchmark, hub, hub_config, hub_split), f"{hub} ({hub_split})"
     else:
         raise ValueError(f"{benchmark}: no hub dataset and no local file; set {file_env(benchmark)}")
-    _check(rows, where, [problem_field, answer_field])
+    _check(rows, where, [problem_field, answer_field], lines)
     return datasets.DatasetDict({"test": rows.map(lambda row: {GOLD_COLUMN: gold_answer(row[answer_field])})})

@@ -1,48 +1,60 @@
 """The side channel from the ``threadweaver`` model to the tasks' token metrics.
 
 lm-eval hands a task's ``process_results`` only the response strings. So the model
-records, per response it returns, the counts the orchestrator measured, and the tasks
-look them up by the response text. A response this process's model did not produce
-(another backend such as ``local-completions``, or lm-eval's response cache) is
-tokenised instead; the ``stats_measured`` metric (1 measured, 0 tokenised) says which.
+returns each response as a :class:`Response`: its text, carrying the counts the
+orchestrator measured for it, which the tasks' ``keep_all`` filter passes on unchanged.
+A plain string (another backend such as ``local-completions``, or lm-eval's response
+cache) is tokenised instead; the ``stats_measured`` metric (1 measured, 0 tokenised)
+says which. Token counts include the end-of-sequence token that ends a response, as the
+orchestrator counts it, though the text leaves it out.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 from threadweaver.stats import LatencyStats, latency_stats
 
 TOKENIZER_ENV = "THREADWEAVER_TOKENIZER"
 
 
-Measured = tuple[LatencyStats, bool, frozenset[str] | None]
-"""A response's latency statistics, whether it was well-formed, and the kinds of degradation the
-orchestrator met (None when the response was tokenised here, not measured)."""
+class Measured(NamedTuple):
+    """A response's latency statistics, whether it was well-formed, the kinds of degradation the
+    orchestrator met and its ``finish_reason`` (the last two None when it was tokenised here)."""
+
+    stats: LatencyStats
+    well_formed: bool
+    kinds: frozenset[str] | None
+    finish_reason: str | None
+
+
+class Response(str):
+    """A response's text with its measured counts: they travel with it to its own document.
+
+    It pickles as the plain text, so lm-eval's ``--use_cache`` stores only that.
+    """
+
+    measured: Measured
+
+    def __new__(cls, text: str, measured: Measured):
+        response = super().__new__(cls, text)
+        response.measured = measured
+        return response
+
+    def __reduce__(self):
+        return str, (str(self),)
+
+
+def lookup(response: str) -> Measured | None:
+    """The counts the model measured for ``response``, or None for a plain string."""
+    return getattr(response, "measured", None)
 
 
 _lock = threading.Lock()
-_by_text: dict[bytes, Measured] = {}
-"""Keyed by a digest of the text: lm-eval already holds every response once."""
 _tokenizer: Any = None
 _tokenizer_hint: str | None = None
-
-
-def _key(text: str) -> bytes:
-    return hashlib.blake2b(text.encode(), digest_size=16).digest()
-
-
-def record(text: str, stats: LatencyStats, kinds: frozenset[str]) -> None:
-    with _lock:
-        _by_text[_key(text)] = (stats, not kinds, kinds)
-
-
-def lookup(text: str) -> Measured | None:
-    with _lock:
-        return _by_text.get(_key(text))
 
 
 def use_tokenizer(tokenizer: Any) -> None:
@@ -81,14 +93,18 @@ def count_tokens(text: str, tokenizer: Any) -> Measured:
     """A response's statistics by tokenising it: the post-hoc parser's view of the text.
 
     Malformed parts count as sequential text, as the orchestrator would have decoded
-    them; a tokenizer without the tags sees one sequential chain.
+    them; a tokenizer without the tags sees one sequential chain. The response is taken
+    to have ended with the tokenizer's end-of-sequence token, which the text leaves out
+    but the orchestrator counts.
     """
     from threadweaver.format import Format
     from threadweaver.tree import Text, parse_text
 
+    eos = () if tokenizer.eos_token_id is None else (Text((tokenizer.eos_token_id,)),)
     try:
         fmt = Format.from_tokenizer(tokenizer)
     except ValueError:
-        return latency_stats([Text(tuple(tokenizer.encode(text, add_special_tokens=False)))]), True, None
+        chain = [Text(tuple(tokenizer.encode(text, add_special_tokens=False))), *eos]
+        return Measured(latency_stats(chain), True, None, None)
     parsed = parse_text(text, fmt, strict=False)
-    return latency_stats(parsed.nodes, fmt.tags), parsed.well_formed, None
+    return Measured(latency_stats([*parsed.nodes, *eos], fmt.tags), parsed.well_formed, None, None)

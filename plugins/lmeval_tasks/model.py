@@ -14,8 +14,10 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 from threadweaver.batch import BatchProgress, decode_many, run_sync, trajectory_row
 from threadweaver.cli_args import check_counts, option
@@ -53,11 +55,38 @@ class ModelArgs:
     trajectories: str | None = option(
         None,
         "Append each trajectory to this JSONL file as `threadweaver generate` writes it (tokens, tree, "
-        "request timings, stats, wall_s), with the lm-eval context and request index.",
+        "request timings, stats, wall_s), with the lm-eval context; a rerun appends. Each row's id is "
+        "'<task>/<doc_id>' and its sample the repeat.",
     )
 
     def __post_init__(self):
         check_counts(self, ("concurrency",))
+        if self.trajectories is not None:
+            object.__setattr__(self, "trajectories", appendable(self.trajectories))
+
+
+def appendable(path: str) -> str:
+    """``path`` with ``~`` expanded, refused at once where no file can be appended (a folder, a parent that is
+    a file, no write permission); missing folders are made when the first trajectory is written."""
+    target = Path(os.path.expanduser(path))
+    if target.is_dir():
+        raise ValueError(f"trajectories={path}: {target} is a folder, not a file")
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if existing != target and not existing.is_dir():
+        raise ValueError(f"trajectories={path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"trajectories={path}: {existing} is not writable")
+    return str(target)
+
+
+def as_bool(name: str, value) -> bool:
+    """A boolean model arg: a bool, or true/false/1/0 in any case (lm-eval passes other words on as strings)."""
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word not in ("true", "1", "false", "0"):
+        raise ValueError(f"model_args {name} must be true or false (or 1 or 0), not {value!r}")
+    return word in ("true", "1")
 
 
 def split_model_args(kwargs: dict) -> tuple[ModelArgs, EngineArgs, Limits]:
@@ -74,6 +103,8 @@ def split_model_args(kwargs: dict) -> tuple[ModelArgs, EngineArgs, Limits]:
             f"{', '.join(sorted(set().union(*groups.values())))} (max tokens come from the task's "
             f"max_gen_toks, override with --gen_kwargs max_gen_toks=N)"
         )
+    flags = {f.name for cls in groups for f in fields(cls) if f.type in (bool, "bool")}
+    kwargs = {k: as_bool(k, v) if k in flags else v for k, v in kwargs.items()}
     args = {cls: cls(**{k: v for k, v in kwargs.items() if k in names}) for cls, names in groups.items()}
     return args[ModelArgs], args[EngineArgs], args[Limits]
 
@@ -84,8 +115,11 @@ def sampling_from(gen_kwargs: dict, seed: int | None) -> tuple[Sampling, int | N
     until = gen_kwargs.pop("until", None) or []
     if isinstance(until, str):
         until = [until]
-    temperature = float(gen_kwargs.pop("temperature", Sampling.temperature))
+    given = gen_kwargs.pop("temperature", None)
+    temperature = Sampling.temperature if given is None else float(given)
     if gen_kwargs.pop("do_sample", None) is False:
+        if temperature > 0 and given is not None:
+            _warn_greedy(temperature)
         temperature = 0.0
     max_tokens = gen_kwargs.pop("max_gen_toks", None)
     top_p, top_k = float(gen_kwargs.pop("top_p", Sampling.top_p)), int(gen_kwargs.pop("top_k", Sampling.top_k))
@@ -93,6 +127,22 @@ def sampling_from(gen_kwargs: dict, seed: int | None) -> tuple[Sampling, int | N
     if gen_kwargs:
         log.warning("threadweaver ignores generation_kwargs %s", ", ".join(sorted(gen_kwargs)))
     return sampling, None if max_tokens is None else int(max_tokens), list(until)
+
+
+_warned_greedy = False
+
+
+def _warn_greedy(temperature: float) -> None:
+    """Once a process: tw_synth and tw_shopping say ``do_sample: false``, which a --gen_kwargs temperature keeps."""
+    global _warned_greedy
+    if not _warned_greedy:
+        _warned_greedy = True
+        log.warning(
+            "threadweaver: do_sample=false overrides temperature=%s (greedy decoding); to sample, pass "
+            "--gen_kwargs do_sample=true,temperature=%s",
+            temperature,
+            temperature,
+        )
 
 
 def response_text(trajectory: Trajectory, fmt: Format, until: list[str]) -> str:
@@ -169,22 +219,18 @@ class ThreadWeaverLM(LM):
             limits = dataclasses.replace(limits, max_tokens=max_tokens, max_request_tokens=cap)
         orchestrator = Orchestrator(self.engine, self.fmt, limits, sampling)
         contexts = [request.args[0] for request in requests]
-        samples, seen = [], Counter()  # repeats of a prompt are its samples 0, 1, ...
-        for context in contexts:
-            samples.append(seen[context])
-            seen[context] += 1
+        samples = repeat_indices(requests)
         prompts = [self._prompt_ids(context) for context in contexts]
         progress = BatchProgress()
         async for position, trajectory, wall_s in decode_many(
             orchestrator, prompts, concurrency=self.args.concurrency, seed=sampling.seed, samples=samples
         ):
             text = response_text(trajectory, self.fmt, until)
-            measured.record(text, trajectory.stats, trajectory.degradation_kinds)
             if append is not None:
-                row_id, sample = str(indices[position]), samples[position]
-                row = trajectory_row(trajectory, self.fmt, wall_s, limits, id=row_id, sample=sample)
-                append({**row, "context": contexts[position], **_graded(requests[position], text)})
-            out[indices[position]] = text
+                request, sample = requests[position], samples[position]
+                row = trajectory_row(trajectory, self.fmt, wall_s, limits, id=request_id(request), sample=sample)
+                append({**row, "context": contexts[position], **_graded(request, text)})
+            out[indices[position]] = measured.Response(text, _measured(trajectory))
             self.cache_hook.add_partial("generate_until", requests[position].args, text)
             progress.add(trajectory)
             bar.update(1)
@@ -204,6 +250,27 @@ class ThreadWeaverLM(LM):
         if hasattr(getattr(self, "engine", None), "aclose"):
             with contextlib.suppress(Exception):  # at interpreter exit the loop may be gone
                 run_sync(self.engine.aclose())
+
+
+def _measured(trajectory: Trajectory) -> measured.Measured:
+    kinds = trajectory.degradation_kinds
+    return measured.Measured(trajectory.stats, not kinds, kinds, trajectory.finish_reason)
+
+
+def request_id(request) -> str:
+    """``<task>/<doc_id>``: the same on a rerun that lm-eval's ``--use_cache`` shortens."""
+    return f"{request.task_name}/{request.doc_id}"
+
+
+def repeat_indices(requests) -> list[int]:
+    """Each request's repeat of its document (lm-eval passes an Instance ``repeats`` times): samples 0, 1, ..."""
+    seen: Counter = Counter()
+    indices = []
+    for request in requests:
+        key = (request.task_name, request.doc_id, request.idx, request.args[0])
+        indices.append(seen[key])
+        seen[key] += 1
+    return indices
 
 
 def _graded(request, response: str) -> dict:

@@ -5,6 +5,8 @@
   generated tokens; ``speedup``: their ratio, per response.
 * ``parallel_activation``: responses with at least one parallel block.
 * ``well_formed``: responses the orchestrator decoded without degrading.
+* ``cut_short``: responses that did not end by themselves (``finish_reason`` not
+  ``stop``: a token limit, or ``timeout_s``); NaN for responses the orchestrator did not decode.
 * ``stats_measured``: 1 where the token counts are the orchestrator's own, 0 where the
   response was tokenised here (another backend, or lm-eval's response cache).
 * ``degraded_<kind>``: responses in which the orchestrator met a degradation of that kind
@@ -29,6 +31,7 @@ HIGHER_IS_BETTER = {
     "speedup": True,
     "parallel_activation": True,
     "well_formed": True,
+    "cut_short": False,
     "stats_measured": True,
     **{f"degraded_{kind}": False for kind in DEGRADATION_KINDS},
 }
@@ -47,7 +50,7 @@ def response_metrics(response: str, gold: str) -> dict[str, float]:
     if found is None:
         _warn_no_tokenizer()
         return {**metrics, **{m: math.nan for m in HIGHER_IS_BETTER if m not in metrics}}
-    stats, well_formed, kinds = found
+    stats, well_formed, kinds, finish_reason = found
     return {
         **metrics,
         "token_latency": float(stats.critical_path_tokens),
@@ -55,6 +58,7 @@ def response_metrics(response: str, gold: str) -> dict[str, float]:
         "speedup": stats.speedup,
         "parallel_activation": float(stats.blocks > 0),
         "well_formed": float(well_formed),
+        "cut_short": math.nan if finish_reason is None else float(finish_reason != "stop"),
         **{f"degraded_{kind}": math.nan if kinds is None else float(kind in kinds) for kind in DEGRADATION_KINDS},
     }
 
