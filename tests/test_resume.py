@@ -48,9 +48,10 @@ def damages(draw, rows):
         data = b"".join(finished)
         cut = draw(st.integers(0, len(data)))
         whole = []
-        for row in finished:
-            if sum(map(len, whole)) + len(row) <= cut:
-                whole.append(row)
+        for row in finished:  # the rows before the cut: a later, shorter row is not whole either
+            if sum(map(len, whole)) + len(row) > cut:
+                break
+            whole.append(row)
         return data[:cut], whole
     if kind == "empty":
         return b"", []
