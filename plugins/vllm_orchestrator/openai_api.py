@@ -138,9 +138,7 @@ class APIError(Exception):
     """A request that ends in an error reply, in vLLM's shape (``{"error": {...}}``)."""
 
     def __init__(self, message: str, status: int = 400, param: str | None = None):
-        if len(message) > MESSAGE_LIMIT:
-            message = message[: MESSAGE_LIMIT - 1] + "…"
-        super().__init__(message)
+        super().__init__(cut(message, MESSAGE_LIMIT))
         self.status, self.param = status, param
 
     def body(self, sanitize: Callable[[str], str] | None = None) -> dict:
@@ -152,10 +150,14 @@ class APIError(Exception):
         return {"error": {"message": message, "type": kind, "param": self.param, "code": self.status}}
 
 
+def cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, the last of them "…" where it was longer."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def shown(value, limit: int = 80) -> str:
     """A client's value as an error message quotes it: its ``repr``, cut to ``limit`` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return cut(repr(value), limit)
 
 
 def check_model(name: str | None, served: Sequence[str], adapters: Collection[str] = ()) -> None:
@@ -204,7 +206,7 @@ def _limit_values(values: dict, where: str) -> dict:
     known = {f.name for f in fields(Limits)}
     unknown = sorted(set(values) - known)
     if unknown:
-        names = ", ".join(name if len(name) <= 40 else name[:39] + "…" for name in unknown[:5])
+        names = ", ".join(cut(name, 40) for name in unknown[:5])
         names += ", …" if len(unknown) > 5 else ""
         raise APIError(f"unknown {where} field(s) {names}; known: {', '.join(sorted(known))}")
     return {name: _typed(f"{where}.{name}", value, hints[name]) for name, value in values.items()}
