@@ -169,6 +169,8 @@ def well_formed(rng: random.Random, model: str, problem: dict) -> tuple[str, boo
         [True, True, {}, {"max_threads": 2}, {"concurrent_threads": False}, {"timeout_s": 120}, {"max_depth": 1}]
     )
     body = {"model": model, "threadweaver": limits, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
     if rng.random() < 0.5:
         route, body["messages"] = "/v1/chat/completions", problem["messages"]
     else:
@@ -255,12 +257,14 @@ def check_reply(planned: Planned, reply: dict | None, events: list[str] | None) 
         chunks = [json.loads(e) for e in events[:-1]]
         if any("error" in c for c in chunks):
             return f"an error event: {next(c for c in chunks if 'error' in c)}", 0, False
+        usage = next((c["usage"] for c in chunks if c.get("usage")), None)  # its own last chunk, as asked
+        chunks = [c for c in chunks if c.get("choices")]
         last = chunks[-1] if chunks else {}
         text = "".join(
             c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content") or "" for c in chunks
         )
         reply = {"choices": [{"finish_reason": last.get("choices", [{}])[0].get("finish_reason"), "text": text}]}
-        reply.update(usage=last.get("usage"), threadweaver=last.get("threadweaver"))
+        reply.update(usage=usage, threadweaver=last.get("threadweaver"))
     choice = (reply.get("choices") or [{}])[0]
     text = choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content")
     usage = reply.get("usage") or {}

@@ -112,31 +112,34 @@ def test_the_openai_client_gets_the_trajectory_generate_decodes(trained, trained
         assert_is_the_trajectory(reply, row, fmt)
 
 
-def streamed_chat(url, model, messages) -> tuple[str, object, int]:
-    """(the streamed text, the last chunk, how many chunks had text) of a fork-join chat reply."""
+def streamed_chat(url, model, messages) -> tuple[str, object, object, int]:
+    """(the streamed text, the last chunk with a choice, the usage chunk, how many chunks had text) of a fork-join
+    chat reply."""
     stream = client(url).chat.completions.create(
         model=model,
         messages=messages,
         max_tokens=MAX_TOKENS,
         temperature=0,
         stream=True,
+        stream_options={"include_usage": True},
         extra_body={"threadweaver": True},
     )
-    chunks = list(stream)
+    *chunks, usage = list(stream)
     assert [c.choices[0].finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert not usage.choices and all(c.usage is None for c in chunks)  # usage in a chunk of its own, as asked
     pieces = len([c for c in chunks if c.choices[0].delta.content])
     assert pieces > 2  # in parts, as the threads finish
-    return "".join(c.choices[0].delta.content or "" for c in chunks), chunks[-1], pieces
+    return "".join(c.choices[0].delta.content or "" for c in chunks), chunks[-1], usage, pieces
 
 
 def test_a_streamed_reply_reads_in_order_and_ends_with_the_totals(trained, trained_server, problems, generated, fmt):
     for problem in problems:
         row = generated[problem["id"]]
-        text, last, pieces = streamed_chat(trained_server, str(trained[1]), problem["messages"])
+        text, last, usage, pieces = streamed_chat(trained_server, str(trained[1]), problem["messages"])
         assert text == text_of(row, fmt)
         assert pieces > 2 * len(row["requests"])  # vLLM's engine streams inside the server: token by token
         assert last.choices[0].finish_reason == row["finish_reason"]
-        assert last.usage.completion_tokens == row["stats"]["total_tokens"]
+        assert usage.usage.completion_tokens == row["stats"]["total_tokens"]
         assert last.model_extra["threadweaver"]["critical_path_tokens"] == row["stats"]["critical_path_tokens"]
 
 
@@ -267,7 +270,7 @@ def test_the_proxy_gives_the_same_replies_over_http(trained, trained_server, pro
             reply = fork_join_chat(url, model, problem["messages"])
             assert reply.choices[0].message.content == text_of(generated[problem["id"]], fmt)
             assert_is_the_trajectory(reply, generated[problem["id"]], fmt)
-        text, _, pieces = streamed_chat(url, model, problem["messages"])
+        text, _, _, pieces = streamed_chat(url, model, problem["messages"])
         assert text == text_of(generated[problem["id"]], fmt)
         assert pieces > 2 * len(generated[problem["id"]]["requests"])  # vLLM's stream over HTTP: token by token
         # everything else passes through to vLLM as it is
@@ -282,6 +285,11 @@ def test_the_proxy_gives_the_same_replies_over_http(trained, trained_server, pro
         assert "threadweaver" not in plain.model_extra
         status, reply = post(url + "/v1/chat/completions", {"model": model, "messages": [], "threadweaver": True})
         assert status == 400 and "'messages' must be a non-empty list" in reply["error"]["message"]
+        # a model the backend does not serve: vLLM's own 404, fork-join or not
+        asked = {"model": "nope", "messages": problems[0]["messages"], "max_tokens": MAX_TOKENS}
+        status, reply = post(url + "/v1/chat/completions", {**asked, "threadweaver": True})
+        plain_status, plain_reply = post(url + "/v1/chat/completions", asked)
+        assert status == plain_status == 404 and reply["error"]["message"] == plain_reply["error"]["message"], reply
     finally:
         proxy.terminate()
         proxy.wait(timeout=30)

@@ -1,6 +1,7 @@
 """The engines' HTTP client keeps one session per event loop and closes the ones it leaves."""
 
 import asyncio
+import json
 
 import pytest
 
@@ -76,6 +77,10 @@ def stream_of(*events: bytes) -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
 
 
+def json_reply(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
 BUSY = b"HTTP/1.1 503 Busy\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
 
@@ -121,11 +126,8 @@ def test_a_request_the_server_aborts_names_the_server_and_why():
     from threadweaver.engine import Sampling
     from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
 
-    def reply(body: bytes) -> bytes:
-        return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-
-    models = reply(b'{"data": [{"id": "m", "max_model_len": 64}]}')
-    aborted = reply(b'{"choices": [{"token_ids": [5], "finish_reason": "abort", "stop_reason": null}]}')
+    models = json_reply(b'{"data": [{"id": "m", "max_model_len": 64}]}')
+    aborted = json_reply(b'{"choices": [{"token_ids": [5], "finish_reason": "abort", "stop_reason": null}]}')
 
     async def scenario():
         _, answer = served([models, aborted])
@@ -140,6 +142,31 @@ def test_a_request_the_server_aborts_names_the_server_and_why():
     aborted_by = r"^vLLM server at http://127\.0\.0\.1:\d+ aborted the request: it is shutting down"
     with pytest.raises(EngineError, match=aborted_by):
         asyncio.run(scenario())
+
+
+def test_aliases_and_lora_adapters_leave_one_model_to_decode():
+    """vLLM lists each ``--served-model-name`` alias as a card of the same root, and each LoRA adapter as a card
+    with a ``parent``: the engine decodes the one base model, and knows which names are which."""
+    from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
+
+    cards = [
+        {"id": "tw", "root": "/m", "max_model_len": 64},
+        {"id": "tw-alias", "root": "/m", "max_model_len": 64},
+        {"id": "tw-lora", "root": "/lora", "parent": "tw"},
+    ]
+    models = json_reply(json.dumps({"data": cards}).encode())
+
+    async def scenario():
+        _, answer = served([models])
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        engine = VLLMServerEngine(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        try:
+            return await engine.model_root(), await engine.served_models()
+        finally:
+            await engine.aclose()
+            server.close()
+
+    assert asyncio.run(scenario()) == ("/m", (["tw", "tw-alias"], ["tw-lora"]))
 
 
 def test_a_url_given_as_an_openai_client_takes_it_reaches_the_same_paths():

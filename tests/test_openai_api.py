@@ -130,12 +130,14 @@ def events(route, request, engine, fmt) -> list:
 
 @pytest.mark.parametrize("route", ["chat", "completion"])
 def test_a_streamed_reply_is_the_trajectory_in_order_then_its_totals(fmt, route):
-    body = {"prompt": PROMPT, "threadweaver": True, "stream": True}  # the route shapes the events only
-    request = parse_request(body, "completion", CharTokenizer(fmt), ServerSettings())
+    body = {"prompt": PROMPT, "threadweaver": True, "stream": True, "stream_options": {"include_usage": True}}
+    request = parse_request(body, "completion", CharTokenizer(fmt), ServerSettings())  # the route shapes events only
     expected = asyncio.run(decode(request, ScriptedEngine(fmt, NESTED), fmt))
     got = events(route, request, ScriptedEngine(fmt, NESTED), fmt)
     assert got[-1] == "[DONE]"
-    chunks = got[:-1]
+    *chunks, usage = got[:-1]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == expected.stats.total_tokens
+    assert usage["usage"]["prompt_tokens"] == len(expected.prompt_ids)
     if route == "chat":
         assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
         chunks = chunks[1:]
@@ -147,9 +149,34 @@ def test_a_streamed_reply_is_the_trajectory_in_order_then_its_totals(fmt, route)
     last = chunks[-1]
     assert last["choices"][0]["finish_reason"] == "stop"
     assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
-    assert last["usage"]["completion_tokens"] == expected.stats.total_tokens
     assert last["threadweaver"]["critical_path_tokens"] == expected.stats.critical_path_tokens
-    assert {c["object"] for c in chunks} == {"chat.completion.chunk" if route == "chat" else "text_completion"}
+    assert all("usage" not in c for c in chunks)  # as vLLM's: usage in a chunk of its own
+    assert {c["object"] for c in [*chunks, usage]} == {
+        "chat.completion.chunk" if route == "chat" else "text_completion"
+    }
+
+
+def test_a_stream_sends_usage_only_when_asked_as_vllm_does(fmt):
+    for options in (None, {}, {"include_usage": False}):
+        body = {"prompt": PROMPT, "threadweaver": True, "stream": True, "stream_options": options}
+        request = parse_request(body, "completion", CharTokenizer(fmt), ServerSettings())
+        chunks = events("completion", request, ScriptedEngine(fmt, NESTED), fmt)[:-1]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and all("usage" not in c for c in chunks)
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"stream_options": {"include_usage": True}}, "'stream_options' can only be given with stream: true"),
+        ({"stream": True, "stream_options": [True]}, "'stream_options' must be an object, not [True]"),
+        ({"stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage' must be true or false"),
+    ],
+)
+def test_stream_options_are_checked_as_vllm_checks_them(fmt, body, message):
+    with pytest.raises(APIError, match=re.escape(message)):
+        parse_request(
+            {"prompt": PROMPT, "threadweaver": True, **body}, "completion", CharTokenizer(fmt), ServerSettings()
+        )
 
 
 def test_a_stream_whose_engine_fails_ends_with_an_error_event(fmt):

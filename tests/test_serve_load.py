@@ -83,14 +83,9 @@ def test_a_hostile_reply_must_have_its_status_and_name_the_field(load):
 def test_a_stream_is_complete_only_with_its_totals_and_done(load):
     planned = load.Planned(0, "good", "/v1/completions", True, {"max_tokens": 50})
     text = [json.dumps({"choices": [{"text": t, "finish_reason": None}]}) for t in ("a", "b")]
-    last = json.dumps(
-        {
-            "choices": [{"text": "", "finish_reason": "length"}],
-            "usage": {"completion_tokens": 50},
-            "threadweaver": {"blocks": 1},
-        }
-    )
-    stream = "".join(f"data: {e}\n\n" for e in [*text, last, "[DONE]"]).encode()
+    last = json.dumps({"choices": [{"text": "", "finish_reason": "length"}], "threadweaver": {"blocks": 1}})
+    usage = json.dumps({"choices": [], "usage": {"completion_tokens": 50}})  # stream_options.include_usage's
+    stream = "".join(f"data: {e}\n\n" for e in [*text, last, usage, "[DONE]"]).encode()
     events, rest = load.sse_events(stream[:-3])  # [DONE] cut short: not yet an event
     assert rest and events[-1] != "[DONE]"
     events, rest = load.sse_events(stream)

@@ -88,6 +88,11 @@ async def model_context(engine) -> int | None:
     return await engine.model_context() if hasattr(engine, "model_context") else None
 
 
+async def served_models(engine) -> tuple[list[str], list[str]] | None:
+    """The server's model names and its LoRA adapters' where it says (vLLM), else None (SGLang)."""
+    return await engine.served_models() if hasattr(engine, "served_models") else None
+
+
 async def tokenizer_source(engine, given: str | None) -> str | None:
     """``given``, else the model the server reports it loaded (vLLM), else None."""
     if given:

@@ -49,12 +49,12 @@ MAX_TRAJECTORIES_ENV = "THREADWEAVER_MAX_TRAJECTORIES"
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 HONOURED = frozenset(
     {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed"}
-    | {"stop", "stream", "n", FIELD}
+    | {"stop", "stream", "stream_options", "n", FIELD}
 )
-"""The request fields fork-join decoding honours (``n`` only as 1)."""
+"""The request fields fork-join decoding honours (``n`` only as 1; of ``stream_options``, ``include_usage``)."""
 HARMLESS = frozenset(
     {"user", "metadata", "store", "service_tier", "priority", "request_id", "session_id", "cache_salt"}
-    | {"stream_options", "stream_interval", "kv_transfer_params", "ec_transfer_params", "parallel_tool_calls"}
+    | {"stream_interval", "kv_transfer_params", "ec_transfer_params", "parallel_tool_calls"}
     | {"include_reasoning", "skip_special_tokens", "spaces_between_special_tokens", "add_special_tokens"}
     | {"truncation_side", "mm_payload", "media_io_kwargs", "mm_processor_kwargs", "return_mm_kwargs"}
     | {"routed_experts_prompt_start"}
@@ -319,6 +319,8 @@ class ForkJoinRequest:
     sampling: Sampling
     stop: tuple[str, ...] = ()
     """Stop strings: the reply's text ends before the first, as vLLM's would."""
+    usage_chunk: bool = False
+    """``stream_options.include_usage``: a stream ends with a chunk of ``usage`` and no choices, as vLLM's."""
 
     def cut(self, text: str) -> tuple[str, bool]:
         """``text`` up to the first stop string, and whether one was found."""
@@ -367,7 +369,19 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
     stop = (stop,) if isinstance(stop, str) else stop
     if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
         raise APIError(f"'stop' must be a string or a list of strings, not {shown(body.get('stop'))}")
-    return ForkJoinRequest(prompt_ids, limits, sampling, tuple(s for s in stop if s))
+    return ForkJoinRequest(prompt_ids, limits, sampling, tuple(s for s in stop if s), _usage_chunk(body))
+
+
+def _usage_chunk(body: dict) -> bool:
+    """Whether a stream asks for its ``usage`` (``stream_options``, checked as vLLM's schema checks it)."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise APIError(f"'stream_options' must be an object, not {shown(options)}", param="stream_options")
+    if options and not body.get("stream"):
+        raise APIError("'stream_options' can only be given with stream: true", param="stream_options")
+    return bool(_typed("'stream_options.include_usage'", options.get("include_usage"), bool | None))
 
 
 def _refuse_unsupported(body: dict) -> None:
@@ -433,19 +447,18 @@ def _head(route: str, model: str, chunk: bool = False) -> dict:
     return {"id": ident, "object": kind, "created": int(time.time()), "model": model}
 
 
-def _totals(trajectory: Trajectory) -> dict:
-    """``usage`` (every generated token of every request), the latency stats and where the seconds went."""
+def _totals(trajectory: Trajectory) -> tuple[dict, dict]:
+    """``usage`` (every generated token of every request); the latency stats and where the seconds went."""
     generated = sum(r.completion_tokens for r in trajectory.requests)
     prompt = len(trajectory.prompt_ids)
-    return {
-        "usage": {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated},
-        FIELD: {
-            **trajectory.stats.as_dict(),
-            "requests": [dataclasses.asdict(r) for r in trajectory.requests],
-            "degradations": [d.as_dict() for d in trajectory.degradations],
-            "wall_clock": wall_clock(trajectory).as_dict(),
-        },
+    usage = {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
+    stats = {
+        **trajectory.stats.as_dict(),
+        "requests": [dataclasses.asdict(r) for r in trajectory.requests],
+        "degradations": [d.as_dict() for d in trajectory.degradations],
+        "wall_clock": wall_clock(trajectory).as_dict(),
     }
+    return {"usage": usage}, {FIELD: stats}
 
 
 def reply(route: str, request: ForkJoinRequest, trajectory: Trajectory, fmt: Format, model: str) -> dict:
@@ -456,7 +469,8 @@ def reply(route: str, request: ForkJoinRequest, trajectory: Trajectory, fmt: For
         choice["message"] = {"role": "assistant", "content": text}
     else:
         choice["text"] = text
-    return {**_head(route, model), "choices": [choice], **_totals(trajectory)}
+    usage, stats = _totals(trajectory)
+    return {**_head(route, model), "choices": [choice], **usage, **stats}
 
 
 async def answer(
@@ -523,8 +537,9 @@ async def stream_reply(
     route: str, request: ForkJoinRequest, engine, fmt: Format, model: str, sanitize: Callable[[str], str] | None = None
 ) -> AsyncIterator[str]:
     """Server-sent events of a fork-join reply: the text in trajectory order as it becomes final
-    (thread 2 after thread 1), then a last chunk with the finish reason, ``usage`` and the stats.
-    An engine failure ends the stream with an error event; it never hangs."""
+    (thread 2 after thread 1), then a chunk with the finish reason and the stats, then (if the request
+    asks, :attr:`ForkJoinRequest.usage_chunk`) one with ``usage``. An engine failure ends the stream
+    with an error event; it never hangs."""
     head = _head(route, model, chunk=True)
 
     def chunk(text: str | None, finish: str | None = None, **extra) -> str:
@@ -554,7 +569,10 @@ async def stream_reply(
         else:
             if text := streamed.finish():
                 yield chunk(text)
-            yield chunk(None, "stop" if streamed.stopped else trajectory.finish_reason, **_totals(trajectory))
+            usage, stats = _totals(trajectory)
+            yield chunk(None, "stop" if streamed.stopped else trajectory.finish_reason, **stats)
+            if request.usage_chunk:
+                yield _event({**head, "choices": [], **usage})
         yield _event("[DONE]")
     finally:
         task.cancel()  # the client went away: stop decoding

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 
 from threadweaver.cli_args import check_counts, check_port, check_url, option
+from threadweaver.engine import EngineError
 from threadweaver.model_dirs import check_model_dir
 from threadweaver.orchestrator import Limits
 
@@ -26,6 +27,7 @@ from .openai_api import (
     ServerSettings,
     answer,
     branching_default_option,
+    check_model,
     max_trajectories_option,
 )
 
@@ -58,7 +60,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
     import aiohttp
     from aiohttp import web
 
-    from .engines import EngineArgs, make_engine, model_context, tokenizer_source
+    from .engines import EngineArgs, make_engine, model_context, served_models, tokenizer_source
 
     state: dict = {"settings": ServerSettings(args.branching_default, limits, args.max_trajectories)}
     admission = Admission(args.max_trajectories)
@@ -105,6 +107,17 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             error = APIError(f"cannot reach the backend at {backend}: {err}", status=502)
             return web.json_response(error.body(), status=error.status)
 
+    async def check_served(model) -> None:
+        """A ``model`` the vLLM backend does not serve is the 404 vLLM (and the plugin) answer; the names are read
+        at the first fork-join request, so a backend that is not up yet still lets the proxy start."""
+        if "served" not in state:
+            try:
+                state["served"] = await served_models(state["engine"])
+            except EngineError:
+                return  # the backend is unreachable: the trajectory's first request says so
+        if state["served"] is not None:
+            check_model(model, *state["served"])
+
     async def openai_route(request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         try:
@@ -116,6 +129,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             if not isinstance(body, dict) or not settings.wants_fork_join(body):
                 return await forward(request, raw)
             model = body.get("model", "")
+            await check_served(model)
             out = await answer(
                 body,
                 ROUTES[request.path],

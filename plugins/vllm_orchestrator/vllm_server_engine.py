@@ -44,11 +44,17 @@ class VLLMServerEngine(SessionKeyed):
         """The model's context in tokens, as the server reports it (``max_model_len``)."""
         return (await self._model_card()).get("max_model_len")
 
+    async def served_models(self) -> tuple[list[str], list[str]]:
+        """The names the server answers to: its models', then its LoRA adapters' (a card with a ``parent``)."""
+        cards = (await self.client.get("/v1/models")).get("data", [])
+        return [c["id"] for c in cards if not c.get("parent")], [c["id"] for c in cards if c.get("parent")]
+
     async def _model_card(self) -> dict:
         if not self._served:
             cards = (await self.client.get("/v1/models")).get("data", [])
             served = [card["id"] for card in cards]
-            if self.model is None and len(served) != 1:
+            models = [card for card in cards if not card.get("parent")]  # its LoRA adapters aside
+            if self.model is None and len({card.get("root") or card["id"] for card in models}) != 1:  # aliases: one
                 raise EngineError(
                     f"the vLLM server at {self.client.base_url} serves {served}; name one (model=, --served-model)"
                 )
@@ -56,7 +62,7 @@ class VLLMServerEngine(SessionKeyed):
                 raise EngineError(
                     f"the vLLM server at {self.client.base_url} does not serve model {self.model!r}; it serves {served}"
                 )
-            self._served.update(cards[0] if self.model is None else cards[served.index(self.model)])
+            self._served.update(models[0] if self.model is None else cards[served.index(self.model)])
         return self._served
 
     async def _body(self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling):
