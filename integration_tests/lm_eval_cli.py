@@ -12,9 +12,10 @@ from threadweaver.quickstart.evaluate import read_lm_eval_output
 LM_EVAL = os.path.join(os.path.dirname(sys.executable), "lm_eval")
 
 
-def lm_eval_run(out: Path, *args: str, env: dict | None = None) -> dict:
-    """``lm_eval run ARGS --output_path OUT --log_samples``: the results JSON, with ``samples`` per task."""
-    command = [LM_EVAL, "run", *args, "--output_path", str(out), "--log_samples"]
+def lm_eval_run(out: Path, *args: str, env: dict | None = None, cli: tuple[str, ...] = (LM_EVAL,)) -> dict:
+    """``lm_eval run ARGS --output_path OUT --log_samples``: the results JSON, with ``samples`` per task.
+    ``cli``: the command that is lm-eval's CLI."""
+    command = [*cli, "run", *args, "--output_path", str(out), "--log_samples"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1200, env={**os.environ, **(env or {})})
     assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stderr[-6000:]}"
     return read_lm_eval_output(out)

