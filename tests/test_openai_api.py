@@ -330,6 +330,15 @@ class Template(CharTokenizer):
         raise LookupError("'dict object' has no attribute 'content'")  # what jinja says, in another class
 
 
+class Rendering(CharTokenizer):
+    """A chat template that renders the first turn's content alone."""
+
+    chat_template = "{{ messages[0].content }}"
+
+    def apply_chat_template(self, messages, **kwargs):
+        return messages[0]["content"]
+
+
 def test_messages_the_chat_template_cannot_render_are_a_400(fmt):
     body = {"messages": [{"role": "user"}], "threadweaver": True}
     with pytest.raises(APIError, match="cannot apply the chat template to 'messages': LookupError") as caught:
@@ -384,12 +393,18 @@ def test_the_most_trajectories_at_once_travel_to_the_server_process_too():
             ServerSettings.from_env({"THREADWEAVER_MAX_TRAJECTORIES": most})
 
 
+def test_logprobs_0_asks_for_the_sampled_tokens_on_completions_and_nothing_on_chat_as_in_vllm(fmt):
+    body = {"messages": [{"role": "user", "content": "hi"}], "prompt": PROMPT, "threadweaver": True, "logprobs": 0}
+    with pytest.raises(APIError, match="do not support 'logprobs'"):
+        parse_request(body, "completion", CharTokenizer(fmt), ServerSettings())
+    assert parse_request(body, "chat", Rendering(fmt), ServerSettings()).prompt_ids == fmt.encode("hi")
+
+
 @pytest.mark.parametrize("route", ["chat", "completion"])
 @pytest.mark.parametrize(
     "field, value",
     [
         ("logprobs", True),
-        ("logprobs", 0),  # a completion's log-prob of the sampled token: not the default None
         ("top_logprobs", 5),
         ("prompt_logprobs", 1),
         ("echo", True),

@@ -113,6 +113,9 @@ UNSUPPORTED = {
 nothing: any other value is a 400, not a reply that silently lacks what was asked for. Every field of
 vLLM's two request schemas is :data:`HONOURED`, :data:`HARMLESS` or here (a test holds vLLM to it); a field
 vLLM does not know is ignored, as vLLM ignores it."""
+CHAT_UNSUPPORTED = {**UNSUPPORTED, "logprobs": (None, False, 0)}
+"""On the chat route ``logprobs`` is a switch, and vLLM's schema reads 0 as false (a completion's 0 asks for
+the sampled token's log-prob)."""
 MESSAGE_LIMIT = 1000
 """The most characters of an error message: vLLM's ``sanitize_message`` takes time superlinear in its length
 (16 KB of echoed input took 20 s on the event loop)."""
@@ -332,7 +335,7 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
     """A fork-join request's prompt ids, limits and sampling; anything we cannot honour is a 400."""
     if body.get("n") not in (None, 1):
         raise APIError("fork-join decodes one trajectory a request: n must be 1")
-    _refuse_unsupported(body)
+    _refuse_unsupported(body, CHAT_UNSUPPORTED if route == "chat" else UNSUPPORTED)
     if route == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -384,9 +387,9 @@ def _usage_chunk(body: dict) -> bool:
     return bool(_typed("'stream_options.include_usage'", options.get("include_usage"), bool | None))
 
 
-def _refuse_unsupported(body: dict) -> None:
-    """A 400 naming each :data:`UNSUPPORTED` field set to more than its default."""
-    asked = [name for name, defaults in UNSUPPORTED.items() if name in body and _asks(body[name], defaults)]
+def _refuse_unsupported(body: dict, unsupported: dict) -> None:
+    """A 400 naming each field of ``unsupported`` (the route's :data:`UNSUPPORTED`) set to more than its default."""
+    asked = [name for name, defaults in unsupported.items() if name in body and _asks(body[name], defaults)]
     if asked:
         names = ", ".join(f"'{name}'" for name in asked)
         raise APIError(
