@@ -8,5 +8,7 @@ dataset's ``agent_name`` column. The reward is
 ``examples/verl/`` for complete P-GRPO and baseline launches.
 """
 
-AGENT_LOOPS = ("threadweaver", "threadweaver_sequential")
+PARALLEL_LOOP = "threadweaver"
+SEQUENTIAL_LOOP = "threadweaver_sequential"
+AGENT_LOOPS = (PARALLEL_LOOP, SEQUENTIAL_LOOP)
 """The agent loop names :mod:`threadweaver.verl_rollout.plugin` registers (here, where no verl import is needed)."""

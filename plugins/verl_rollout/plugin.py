@@ -25,10 +25,11 @@ def register() -> None:
     from verl.experimental.agent_loop.agent_loop import register as register_agent_loop
 
     from threadweaver.pgrpo import PAPER
+    from threadweaver.verl_rollout import PARALLEL_LOOP, SEQUENTIAL_LOOP
     from threadweaver.verl_rollout.agent_loop import SequentialAgentLoop, ThreadWeaverAgentLoop
 
-    register_agent_loop("threadweaver")(ThreadWeaverAgentLoop)
-    register_agent_loop("threadweaver_sequential")(SequentialAgentLoop)
+    register_agent_loop(PARALLEL_LOOP)(ThreadWeaverAgentLoop)
+    register_agent_loop(SEQUENTIAL_LOOP)(SequentialAgentLoop)
     # ${threadweaver:learning_rate} and the like in our configs: the paper's settings, declared once.
     OmegaConf.register_new_resolver("threadweaver", lambda name: getattr(PAPER, name), replace=True)
     # ${threadweaver_sum:A,B,...}: a length that follows others (rollout.max_model_len).
