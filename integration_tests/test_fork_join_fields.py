@@ -31,3 +31,12 @@ def test_every_field_of_vllms_requests_is_honoured_harmless_or_refused_unless_it
                 refused_by_default.append(f"{schema.__name__}.{name} = {default!r}")
     assert not unaccounted, f"fork-join would silently ignore {unaccounted}"
     assert not refused_by_default, f"vLLM's own defaults would be refused: {refused_by_default}"
+
+
+def test_special_tokens_are_added_as_vllm_adds_them_by_default():
+    chat, completion = vllm_request_schemas()
+    defaults = {
+        route: schema.model_fields["add_special_tokens"].get_default(call_default_factory=True)
+        for route, schema in (("chat", chat), ("completion", completion))
+    }
+    assert defaults == openai_api.ADD_SPECIAL_TOKENS

@@ -393,6 +393,23 @@ def test_the_most_trajectories_at_once_travel_to_the_server_process_too():
             ServerSettings.from_env({"THREADWEAVER_MAX_TRAJECTORIES": most})
 
 
+class WithBOS(Rendering):
+    """A tokenizer that adds a BOS (id 0) when asked, as Llama's does."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [0] * add_special_tokens + self.fmt.encode(text)
+
+
+@pytest.mark.parametrize(
+    "route, asked, bos",
+    [("completion", None, True), ("completion", False, False), ("chat", None, False), ("chat", True, True)],
+)
+def test_add_special_tokens_is_honoured_with_vllms_defaults(fmt, route, asked, bos):
+    body = {"messages": [{"role": "user", "content": PROMPT}], "prompt": PROMPT, "threadweaver": True}
+    request = parse_request({**body, "add_special_tokens": asked}, route, WithBOS(fmt), ServerSettings())
+    assert request.prompt_ids == [0] * bos + fmt.encode(PROMPT)
+
+
 def test_logprobs_0_asks_for_the_sampled_tokens_on_completions_and_nothing_on_chat_as_in_vllm(fmt):
     body = {"messages": [{"role": "user", "content": "hi"}], "prompt": PROMPT, "threadweaver": True, "logprobs": 0}
     with pytest.raises(APIError, match="do not support 'logprobs'"):

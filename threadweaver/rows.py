@@ -64,9 +64,12 @@ def chatml_turns(text: str) -> list[dict]:
     ]
 
 
-def chat_prompt_ids(tokenizer: Any, messages: list[dict], **template_kwargs) -> list[int]:
-    """``messages`` through the chat template, with the generation prompt, as token ids. A conversation
-    the template cannot render (a turn without the ``content`` it reads, a role it refuses) raises
+def chat_prompt_ids(
+    tokenizer: Any, messages: list[dict], *, add_special_tokens: bool = False, **template_kwargs
+) -> list[int]:
+    """``messages`` through the chat template, with the generation prompt, as token ids (the rendered text's
+    own: special tokens are added only if asked, as vLLM's chat requests ask). A conversation the template
+    cannot render (a turn without the ``content`` it reads, a role it refuses) raises
     :class:`~threadweaver.jsonl.FieldError` with the template's own words."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("a conversation needs a tokenizer with a chat template (this one has none)")
@@ -78,12 +81,13 @@ def chat_prompt_ids(tokenizer: Any, messages: list[dict], **template_kwargs) -> 
         if type(err).__name__ == "TemplateSyntaxError":  # the tokenizer's fault, not the row's
             raise ValueError(f"the tokenizer's chat template does not compile: {err}") from None
         raise FieldError(f"the chat template cannot render this conversation: {err}") from None
-    return plain_ids(tokenizer, text)
+    return plain_ids(tokenizer, text, add_special_tokens)
 
 
-def plain_ids(tokenizer: Any, text: str) -> list[int]:
-    """Text as it is, with no special tokens added (a transformers or a raw ``tokenizers`` tokenizer)."""
-    encoded = tokenizer.encode(text, add_special_tokens=False)
+def plain_ids(tokenizer: Any, text: str, add_special_tokens: bool = False) -> list[int]:
+    """Text as it is, with no special tokens added unless asked (a transformers or a raw ``tokenizers``
+    tokenizer)."""
+    encoded = tokenizer.encode(text, add_special_tokens=add_special_tokens)
     return list(getattr(encoded, "ids", encoded))
 
 

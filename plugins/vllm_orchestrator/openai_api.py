@@ -49,13 +49,16 @@ MAX_TRAJECTORIES_ENV = "THREADWEAVER_MAX_TRAJECTORIES"
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 HONOURED = frozenset(
     {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed"}
-    | {"stop", "stream", "stream_options", "n", FIELD}
+    | {"stop", "stream", "stream_options", "n", "add_special_tokens", FIELD}
 )
 """The request fields fork-join decoding honours (``n`` only as 1; of ``stream_options``, ``include_usage``)."""
+ADD_SPECIAL_TOKENS = {"chat": False, "completion": True}
+"""``add_special_tokens`` unless a request says: vLLM's defaults (a chat template writes its own BOS; a
+completion's text gets the tokenizer's)."""
 HARMLESS = frozenset(
     {"user", "metadata", "store", "service_tier", "priority", "request_id", "session_id", "cache_salt"}
     | {"stream_interval", "kv_transfer_params", "ec_transfer_params", "parallel_tool_calls"}
-    | {"include_reasoning", "skip_special_tokens", "spaces_between_special_tokens", "add_special_tokens"}
+    | {"include_reasoning", "skip_special_tokens", "spaces_between_special_tokens"}
     | {"truncation_side", "mm_payload", "media_io_kwargs", "mm_processor_kwargs", "return_mm_kwargs"}
     | {"routed_experts_prompt_start"}
 )
@@ -336,16 +339,17 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
     if body.get("n") not in (None, 1):
         raise APIError("fork-join decodes one trajectory a request: n must be 1")
     _refuse_unsupported(body, CHAT_UNSUPPORTED if route == "chat" else UNSUPPORTED)
+    special = _field(body, "add_special_tokens", ADD_SPECIAL_TOKENS[route], bool)
     if route == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise APIError("'messages' must be a non-empty list")
         try:
-            prompt_ids = chat_prompt_ids(tokenizer, messages)
+            prompt_ids = chat_prompt_ids(tokenizer, messages, add_special_tokens=special)
         except Exception as err:  # the template's own errors too (jinja's UndefinedError): the messages' fault
             raise APIError(f"cannot apply the chat template to 'messages': {type(err).__name__}: {err}") from None
     else:
-        prompt_ids = _prompt_ids(body.get("prompt"), tokenizer)
+        prompt_ids = _prompt_ids(body.get("prompt"), tokenizer, special)
     if settings.max_model_len is not None and len(prompt_ids) >= settings.max_model_len:
         raise APIError(
             f"the prompt is {len(prompt_ids)} tokens, and the model's context is {settings.max_model_len}: "
@@ -361,10 +365,10 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
         limits = _limits(limits, {"max_tokens": budget}, f"'{name}'")
     try:  # checked before a stream starts: vLLM would refuse a bad one only after a stream's 200
         sampling = Sampling(
-            temperature=_number(body, "temperature", Sampling.temperature),
-            top_p=_number(body, "top_p", Sampling.top_p),
-            top_k=_number(body, "top_k", Sampling.top_k, int),
-            seed=_number(body, "seed", None, int),
+            temperature=_field(body, "temperature", Sampling.temperature),
+            top_p=_field(body, "top_p", Sampling.top_p),
+            top_k=_field(body, "top_k", Sampling.top_k, int),
+            seed=_field(body, "seed", None, int),
         )
     except SettingError as err:
         raise APIError(f"'{err.names[0]}' {err.reason}") from None
@@ -403,12 +407,13 @@ def _asks(value, defaults: tuple) -> bool:
     return not any(type(value) is type(default) and value == default for default in defaults)
 
 
-def _prompt_ids(prompt, tokenizer) -> list[int]:
-    """A completion request's prompt: one string or one list of token ids (alone or in a list of one)."""
+def _prompt_ids(prompt, tokenizer, add_special_tokens: bool) -> list[int]:
+    """A completion request's prompt: one string (its special tokens added if asked) or one list of token ids
+    (alone or in a list of one)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return plain_ids(tokenizer, prompt)
+        return plain_ids(tokenizer, prompt, add_special_tokens)
     if not (
         isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     ):
@@ -420,7 +425,8 @@ def _prompt_ids(prompt, tokenizer) -> list[int]:
     return list(prompt)
 
 
-def _number(body: dict, name: str, default, hint: type = float):
+def _field(body: dict, name: str, default, hint: type = float):
+    """``body[name]`` as ``hint`` (``default`` where it is missing or null), or a 400 naming it."""
     value = body.get(name)
     return default if value is None else _typed(f"'{name}'", value, hint)
 
