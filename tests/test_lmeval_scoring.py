@@ -220,6 +220,18 @@ def test_csv_errors_name_the_files_line(tmp_path):
     rows.write_text('Problem,Answer\n"two\nlines",1\n\nempty,\n')
     with pytest.raises(ValueError, match=r"aime.csv: line 5 has an empty 'Answer'"):
         _load_aime24(tw_aime24_file=str(rows))
+    rows.write_text("Problem,Answer\n   \nfoo,1\nbar,\n")  # a line of spaces, which the reader skips
+    with pytest.raises(ValueError, match=r"aime.csv: line 4 has an empty 'Answer'"):
+        _load_aime24(tw_aime24_file=str(rows))
+
+
+def test_a_csv_field_over_pythons_csv_limit_loads_and_a_bad_row_is_named_by_its_row(tmp_path):
+    rows = tmp_path / "aime.csv"
+    rows.write_text(f"Problem,Answer\n{'x' * 200_000},1\nbar,\n")
+    with pytest.raises(ValueError, match=r"aime.csv: row 1 has an empty 'Answer'"):
+        _load_aime24(tw_aime24_file=str(rows))
+    rows.write_text(f"Problem,Answer\n{'x' * 200_000},1\n")
+    assert len(_load_aime24(tw_aime24_file=str(rows))) == 1
 
 
 def test_an_unreachable_hub_names_the_offline_options(tmp_path):

@@ -20,8 +20,10 @@ without a trailing ``.0``, lists joined with ``, ``, ``$`` signs removed).
 from __future__ import annotations
 
 import csv
+import functools
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from threadweaver.jsonl import RowError, read_jsonl
@@ -82,20 +84,26 @@ def _check_metadata(benchmark: str, metadata: dict) -> None:
         raise ValueError(f"unknown metadata {', '.join(unknown)}; known: {', '.join([*known, 'data_dir'])}")
 
 
-def _csv_lines(path: Path) -> list[int]:
-    """The line each CSV row starts on (after the header; blank lines skipped, quoted fields may span lines)."""
+def _csv_row(path: Path, index: int) -> str:
+    """Where CSV row ``index`` (from 0, after the header) is: the line it starts on (quoted fields may span
+    lines; lines of nothing but spaces are skipped, as the CSV reader of ``datasets`` skips them), or the row
+    where the file cannot be read so (a field over Python's ``csv`` size limit)."""
     starts, end = [], 0
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
-        reader = csv.reader(f)
-        for record in reader:
-            if record:
-                starts.append(end + 1)
-            end = reader.line_num
-    return starts[1:]
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            reader = csv.reader(f)
+            for record in reader:
+                if record and not (len(record) == 1 and not record[0].strip()):
+                    starts.append(end + 1)
+                end = reader.line_num
+    except csv.Error:
+        return f"row {index}"
+    return f"line {starts[index + 1]}" if index + 1 < len(starts) else f"row {index}"
 
 
 def _read_local(path: Path, fields: list[str]):
-    """A local file's rows, and for CSV each row's line; a bad one names the file, and in JSON Lines the line."""
+    """A local file's rows, and for CSV where a row is (:func:`_csv_row`); a bad one names the file, and in JSON
+    Lines the line."""
     import datasets
 
     kind = _SUFFIXES.get(path.suffix)
@@ -106,7 +114,7 @@ def _read_local(path: Path, fields: list[str]):
             rows = datasets.load_dataset(kind, data_files=str(path), split="train")
         except Exception as err:  # the readers' own errors, as one line that names the file
             raise ValueError(f"{path}: not a readable {path.suffix} file ({type(err).__name__}: {err})"[:500]) from None
-        return rows, _csv_lines(path) if kind == "csv" else None
+        return rows, functools.partial(_csv_row, path) if kind == "csv" else None
     try:
         lines, rows = zip(*read_jsonl(str(path))) if path.stat().st_size else ((), ())
     except RowError as err:
@@ -145,13 +153,14 @@ def _check_fields(columns: list[str], where: str, fields: list[str]) -> None:
         )
 
 
-def _check(rows, where: str, fields: list[str], lines: list[int] | None = None) -> None:
-    """Every row has each field; an empty one is named by its line in ``lines``, else its row (from 0)."""
+def _check(rows, where: str, fields: list[str], row_at: Callable[[int], str] | None = None) -> None:
+    """Every row has each field; an empty one is named by ``row_at`` (its line in a CSV file), else its row (from
+    0)."""
     _check_fields(rows.column_names, where, fields)
     for i, row in enumerate(rows):
         for f in fields:
             if row[f] is None or row[f] == "" or row[f] == []:
-                raise ValueError(f"{where}: {f'line {lines[i]}' if lines else f'row {i}'} has an empty {f!r}")
+                raise ValueError(f"{where}: {row_at(i) if row_at else f'row {i}'} has an empty {f!r}")
 
 
 def _hub(benchmark: str, hub: str, hub_config: str | None, hub_split: str):
@@ -183,9 +192,9 @@ def load(
 
     measured.hint_tokenizer(metadata.get("tokenizer") or metadata.get("pretrained") or metadata.get("model"))
     _check_metadata(benchmark, metadata)
-    path, lines = local_file(benchmark, metadata), None
+    path, row_at = local_file(benchmark, metadata), None
     if path is not None:
-        (rows, lines), where = _read_local(path, [problem_field, answer_field]), str(path)
+        (rows, row_at), where = _read_local(path, [problem_field, answer_field]), str(path)
     elif synth is not None:
         rows, where = _synth(synth), f"{benchmark} (generated)"
     elif data_dir(metadata):
@@ -194,5 +203,5 @@ def load(
         rows, where = _hub(benchmark, hub, hub_config, hub_split), f"{hub} ({hub_split})"
     else:
         raise ValueError(f"{benchmark}: no hub dataset and no local file; set {file_env(benchmark)}")
-    _check(rows, where, [problem_field, answer_field], lines)
+    _check(rows, where, [problem_field, answer_field], row_at)
     return datasets.DatasetDict({"test": rows.map(lambda row: {GOLD_COLUMN: gold_answer(row[answer_field])})})
