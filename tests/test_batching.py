@@ -4,6 +4,8 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 from threadweaver.engine import Completion, Sampling
 from threadweaver.vllm_orchestrator.batching import BatchingEngine
 
@@ -77,6 +79,40 @@ def test_closing_the_engine_gives_up_the_groups_that_wait_behind_the_batch_in_fl
         assert running.cancelled() and behind.cancelled() and late.cancelled()
 
     asyncio.run(run())
+
+
+class Answering(BatchingEngine):
+    """Answers each batch with what it is given (a wrong count, or not a list), or raises from its key."""
+
+    def __init__(self, answer=None, key_fails=False):
+        super().__init__(max_batch=8)
+        self.answer, self.key_fails = answer, key_fails
+
+    def batch_key(self, request):
+        if self.key_fails:
+            raise ValueError("no key")
+        return ()
+
+    def generate_batch(self, requests):
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    "engine, error",
+    [
+        (Answering([Completion((1,), "length")]), "Answering.generate_batch answered 1 of 2 requests"),
+        (Answering(None), "'NoneType' object is not iterable"),
+        (Answering(key_fails=True), "no key"),
+    ],
+)
+def test_a_batch_that_fails_gives_every_request_its_error_not_a_cancellation(engine, error):
+    async def run():
+        requests = [asyncio.ensure_future(engine.generate([5], [9], 4, Sampling())) for _ in range(2)]
+        done, _ = await asyncio.wait(requests, timeout=10)
+        return [request.exception() for request in done]
+
+    failures = asyncio.run(run())
+    assert len(failures) == 2 and all(error in str(failure) for failure in failures), failures
 
 
 def test_a_batch_decoded_outside_the_engines_drain_is_nobodys_to_give_up():

@@ -15,6 +15,7 @@ import contextvars
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from threadweaver.engine import EngineError
 from threadweaver.orchestrator import Completion, Sampling
 
 
@@ -83,7 +84,11 @@ class BatchingEngine:
             self._running = [future for _, future in batch]
             try:
                 await self._decode(batch)
-            finally:  # cancelled (aclose) or failed: no request of the batch is left waiting
+            except Exception as err:  # a failure outside a batch's decoding (its key): every request gets it
+                for future in self._running:
+                    if not future.done():
+                        future.set_exception(err)
+            finally:  # cancelled (aclose): no request of the batch is left waiting
                 for future in self._running:
                     future.cancel()
                 self._running = []
@@ -98,7 +103,11 @@ class BatchingEngine:
                 continue
             _batch.set(tuple(future for _, future in items))  # the worker thread runs in a copy of this context
             try:
-                results = await asyncio.to_thread(self.generate_batch, [request for request, _ in items])
+                results = list(await asyncio.to_thread(self.generate_batch, [request for request, _ in items]))
+                if len(results) != len(items):
+                    raise EngineError(
+                        f"{type(self).__name__}.generate_batch answered {len(results)} of {len(items)} requests"
+                    )
             except Exception as err:
                 for _, future in items:
                     if not future.done():
