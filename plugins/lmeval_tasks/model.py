@@ -196,7 +196,7 @@ class ThreadWeaverLM(LM):
         return plain_ids(self.tokenizer, context) if self._chat_applied else self.reader.prompt({"prompt": context})
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Decode every request; repeats of a prompt are samples 0, 1, ... of one problem."""
+        """Decode every request; the repeats of a document are its samples 0, 1, ..."""
         by_kwargs: dict[str, list[int]] = defaultdict(list)
         for i, request in enumerate(requests):
             by_kwargs[json.dumps(request.args[1], sort_keys=True, default=str)].append(i)
@@ -258,7 +258,7 @@ def _measured(trajectory: Trajectory) -> measured.Measured:
 
 
 def request_id(request) -> str:
-    """``<task>/<doc_id>``: the same on a rerun that lm-eval's ``--use_cache`` shortens."""
+    """``<task>/<doc_id>``: the same on every run, a rerun that lm-eval's ``--use_cache`` shortens too."""
     return f"{request.task_name}/{request.doc_id}"
 
 
