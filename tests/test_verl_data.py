@@ -82,6 +82,8 @@ def test_numeric_answers_are_read_as_their_text(tmp_path, capsys):
         ({"prompt": "2+2?", "answer": True}, "line 2: field 'answer' is a boolean, expected a string"),
         ({"prompt": 4, "answer": "4"}, "line 2: field 'prompt' is a number, expected a string"),
         ({"prompt": "2+2?", "answer": " "}, "line 2: field 'answer' is empty"),
+        ({"prompt": "2+2?", "answer": float("nan")}, "line 2: field 'answer' is nan, not a number an answer can be"),
+        ({"prompt": "2+2?", "answer": float("inf")}, "line 2: field 'answer' is inf, not a number an answer can be"),
         ({"prompt": "", "answer": "4"}, "line 2: field 'prompt' is empty"),
         ({"question": "2+2?", "answer": "4"}, "line 2: no 'prompt' field; a row needs 'prompt' and 'answer'"),
     ],

@@ -13,6 +13,7 @@ synthetic task (held-out test problems never occur in train), or from a JSONL fi
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import NoReturn
@@ -62,6 +63,8 @@ def _field(row: dict, name: str, line: int) -> str:
     if not isinstance(value, str) and not numeric:
         kind = _JSON_TYPES.get(type(value), "a number")
         raise RowError(line, f"field {name!r} is {kind}, expected a string")
+    if numeric and not math.isfinite(value):  # NaN would be the gold answer 'nan', which \boxed{nan} matches
+        raise RowError(line, f"field {name!r} is {value}, not a number an answer can be")
     text = str(value)
     if not text.strip():
         raise RowError(line, f"field {name!r} is empty")
