@@ -181,6 +181,26 @@ def test_without_the_hook_the_cli_runs_through_the_packages_own_entry(qwen_kit, 
     assert results["samples"]["tw_math500"][0]["doc"]["gold"] == GOLD["tw_math500"][0]
 
 
+def test_a_rerun_with_resume_decodes_only_what_the_trajectories_file_lacks(qwen_kit, tmp_path):
+    """tw_math500 samples, so lm-eval's --use_cache would decode it all again; ``resume=true`` takes what
+    the first run wrote (a torn last line, as a crash leaves, is decoded again)."""
+    trajectories = tmp_path / "t.jsonl"
+    model_args = f"engine=transformers,model={qwen_kit},trajectories={trajectories},resume=true"
+    args = ["--model", "threadweaver", "--model_args", model_args, "--tasks", "tw_math500"]
+    args += ["--gen_kwargs", "max_gen_toks=4"]
+    env = {"THREADWEAVER_DATA_DIR": str(DATA)}
+    first = lm_eval_run(tmp_path / "first", *args, "--limit", "1", env=env)
+    [row] = [json.loads(line) for line in trajectories.read_text().splitlines()]
+    with trajectories.open("a") as f:
+        f.write('{"id": "tw_math500/1", "sam')  # torn
+    second = lm_eval_run(tmp_path / "second", *args, "--limit", "2", env=env)
+    rows = [json.loads(line) for line in trajectories.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["tw_math500/0", "tw_math500/1"] and rows[0] == row  # only the new one
+    was, now = first["samples"]["tw_math500"][0], second["samples"]["tw_math500"][0]
+    assert now["resps"] == was["resps"] and now["total_tokens"] == was["total_tokens"] == row["stats"]["total_tokens"]
+    assert now["stats_measured"] == 1.0 and row["gen_kwargs"]["max_gen_toks"] == 4
+
+
 @pytest.fixture(scope="module")
 def synth_problems(trained, tmp_path_factory):
     rows = (trained[0] / "data" / "parallel" / "validation.jsonl").read_text().splitlines()[:6]

@@ -73,3 +73,8 @@ def test_a_temperature_under_do_sample_false_warns_once(caplog, monkeypatch):
     assert "do_sample=false overrides temperature=1.5" in record.message
     assert "--gen_kwargs do_sample=true,temperature=1.5" in record.message
     assert sampling_from({**tw_synth, "do_sample": True, "temperature": 1.5}, 0)[0].temperature == 1.5
+
+
+def test_resume_needs_a_trajectories_file():
+    with pytest.raises(ValueError, match="^model_args resume=true needs trajectories=FILE, the file to resume from$"):
+        split_model_args(simple_parse_args_string("resume=true"))

@@ -1,6 +1,8 @@
 """Latency statistics on a worked example, counted by hand."""
 
-from threadweaver.stats import latency_stats
+import json
+
+from threadweaver.stats import LatencyStats, latency_stats
 from threadweaver.tree import parse
 
 
@@ -40,6 +42,7 @@ def test_nested_blocks_count_their_longest_thread(fmt):
     # thread 2, and the inner </Parallel> closes the outer block (10 + 4 tags + 22). The rest is
     # outside any block: 13 tokens with the two <Parallel>/</Parallel> already counted.
     assert s.reference_longest_thread == 13 + (10 + 4 + 22)
+    assert LatencyStats.from_dict(json.loads(json.dumps(s.as_dict()))) == s  # as a JSONL row keeps it
 
 
 def test_sequential_output_has_speedup_one(fmt):

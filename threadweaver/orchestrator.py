@@ -213,7 +213,12 @@ class Trajectory:
 
 def trajectory_text(trajectory: Trajectory, fmt: Format) -> str:
     """The generated text, tags included, without its final end-of-sequence token."""
-    ids = list(trajectory.token_ids)
+    return generated_text(trajectory.token_ids, fmt)
+
+
+def generated_text(token_ids: Sequence[int], fmt: Format) -> str:
+    """A trajectory's text from its ids (a row's ``token_ids``), without the final end-of-sequence token."""
+    ids = list(token_ids)
     if ids and ids[-1] in fmt.eos_ids:
         ids.pop()
     return fmt.decode(ids)

@@ -33,7 +33,7 @@ ids: without them ``reference_longest_thread`` is None.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from threadweaver.format import TagIds
 from threadweaver.layout import ThreadPath, flat, spans
@@ -76,6 +76,16 @@ class LatencyStats:
 
     def as_dict(self) -> dict:
         return {**asdict(self), "speedup": self.speedup, "parallel_ratio": self.parallel_ratio}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> LatencyStats:
+        """What :meth:`as_dict` wrote (a JSONL row's ``stats``)."""
+        values = {f.name: data[f.name] for f in fields(cls)}
+        values["threads_per_block"] = tuple(values["threads_per_block"])
+        values["critical_sequences"] = tuple(
+            tuple(tuple(step) for step in path) for path in values["critical_sequences"]
+        )
+        return cls(**values)
 
 
 def latency_stats(

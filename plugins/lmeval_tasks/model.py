@@ -5,7 +5,8 @@ Every ``--model_args`` key is a field of :class:`ModelArgs`, :class:`EngineArgs`
 :class:`Limits`; ``branching=false`` decodes each prompt as one plain request (the
 sequential baseline). Sampling comes from the task's ``generation_kwargs``
 (``temperature``, ``top_p``, ``top_k``, ``do_sample``, ``max_gen_toks``, ``until``).
-Repeats of one prompt (``repeats: k``) are drawn with seeds ``seed``, ``seed+1``, ...
+Repeats of one document (``repeats: k``) are drawn with seeds ``seed``, ``seed+1``, ...
+With ``trajectories=FILE,resume=true`` a rerun takes from FILE every trajectory it holds.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from pathlib import Path
 
 from threadweaver.batch import BatchProgress, decode_many, run_sync, trajectory_row
 from threadweaver.cli_args import check_counts, option
-from threadweaver.format import Format
 from threadweaver.hosts import check_host
 from threadweaver.jsonl import appending
-from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, trajectory_text
+from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, generated_text, trajectory_text
 from threadweaver.rows import RowReader, plain_ids
+from threadweaver.stats import LatencyStats
 from threadweaver.vllm_orchestrator.engines import EngineArgs, make_engine, tokenizer_source
 
 from . import measured
@@ -55,14 +56,22 @@ class ModelArgs:
     trajectories: str | None = option(
         None,
         "Append each trajectory to this JSONL file as `threadweaver generate` writes it (tokens, tree, "
-        "request timings, stats, wall_s), with the lm-eval context; a rerun appends. Each row's id is "
-        "'<task>/<doc_id>' and its sample the repeat.",
+        "request timings, stats, wall_s), with the lm-eval context and generation kwargs; a rerun appends. "
+        "Each row's id is '<task>/<doc_id>' and its sample the repeat.",
+    )
+    resume: bool = option(
+        False,
+        "With trajectories: a request whose trajectory the file holds (same id, sample, context and generation "
+        "kwargs) is answered from it, not decoded again, so a run that stopped goes on where it was (sampled "
+        "tasks too, which lm-eval's --use_cache does not cache).",
     )
 
     def __post_init__(self):
         check_counts(self, ("concurrency",))
         if self.trajectories is not None:
             object.__setattr__(self, "trajectories", appendable(self.trajectories))
+        elif self.resume:
+            raise ValueError("model_args resume=true needs trajectories=FILE, the file to resume from")
 
 
 def appendable(path: str) -> str:
@@ -145,9 +154,8 @@ def _warn_greedy(temperature: float) -> None:
         )
 
 
-def response_text(trajectory: Trajectory, fmt: Format, until: list[str]) -> str:
-    """The generated text without its final end-of-sequence token, cut at the first stop string."""
-    text = trajectory_text(trajectory, fmt)
+def cut_at(text: str, until: list[str]) -> str:
+    """A response's text (:func:`trajectory_text`), cut at the first stop string."""
     cuts = [text.index(s) for s in until if s and s in text]
     return text[: min(cuts)] if cuts else text
 
@@ -199,18 +207,22 @@ class ThreadWeaverLM(LM):
         """Decode every request; the repeats of a document are its samples 0, 1, ..."""
         by_kwargs: dict[str, list[int]] = defaultdict(list)
         for i, request in enumerate(requests):
-            by_kwargs[json.dumps(request.args[1], sort_keys=True, default=str)].append(i)
+            by_kwargs[_kwargs_key(request.args[1])].append(i)
         from tqdm import tqdm
 
         bar = tqdm(total=len(requests), desc="threadweaver", unit=" traj", disable=disable_tqdm, dynamic_ncols=True)
         out: list[str | None] = [None] * len(requests)
+        earlier = decoded_rows(self.args.trajectories) if self.args.resume else {}
         dump = appending(self.args.trajectories) if self.args.trajectories else contextlib.nullcontext()
         with dump as append, bar:
-            for indices in by_kwargs.values():
-                run_sync(self._generate([requests[i] for i in indices], indices, out, bar, append))
+            for kwargs, indices in by_kwargs.items():
+                chunk = [requests[i] for i in indices]
+                run_sync(self._generate(kwargs, chunk, indices, out, bar, append, earlier))
         return out
 
-    async def _generate(self, requests, indices: list[int], out: list, bar, append) -> None:
+    async def _generate(self, kwargs: str, requests, indices: list[int], out: list, bar, append, earlier) -> None:
+        """Decode ``requests``, which share the generation kwargs ``kwargs`` (as JSON); those ``earlier`` holds
+        (:func:`decoded_rows`) are answered from it."""
         sampling, max_tokens, until = sampling_from(requests[0].args[1], self.args.seed)
         limits = self.limits
         if max_tokens is not None:
@@ -220,16 +232,33 @@ class ThreadWeaverLM(LM):
         orchestrator = Orchestrator(self.engine, self.fmt, limits, sampling)
         contexts = [request.args[0] for request in requests]
         samples = repeat_indices(requests)
-        prompts = [self._prompt_ids(context) for context in contexts]
+        todo = []
+        for position, request in enumerate(requests):
+            row = earlier.get((request_id(request), samples[position], contexts[position], kwargs))
+            if row is None:
+                todo.append(position)
+                continue
+            text = cut_at(generated_text(row["token_ids"], self.fmt), until)
+            out[indices[position]] = measured.Response(text, _measured_row(row))
+            bar.update(1)
+        if len(todo) < len(requests):
+            log.info("threadweaver: %d trajectories taken from %s", len(requests) - len(todo), self.args.trajectories)
+        prompts = [self._prompt_ids(contexts[position]) for position in todo]
         progress = BatchProgress()
-        async for position, trajectory, wall_s in decode_many(
-            orchestrator, prompts, concurrency=self.args.concurrency, seed=sampling.seed, samples=samples
+        async for at, trajectory, wall_s in decode_many(
+            orchestrator,
+            prompts,
+            concurrency=self.args.concurrency,
+            seed=sampling.seed,
+            samples=[samples[position] for position in todo],
         ):
-            text = response_text(trajectory, self.fmt, until)
+            position = todo[at]
+            text = cut_at(trajectory_text(trajectory, self.fmt), until)
             if append is not None:
                 request, sample = requests[position], samples[position]
                 row = trajectory_row(trajectory, self.fmt, wall_s, limits, id=request_id(request), sample=sample)
-                append({**row, "context": contexts[position], **_graded(request, text)})
+                context = {"context": contexts[position], "gen_kwargs": json.loads(kwargs)}
+                append({**row, **context, **_graded(request, text)})
             out[indices[position]] = measured.Response(text, _measured(trajectory))
             self.cache_hook.add_partial("generate_until", requests[position].args, text)
             progress.add(trajectory)
@@ -255,6 +284,36 @@ class ThreadWeaverLM(LM):
 def _measured(trajectory: Trajectory) -> measured.Measured:
     kinds = trajectory.degradation_kinds
     return measured.Measured(trajectory.stats, not kinds, kinds, trajectory.finish_reason)
+
+
+def _measured_row(row: dict) -> measured.Measured:
+    """:func:`_measured` of a trajectory written as a row."""
+    kinds = frozenset(d["kind"] for d in row["degradations"])
+    return measured.Measured(LatencyStats.from_dict(row["stats"]), not kinds, kinds, row["finish_reason"])
+
+
+def decoded_rows(path: str) -> dict[tuple, dict]:
+    """The trajectories an earlier run wrote to ``path``, by (id, sample, context, generation kwargs as JSON);
+    a line that is no such row (torn by a crash, or written without its kwargs) is passed over, and its request
+    decoded again."""
+    rows = {}
+    if not os.path.isfile(path):
+        return rows
+    with open(path, "rb") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+                key = (row["id"], row["sample"], row["context"], _kwargs_key(row["gen_kwargs"]))
+                _measured_row(row)  # every field a response needs is there
+                rows[key] = row
+            except (ValueError, RecursionError, TypeError, KeyError):
+                continue
+    return rows
+
+
+def _kwargs_key(gen_kwargs: dict) -> str:
+    """Generation kwargs as the JSON that keys requests decoded alike."""
+    return json.dumps(gen_kwargs, sort_keys=True, default=str)
 
 
 def request_id(request) -> str:
