@@ -24,7 +24,8 @@ if __name__ == "__main__":  # rollouts grade answers; keep a script's work under
     options = parser.parse_args()
     gpu = torch.cuda.is_available()
     trainer = PGRPOTrainer(
-        AutoModelForCausalLM.from_pretrained(options.model_dir),
+        # float32 weights (under autocast with bf16): steps of about the learning rate round away on bf16 weights
+        AutoModelForCausalLM.from_pretrained(options.model_dir, dtype=torch.float32),
         args=PGRPOConfig(
             output_dir=options.output_dir,
             max_steps=options.max_steps,

@@ -26,7 +26,9 @@ options = parser.parse_args()
 gpu = torch.cuda.is_available()
 tokenizer = AutoTokenizer.from_pretrained(options.model_dir)
 attention = "threadweaver_flex" if gpu else "threadweaver_sdpa"
-model = AutoModelForCausalLM.from_pretrained(options.model_dir, attn_implementation=attention)
+# float32 weights, under autocast with bf16 (as `threadweaver sft` trains): a bf16 checkpoint's own dtype would
+# round small AdamW steps away
+model = AutoModelForCausalLM.from_pretrained(options.model_dir, dtype=torch.float32, attn_implementation=attention)
 check_tree_attention(model)
 trainer = SFTTrainer(
     model=model,

@@ -42,6 +42,9 @@ def test_bad_paths_and_settings_are_named_before_anything_loads(kit):
         (model, data, "--output_dir", model): f"--output_dir {model} is MODEL: saving there would overwrite it",
         (model, data, "--max_length", "0"): "--max_length must be a whole number of at least 1 (or none), not 0",
         (model, data, "--max_steps", "0", "--num_train_epochs", "0"): "--max_steps and --num_train_epochs are both 0",
+        (model, data, "--truncation_mode", "keep_end"): "--truncation_mode keep_end is not applied here: the collator",
+        (model, data, "--completion_only_loss", "false"): "--completion_only_loss False is not applied here",
+        (model, data, "--assistant_only_loss", "true"): "--assistant_only_loss True is not applied here",
     }
     out = ["--output_dir", str(kit / "out")]
     for argv, message in cases.items():

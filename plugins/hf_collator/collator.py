@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from threadweaver.cli_args import option
+from threadweaver.cli_args import check_counts, option
 from threadweaver.rows import RowReader
 from threadweaver.tree import DEFAULT_MAX_DEPTH, TrajectoryFormatError, parse
 from threadweaver.trie import trajectory_trie
@@ -89,6 +89,8 @@ class TrieCollator:
     skipped: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
+        # a max_length of 0 would make empty batches, and a negative one would cut that many tokens off every row
+        check_counts(self, ("max_length",), none_ok=True)
         self.reader = RowReader(self.tokenizer)
         self.fmt = self.reader.fmt
         self.end_of_turn = self.tokenizer.eos_token_id

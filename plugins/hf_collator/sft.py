@@ -187,6 +187,21 @@ def check_paths(model_dir: str, data: str, output_dir: str) -> None:
         raise ValueError(f"--output_dir {output_dir} is MODEL: saving there would overwrite it; name another folder")
 
 
+IGNORED_TRL_SETTINGS = (
+    ("truncation_mode", ("keep_start",), "the collator keeps each row's first --max_length tokens in pre-order"),
+    ("completion_only_loss", (None, True), "the collator trains the trajectory only, never the prompt"),
+    ("assistant_only_loss", (False,), "the collator trains the trajectory, the last assistant turn, only"),
+)
+"""SFTConfig settings the collator does not apply (TRL's own tokenising would), with the values it honours."""
+
+
+def _refuse_ignored(config) -> None:
+    for name, honoured, why in IGNORED_TRL_SETTINGS:
+        value = getattr(config, name)
+        if value not in honoured:
+            raise ValueError(f"--{name} {value} is not applied here: {why}")
+
+
 def train(
     model_dir: str, data: str, config, attention: str = "auto", flex_backend: str = "AUTO", **collator_settings
 ) -> str:
@@ -204,6 +219,7 @@ def train(
             "--packing concatenates and cuts token sequences, which would cut the trajectories' trees: "
             "--padding_free true packs a batch's rows whole, each its own tree"
         )
+    _refuse_ignored(config)
     cuda = torch.cuda.is_available()
     attention = attention if attention != "auto" else ("flex_attention" if cuda else "sdpa")
     if flex_backend != "AUTO" and (attention != "flex_attention" or not collator_settings.get("branching", True)):

@@ -103,8 +103,9 @@ def train(model_dir: str, data: str, config) -> str:
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = problem_rows(data, RowReader(tokenizer))
-    dtype = torch.bfloat16 if config.bf16 else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+    # float32 weights, under autocast where --bf16 (as sft trains): AdamW's steps of about the learning rate
+    # (the paper's 1e-6) round away on bf16 weights, so a bf16 policy would barely move
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
     trainer = PGRPOTrainer(model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     trainer.train()
     model.set_attn_implementation("sdpa")

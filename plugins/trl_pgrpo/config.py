@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from threadweaver.cli_args import check_counts
+from threadweaver.cli_args import SettingError, check_counts
 from threadweaver.engine import Sampling
 from threadweaver.orchestrator import Limits
 from threadweaver.pgrpo import PAPER
@@ -18,6 +18,14 @@ STD_REFUSAL = (
     "dividing by its std blows it up to unit scale, so speed outweighs correctness (the paper's ablation: 74.8% "
     "instead of 79.9% on AIME24, with longer trajectories)"
 )
+
+UNSAMPLED = (
+    ("min_p", (None, 0.0)),
+    ("repetition_penalty", (1.0,)),
+    ("generation_kwargs", (None, {})),
+    ("vllm_structured_outputs_regex", (None,)),
+)
+"""GRPOConfig's sampling settings that the rollouts do not apply, with the values that change nothing."""
 
 
 def _paper(name: str, help_text: str):
@@ -87,6 +95,7 @@ class PGRPOConfig(GRPOConfig):
             raise ValueError(f"acceleration_form={self.acceleration_form!r}: {err}") from None
         if self.use_vllm:
             self._check_vllm()
+        self._check_sampling()
         if self.mask_truncated_completions:
             raise ValueError(
                 "mask_truncated_completions reads truncation off a row's last token, but a P-GRPO row is a "
@@ -94,6 +103,18 @@ class PGRPOConfig(GRPOConfig):
                 "already gets no correctness reward"
             )
         super().__post_init__()
+
+    def _check_sampling(self) -> None:
+        """Refuse the sampling settings the fork-join rollouts do not apply: they sample with the
+        temperature, ``top_p`` and ``top_k`` only, so any other would be silently ignored."""
+        for name, unset in UNSAMPLED:
+            value = getattr(self, name)
+            if value not in unset:
+                raise SettingError(
+                    name,
+                    f"is {value!r}, but PGRPOTrainer's fork-join rollouts sample with temperature, top_p and top_k "
+                    f"only and would ignore it: leave it at {unset[0]!r}",
+                )
 
     def _check_vllm(self) -> None:
         if self.vllm_mode != "colocate":

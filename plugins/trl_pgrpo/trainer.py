@@ -260,13 +260,13 @@ def problem_dataset(dataset, name: str, gold: bool):
     :class:`~threadweaver.rows.RowReader` and ``threadweaver pgrpo`` read rows), and, when ``gold`` (a
     reward grades against it), the gold answer in ``answer``. A dict of datasets (an ``eval_dataset``) is
     checked one by one; a dataset whose columns are not known without reading it (an ``IterableDataset``
-    without features) is taken as it is.
+    without features) is checked row by row as it streams.
     """
     if isinstance(dataset, dict):
         return {key: problem_dataset(value, f"{name}[{key!r}]", gold) for key, value in dataset.items()}
     columns = getattr(dataset, "column_names", None)
-    if not isinstance(columns, list):
-        return dataset
+    if not isinstance(columns, list):  # an IterableDataset without features: its rows are read as they stream
+        return _with_prompt(dataset, name) if hasattr(dataset, "map") else dataset
     missing = []
     if "prompt" not in columns and "messages" not in columns:
         missing.append(
@@ -284,9 +284,15 @@ def problem_dataset(dataset, name: str, gold: bool):
 
 
 def _with_prompt(dataset, name: str):
-    """``messages`` rows with their prompt turns as TRL's ``prompt`` column (a ``prompt`` column is replaced)."""
+    """Each ``messages`` row with its prompt turns as TRL's ``prompt`` column (a ``prompt`` is replaced); where
+    the columns are known only as the rows stream, a row with neither is refused by name (TRL would stop on
+    a bare ``KeyError: 'prompt'``)."""
 
     def prompt(row: dict, index: int) -> dict:
+        if "messages" not in row:
+            if "prompt" not in row:
+                raise ValueError(f"{name} row {index} has the fields {sorted(row)}, but no 'prompt' or 'messages'")
+            return {}
         try:
             return {"prompt": prompt_messages(row["messages"])}
         except ValueError as err:

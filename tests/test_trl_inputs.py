@@ -1,0 +1,79 @@
+"""Settings and datasets that the TRL plugins would otherwise take without a word: sampling settings the
+fork-join rollouts do not apply, a collator ``max_length`` that is not a count, and streamed ``messages``
+rows, whose prompt TRL would look for in a ``prompt`` column that is not there."""
+
+import pytest
+import torch
+from datasets import IterableDataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from threadweaver.cli_args import SettingError
+from threadweaver.hf_collator import TrieCollator
+from threadweaver.quickstart.recipe import embedded_models
+from threadweaver.synth import chat_row, make_rows
+from threadweaver.trl_pgrpo import PGRPOConfig, PGRPOTrainer
+
+
+def config(tmp_path, **settings) -> PGRPOConfig:
+    return PGRPOConfig(
+        str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4, num_generations=4, **settings
+    )
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("min_p", 0.1),
+        ("repetition_penalty", 1.2),
+        ("generation_kwargs", {"top_k": 5}),
+        ("vllm_structured_outputs_regex", r"\d+"),
+    ],
+)
+def test_a_sampling_setting_the_rollouts_would_ignore_is_refused(tmp_path, name, value):
+    with pytest.raises(SettingError, match=f"^{name} is .* sample with temperature, top_p and top_k only"):
+        config(tmp_path, **{name: value})
+
+
+def test_sampling_settings_that_change_nothing_are_taken(tmp_path):
+    config(tmp_path, min_p=0.0, repetition_penalty=1.0, generation_kwargs={})
+
+
+@pytest.mark.parametrize("max_length", [0, -1, 2.5])
+def test_a_collator_max_length_that_is_not_a_count_is_refused(synth, max_length):
+    """-1 cut one token off every row, and 0 made empty batches."""
+    for branching in (True, False):
+        with pytest.raises(SettingError, match=f"max_length must be a whole number of at least 1, not {max_length}"):
+            TrieCollator(synth, max_length=max_length, branching=branching)
+
+
+def _streamed(rows: list[dict]) -> IterableDataset:
+    def stream():
+        yield from rows
+
+    dataset = IterableDataset.from_generator(stream)
+    assert dataset.column_names is None  # columns known only as the rows stream
+    return dataset
+
+
+def _trainer(tmp_path, dataset) -> PGRPOTrainer:
+    path = str(embedded_models()["parallel"])
+    return PGRPOTrainer(
+        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        args=config(tmp_path, max_steps=1),
+        train_dataset=dataset,
+        processing_class=AutoTokenizer.from_pretrained(path),
+    )
+
+
+def test_streamed_messages_rows_roll_out_their_turns_before_the_solution(tmp_path):
+    rows = [chat_row(r, "parallel") for r in make_rows(2, 7, split="inputs")]
+    trainer = _trainer(tmp_path, _streamed(rows))
+    streamed = list(trainer.train_dataset)
+    assert [row["prompt"] for row in streamed] == [row["messages"][:-1] for row in rows]
+    assert [row["answer"] for row in streamed] == [row["answer"] for row in rows]
+
+
+def test_a_streamed_row_without_a_prompt_is_named(tmp_path):
+    trainer = _trainer(tmp_path, _streamed([{"question": "A=1+2\nA=?", "answer": "3"}]))
+    with pytest.raises(ValueError, match=r"^train_dataset row 0 has the fields \['answer', 'question'\], but no"):
+        list(trainer.train_dataset)
