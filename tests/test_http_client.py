@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -277,15 +278,44 @@ def test_a_long_decode_whose_server_answers_its_health_is_not_reported(monkeypat
     async def scenario():
         server = await asyncio.start_server(answer, "127.0.0.1", 0)
         client = JSONClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        started = time.monotonic()
         try:
             await asyncio.gather(*(client.post("/v1/completions", {}) for _ in range(8)))
+        finally:
+            await client.aclose()
+            server.close()
+        return time.monotonic() - started
+
+    with caplog.at_level("WARNING", logger=http.__name__):
+        waited = asyncio.run(scenario())
+    assert not caplog.records and 1 <= len(probes) <= waited / 0.2 + 1  # one a QUIET_S for all eight requests
+
+
+def test_a_server_that_never_answers_is_not_said_to_answer_again(monkeypatch, caplog):
+    """The request times out: the server stays silent, and only its silence is said."""
+    from threadweaver.vllm_orchestrator import http
+
+    monkeypatch.setattr(http, "QUIET_S", 0.3)
+    monkeypatch.setattr(http, "PROBE_S", 0.2)
+
+    async def answer(reader, writer):
+        await asyncio.sleep(30)
+
+    async def scenario():
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        client = JSONClient(url, HTTPOptions(timeout_s=1.0, retries=0), what="vLLM server")
+        try:
+            with pytest.raises(EngineError, match="cannot reach the vLLM server"):
+                await client.post("/v1/completions", {})
         finally:
             await client.aclose()
             server.close()
 
     with caplog.at_level("WARNING", logger=http.__name__):
         asyncio.run(scenario())
-    assert not caplog.records and 1 <= len(probes) <= 8  # one probe a QUIET_S for all eight requests, not eight
+    said = [r.getMessage() for r in caplog.records if r.name == http.__name__]  # not the stand-in's cancelled tasks
+    assert len(said) == 1 and " does not answer GET /health " in said[0]
 
 
 def test_an_html_error_page_is_said_as_its_text_on_one_line():

@@ -187,7 +187,8 @@ class JSONClient:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=QUIET_S)
                 if done:
-                    self._answers()
+                    if task.exception() is None:  # a reply (an error status too), not a timeout or a dropped line
+                        self._answers()
                     return task.result()
                 waited += QUIET_S
                 await self._probe(what, waited)
@@ -205,7 +206,10 @@ class JSONClient:
         try:
             async with self._ready().get(self.base_url + "/health", timeout=aiohttp.ClientTimeout(total=PROBE_S)) as r:
                 await r.read()
-        except _broken():
+        except Exception as err:  # never the request's failure: only silence is said
+            if not isinstance(err, _broken()):
+                self._answers()  # a reply, if not HTTP (a bad status line)
+                return
             if not self._silent:
                 self._silent = True
                 logger.warning(
