@@ -47,6 +47,12 @@ def test_gold_answer_reads_each_benchmarks_answer_field(value, gold):
     assert data.gold_answer(value) == gold
 
 
+@pytest.mark.parametrize("value", [True, float("nan"), float("inf")])
+def test_an_answer_no_response_can_match_is_refused(value):
+    with pytest.raises(ValueError, match=f"an answer cannot be {'a boolean' if value is True else value}"):
+        data.gold_answer(value)
+
+
 def test_local_file_order_metadata_then_environment_then_data_dir(tmp_path, monkeypatch):
     named, from_env, folder = tmp_path / "named.jsonl", tmp_path / "env.jsonl", tmp_path / "dir"
     folder.mkdir()

@@ -2,6 +2,8 @@
 fork-join rollouts do not apply, a collator ``max_length`` that is not a count, and streamed ``messages``
 rows, whose prompt TRL would look for in a ``prompt`` column that is not there."""
 
+import re
+
 import pytest
 import torch
 from datasets import IterableDataset
@@ -77,3 +79,30 @@ def test_a_streamed_row_without_a_prompt_is_named(tmp_path):
     trainer = _trainer(tmp_path, _streamed([{"question": "A=1+2\nA=?", "answer": "3"}]))
     with pytest.raises(ValueError, match=r"^train_dataset row 0 has the fields \['answer', 'question'\], but no"):
         list(trainer.train_dataset)
+
+
+@pytest.mark.parametrize(
+    "answer, said",
+    [
+        (None, "is null, not a string or a number"),  # as text, 'None': \boxed{None} would be right
+        (float("nan"), "is nan, not a number an answer can be"),
+        ([3], "is a list, not a string or a number"),
+        (" ", "is empty"),
+    ],
+)
+def test_a_gold_answer_the_reward_cannot_grade_is_named_by_its_line(tmp_path, answer, said):
+    import json
+
+    from threadweaver.jsonl import RowError
+    from threadweaver.rows import RowReader
+    from threadweaver.trl_pgrpo.command import problem_rows
+
+    data = tmp_path / "problems.jsonl"
+    data.write_text(
+        json.dumps({"prompt": "A=1+2\nA=?", "answer": 3}) + "\n" + json.dumps({"prompt": "B=?", "answer": answer})
+    )
+    reader = RowReader(AutoTokenizer.from_pretrained(embedded_models()["parallel"]))
+    with pytest.raises(RowError, match=f"line 2: field 'answer' {re.escape(said)}$"):
+        problem_rows(str(data), reader)
+    data.write_text(json.dumps({"prompt": "A=1+2\nA=?", "answer": 3}) + "\n")
+    assert problem_rows(str(data), reader) == [{"prompt": "A=1+2\nA=?", "answer": "3"}]

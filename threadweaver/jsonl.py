@@ -138,6 +138,22 @@ def check_outputs(outputs: Iterable[str], inputs: Iterable[str], named: bool = T
                 raise ValueError(f"{out} is the input file {path}; name another")
 
 
+_JSON_KINDS = {
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "an object",
+}
+
+
+def json_kind(value) -> str:
+    """What a value read from JSON is, in JSON's words ("a list", "null"; parquet may hold other types: their
+    names)."""
+    return "null" if value is None else _JSON_KINDS.get(type(value), f"a {type(value).__name__}")
+
+
 def check_folder(folder: str) -> None:
     """Refuse a folder to write into that is a file or lies under one; a missing folder is fine."""
     existing = os.path.abspath(folder)

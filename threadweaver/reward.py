@@ -27,6 +27,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Literal
 
+from threadweaver.jsonl import json_kind
 from threadweaver.stats import speedup
 
 _BOXED = "\\boxed{"
@@ -100,6 +101,20 @@ def reward(
     if not result.correct:
         return RewardParts(0.0, 0.0, result)
     return RewardParts(1.0, acceleration(total_tokens, critical_path_tokens, config), result)
+
+
+def answer_text(value) -> str:
+    """A row's gold answer as the text the correctness reward grades against: a string, or a finite number as
+    its text. Anything else (null, a boolean, a list, NaN, an empty string) is a ValueError saying what it is:
+    as text, ``None`` or ``nan`` would be matched by ``\\boxed{None}`` or ``\\boxed{nan}``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"is {value}, not a number an answer can be")
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"is {json_kind(value)}, not a string or a number")
+    text = str(value)
+    if not text.strip():
+        raise ValueError("is empty")
+    return text
 
 
 def last_boxed(text: str) -> str | None:

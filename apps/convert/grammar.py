@@ -9,6 +9,7 @@ from typing import Literal, get_args
 
 from threadweaver.cli_args import SettingError, option
 from threadweaver.format import block_text
+from threadweaver.jsonl import json_kind
 from threadweaver.rows import chatml_turns
 from threadweaver.tree import DEFAULT_MAX_DEPTH
 
@@ -322,14 +323,10 @@ _FIELDS_NAMED = 12
 """The most of a row's fields a missing field's message names."""
 
 
-_JSON_KINDS = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}
-"""What a JSON value that is not text is, in JSON's words (parquet may hold other types: their names)."""
-
-
 def field_text(row: dict, name: str, reason: Reason) -> str:
     value = row.get(name)
     if not isinstance(value, str) or not value.strip():
-        kind = _JSON_KINDS.get(type(value), f"a {type(value).__name__}")
+        kind = json_kind(value)
         found = "missing" if value is None else "empty" if isinstance(value, str) else kind
         fields = ", ".join(repr(k) for k in list(row)[:_FIELDS_NAMED]) + (", ..." if len(row) > _FIELDS_NAMED else "")
         has = f" (the row has {fields})" if value is None and row else ""

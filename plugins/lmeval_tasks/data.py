@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import math
 import os
 import re
 from collections.abc import Callable
@@ -48,6 +49,8 @@ def gold_answer(value) -> str:
     """A benchmark's answer field as one answer string."""
     if isinstance(value, bool):
         raise ValueError(f"an answer cannot be a boolean ({value})")
+    if isinstance(value, float) and not math.isfinite(value):  # as text, \boxed{nan} would be right
+        raise ValueError(f"an answer cannot be {value}")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, (list, tuple)):

@@ -12,6 +12,7 @@ import os
 
 from threadweaver.cli_args import SettingError, flag
 from threadweaver.jsonl import RowError, read_jsonl, write_json
+from threadweaver.reward import answer_text
 from threadweaver.rows import RowReader, prompt_messages
 
 DEFAULTS = {
@@ -87,7 +88,11 @@ def problem_rows(path: str, reader: RowReader) -> list[dict]:
             reader.prompt({"prompt": prompt})
         except ValueError as err:
             raise RowError.at(line, err) from None
-        rows.append({"prompt": prompt, "answer": str(row["answer"])})
+        try:
+            answer = answer_text(row["answer"])
+        except ValueError as err:
+            raise RowError(line, f"field 'answer' {err}") from None
+        rows.append({"prompt": prompt, "answer": answer})
     if not rows:
         raise ValueError(f"{path}: no problems")
     return rows

@@ -13,20 +13,19 @@ synthetic task (held-out test problems never occur in train), or from a JSONL fi
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from typing import NoReturn
 
 from threadweaver.dataset import synth_splits
-from threadweaver.jsonl import RowError, check_folder, read_jsonl
+from threadweaver.jsonl import RowError, check_folder, json_kind, read_jsonl
+from threadweaver.reward import answer_text
 from threadweaver.synth import SynthConfig
 from threadweaver.verl_rollout import AGENT_LOOPS
 
 DATA_SOURCE = "threadweaver/synth"
 PROG = "python -m threadweaver.verl_rollout.data"
 SPLITS = ("train", "test")
-_JSON_TYPES = {list: "a list", dict: "an object", bool: "a boolean", type(None): "null"}
 
 
 def verl_row(
@@ -55,20 +54,20 @@ def read_problems(path: str) -> list[dict]:
 
 
 def _field(row: dict, name: str, line: int) -> str:
-    """A non-empty string field (``answer`` may also be a number)."""
+    """A non-empty string field; ``answer`` as the correctness reward reads it (a number too)."""
     if name not in row:
         raise RowError(line, f"no {name!r} field; a row needs 'prompt' and 'answer'")
     value = row[name]
-    numeric = name == "answer" and isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not isinstance(value, str) and not numeric:
-        kind = _JSON_TYPES.get(type(value), "a number")
-        raise RowError(line, f"field {name!r} is {kind}, expected a string")
-    if numeric and not math.isfinite(value):  # NaN would be the gold answer 'nan', which \boxed{nan} matches
-        raise RowError(line, f"field {name!r} is {value}, not a number an answer can be")
-    text = str(value)
-    if not text.strip():
-        raise RowError(line, f"field {name!r} is empty")
-    return text
+    try:
+        if name == "answer":
+            return answer_text(value)
+        if not isinstance(value, str):
+            raise ValueError(f"is {json_kind(value)}, not a string")
+        if not value.strip():
+            raise ValueError("is empty")
+    except ValueError as err:
+        raise RowError(line, f"field {name!r} {err}") from None
+    return value
 
 
 class _Parser(argparse.ArgumentParser):
