@@ -106,3 +106,13 @@ def test_a_gold_answer_the_reward_cannot_grade_is_named_by_its_line(tmp_path, an
         problem_rows(str(data), reader)
     data.write_text(json.dumps({"prompt": "A=1+2\nA=?", "answer": 3}) + "\n")
     assert problem_rows(str(data), reader) == [{"prompt": "A=1+2\nA=?", "answer": "3"}]
+
+
+def test_the_rewards_refuse_a_gold_answer_no_response_should_match():
+    """A dataset's missing answer is None: as text, 'None', which \\boxed{None} matched."""
+    from threadweaver.trl_pgrpo import pgrpo_rewards
+
+    correctness = pgrpo_rewards()[0]
+    assert correctness(["so \\boxed{3}"], answer=[3]) == [1.0]
+    with pytest.raises(ValueError, match="^the correctness reward: the 'answer' of the batch's row 1 is null, not a"):
+        correctness(["\\boxed{3}", "\\boxed{None}"], answer=["3", None])

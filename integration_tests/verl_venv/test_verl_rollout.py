@@ -195,7 +195,7 @@ def test_the_accepted_reward_managers_are_those_of_verl_that_pass_the_rows_extra
     }
 
 
-@pytest.mark.parametrize("gold", [None, "", "  "])
+@pytest.mark.parametrize("gold", [None, "", "  ", float("nan")])
 def test_an_empty_gold_answer_is_refused_not_graded(gold):
     """``str(None)`` once graded ``\\boxed{None}`` correct."""
     with pytest.raises(ValueError, match=r"^ground_truth is .*verl's reward_model.ground_truth\) must be"):

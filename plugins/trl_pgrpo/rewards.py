@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from threadweaver.reward import RewardConfig, acceleration, grade
+from threadweaver.reward import RewardConfig, acceleration, answer_text, grade
 
 GOLD_COLUMN = "answer"
 _NOT_COLUMNS = (
@@ -48,7 +48,13 @@ def _golds(kwargs: dict, who: str) -> list[str]:
     if GOLD_COLUMN not in kwargs:
         columns = sorted(k for k in kwargs if k not in _NOT_COLUMNS)
         raise ValueError(f"{who} needs the gold answer in a dataset column {GOLD_COLUMN!r}; the rows have {columns}")
-    return [str(g) for g in kwargs[GOLD_COLUMN]]
+    golds = []
+    for i, gold in enumerate(kwargs[GOLD_COLUMN]):
+        try:
+            golds.append(answer_text(gold))
+        except ValueError as err:  # as text, None or nan would be matched by \boxed{None} or \boxed{nan}
+            raise ValueError(f"{who}: the {GOLD_COLUMN!r} of the batch's row {i} {err}") from None
+    return golds
 
 
 def pgrpo_rewards(config: RewardConfig = RewardConfig()) -> list[Callable]:

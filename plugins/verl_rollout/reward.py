@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from threadweaver.orchestrator import DEGRADATION_KINDS
-from threadweaver.reward import RewardConfig, reward
+from threadweaver.reward import RewardConfig, answer_text, reward
 from threadweaver.stats import speedup
 from threadweaver.verl_rollout.rows import PREFIX
 
@@ -58,11 +58,12 @@ def compute_score(
 
 
 def _gold(ground_truth: Any) -> str:
-    """The gold answer as text; an empty one is refused: ``str(None)`` would grade ``\\boxed{None}`` correct."""
-    gold = "" if ground_truth is None else str(ground_truth)
-    if not gold.strip():
+    """The gold answer as text (:func:`~threadweaver.reward.answer_text`): ``str(None)`` would grade
+    ``\\boxed{None}`` correct."""
+    try:
+        return answer_text(ground_truth)
+    except ValueError as err:
         raise ValueError(
-            f"ground_truth is {ground_truth!r}: the row's gold answer (verl's reward_model.ground_truth) "
-            "must be a non-empty answer"
-        )
-    return gold
+            f"ground_truth {err}: the row's gold answer (verl's reward_model.ground_truth) must be a non-empty "
+            "string or a number"
+        ) from None
