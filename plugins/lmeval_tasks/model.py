@@ -207,7 +207,7 @@ class ThreadWeaverLM(LM):
         """Decode every request; the repeats of a document are its samples 0, 1, ..."""
         by_kwargs: dict[str, list[int]] = defaultdict(list)
         for i, request in enumerate(requests):
-            by_kwargs[_kwargs_key(request.args[1])].append(i)
+            by_kwargs[_canonical(request.args[1])].append(i)
         from tqdm import tqdm
 
         bar = tqdm(total=len(requests), desc="threadweaver", unit=" traj", disable=disable_tqdm, dynamic_ncols=True)
@@ -230,11 +230,14 @@ class ThreadWeaverLM(LM):
             cap = limits.max_request_tokens if self._request_cap_given else max_tokens
             limits = dataclasses.replace(limits, max_tokens=max_tokens, max_request_tokens=cap)
         orchestrator = Orchestrator(self.engine, self.fmt, limits, sampling)
+        settings = {"model": self.tokenizer.name_or_path, "sampling": dataclasses.asdict(sampling)}
+        settings["limits"] = dataclasses.asdict(limits)
         contexts = [request.args[0] for request in requests]
         samples = repeat_indices(requests)
         todo = []
         for position, request in enumerate(requests):
-            row = earlier.get((request_id(request), samples[position], contexts[position], kwargs))
+            key = (request_id(request), samples[position], contexts[position], kwargs, _canonical(settings))
+            row = earlier.get(key)
             if row is None:
                 todo.append(position)
                 continue
@@ -257,7 +260,7 @@ class ThreadWeaverLM(LM):
             if append is not None:
                 request, sample = requests[position], samples[position]
                 row = trajectory_row(trajectory, self.fmt, wall_s, limits, id=request_id(request), sample=sample)
-                context = {"context": contexts[position], "gen_kwargs": json.loads(kwargs)}
+                context = {"context": contexts[position], "gen_kwargs": json.loads(kwargs), "decoded_with": settings}
                 append({**row, **context, **_graded(request, text)})
             out[indices[position]] = measured.Response(text, _measured(trajectory))
             self.cache_hook.add_partial("generate_until", requests[position].args, text)
@@ -293,9 +296,9 @@ def _measured_row(row: dict) -> measured.Measured:
 
 
 def decoded_rows(path: str) -> dict[tuple, dict]:
-    """The trajectories an earlier run wrote to ``path``, by (id, sample, context, generation kwargs as JSON);
-    a line that is no such row (torn by a crash, or written without its kwargs) is passed over, and its request
-    decoded again."""
+    """The trajectories an earlier run wrote to ``path``, by (id, sample, context, generation kwargs and the
+    settings they were decoded with (model, sampling with its seed, limits), as JSON); a line that is no such
+    row (torn by a crash, or written without them) is passed over, and its request decoded again."""
     rows = {}
     if not os.path.isfile(path):
         return rows
@@ -303,7 +306,8 @@ def decoded_rows(path: str) -> dict[tuple, dict]:
         for line in f:
             try:
                 row = json.loads(line)
-                key = (row["id"], row["sample"], row["context"], _kwargs_key(row["gen_kwargs"]))
+                key = (row["id"], row["sample"], row["context"], _canonical(row["gen_kwargs"]))
+                key += (_canonical(row["decoded_with"]),)
                 _measured_row(row)  # every field a response needs is there
                 rows[key] = row
             except (ValueError, RecursionError, TypeError, KeyError):
@@ -311,9 +315,9 @@ def decoded_rows(path: str) -> dict[tuple, dict]:
     return rows
 
 
-def _kwargs_key(gen_kwargs: dict) -> str:
-    """Generation kwargs as the JSON that keys requests decoded alike."""
-    return json.dumps(gen_kwargs, sort_keys=True, default=str)
+def _canonical(value: dict) -> str:
+    """Generation kwargs, or the settings a trajectory was decoded with, as the JSON that keys them."""
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def request_id(request) -> str:
