@@ -229,6 +229,9 @@ def test_csv_errors_name_the_files_line(tmp_path):
     rows.write_text("Problem,Answer\n   \nfoo,1\nbar,\n")  # a line of spaces, which the reader skips
     with pytest.raises(ValueError, match=r"aime.csv: line 4 has an empty 'Answer'"):
         _load_aime24(tw_aime24_file=str(rows))
+    rows.write_text('Problem,Answer\nfoo,1\n""\nbar,2\n')  # a quoted empty field, which it reads as a row
+    with pytest.raises(ValueError, match=r"aime.csv: line 3 has an empty 'Problem'"):
+        _load_aime24(tw_aime24_file=str(rows))
 
 
 def test_a_csv_field_over_pythons_csv_limit_loads_and_a_bad_row_is_named_by_its_row(tmp_path):

@@ -91,14 +91,15 @@ def _csv_row(path: Path, index: int) -> str:
     """Where CSV row ``index`` (from 0, after the header) is: the line it starts on (quoted fields may span
     lines; lines of nothing but spaces are skipped, as the CSV reader of ``datasets`` skips them), or the row
     where the file cannot be read so (a field over Python's ``csv`` size limit)."""
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        lines = f.readlines()
     starts, end = [], 0
+    reader = csv.reader(lines)
     try:
-        with open(path, newline="", encoding="utf-8", errors="replace") as f:
-            reader = csv.reader(f)
-            for record in reader:
-                if record and not (len(record) == 1 and not record[0].strip()):
-                    starts.append(end + 1)
-                end = reader.line_num
+        for record in reader:
+            start, end = end + 1, reader.line_num
+            if record and not (start == end and not lines[start - 1].strip()):  # a quoted "" line is a row
+                starts.append(start)
     except csv.Error:
         return f"row {index}"
     return f"line {starts[index + 1]}" if index + 1 < len(starts) else f"row {index}"
