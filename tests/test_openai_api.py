@@ -15,6 +15,7 @@ from orchestrator_scripts import GOOD, NESTED, PROMPT
 
 from threadweaver.engine import EngineError, RequestRefused
 from threadweaver.orchestrator import Limits, Orchestrator
+from threadweaver.rows import chat_prompt_ids
 from threadweaver.testing import ScriptedEngine
 from threadweaver.vllm_orchestrator.openai_api import (
     MESSAGE_LIMIT,
@@ -169,7 +170,8 @@ def test_a_stream_sends_usage_only_when_asked_as_vllm_does(fmt):
     [
         ({"stream_options": {"include_usage": True}}, "'stream_options' can only be given with stream: true"),
         ({"stream": True, "stream_options": [True]}, "'stream_options' must be an object, not [True]"),
-        ({"stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage' must be true or false"),
+        ({"stream": True, "stream_options": {"include_usage": "maybe"}}, "include_usage' must be true or false"),
+        ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "continuous_usage_stats' is not"),
     ],
 )
 def test_stream_options_are_checked_as_vllm_checks_them(fmt, body, message):
@@ -393,21 +395,51 @@ def test_the_most_trajectories_at_once_travel_to_the_server_process_too():
             ServerSettings.from_env({"THREADWEAVER_MAX_TRAJECTORIES": most})
 
 
-class WithBOS(Rendering):
-    """A tokenizer that adds a BOS (id 0) when asked, as Llama's does."""
+@pytest.fixture(scope="module")
+def with_bos():
+    """The embedded model's tokenizer, adding a BOS (its pad token, id 0) as Llama's tokenizer does."""
+    from tokenizers import processors
+    from transformers import AutoTokenizer
 
-    def encode(self, text, add_special_tokens=False):
-        return [0] * add_special_tokens + self.fmt.encode(text)
+    from threadweaver.quickstart.recipe import embedded_models
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_models()["parallel"])
+    bos = (tokenizer.pad_token, tokenizer.pad_token_id)
+    tokenizer._tokenizer.post_processor = processors.TemplateProcessing(single=f"{bos[0]} $A", special_tokens=[bos])
+    return tokenizer
 
 
 @pytest.mark.parametrize(
     "route, asked, bos",
-    [("completion", None, True), ("completion", False, False), ("chat", None, False), ("chat", True, True)],
+    [("completion", None, True), ("completion", False, False), ("chat", None, False), ("chat", "true", True)],
 )
-def test_add_special_tokens_is_honoured_with_vllms_defaults(fmt, route, asked, bos):
-    body = {"messages": [{"role": "user", "content": PROMPT}], "prompt": PROMPT, "threadweaver": True}
-    request = parse_request({**body, "add_special_tokens": asked}, route, WithBOS(fmt), ServerSettings())
-    assert request.prompt_ids == [0] * bos + fmt.encode(PROMPT)
+def test_add_special_tokens_is_honoured_with_vllms_defaults(with_bos, route, asked, bos):
+    body = {"messages": [{"role": "user", "content": "1+2"}], "prompt": "1+2", "threadweaver": True}
+    if asked is not None:
+        body["add_special_tokens"] = asked
+    plain = chat_prompt_ids(with_bos, body["messages"]) if route == "chat" else with_bos.encode("1+2")[1:]
+    request = parse_request(body, route, with_bos, ServerSettings())
+    assert request.prompt_ids == [with_bos.pad_token_id] * bos + plain
+
+
+@pytest.mark.parametrize(
+    "field, value, taken",
+    [
+        ("logprobs", "false", True),  # chat: vLLM's schema reads these as false
+        ("logprobs", 0.0, True),
+        ("logprobs", "yes", False),  # ... and this as true, which fork-join does not honour
+        ("add_special_tokens", 1, True),
+        ("add_special_tokens", None, False),  # a plain bool in vLLM's schema
+        ("add_special_tokens", "maybe", False),
+    ],
+)
+def test_switches_are_read_as_vllms_schemas_read_them(fmt, field, value, taken):
+    body = {"messages": [{"role": "user", "content": PROMPT}], "threadweaver": True, field: value}
+    if taken:
+        assert parse_request(body, "chat", Rendering(fmt), ServerSettings()).prompt_ids
+    else:
+        with pytest.raises(APIError, match=f"'{field}'"):
+            parse_request(body, "chat", Rendering(fmt), ServerSettings())
 
 
 def test_logprobs_0_asks_for_the_sampled_tokens_on_completions_and_nothing_on_chat_as_in_vllm(fmt):

@@ -116,9 +116,9 @@ UNSUPPORTED = {
 nothing: any other value is a 400, not a reply that silently lacks what was asked for. Every field of
 vLLM's two request schemas is :data:`HONOURED`, :data:`HARMLESS` or here (a test holds vLLM to it); a field
 vLLM does not know is ignored, as vLLM ignores it."""
-CHAT_UNSUPPORTED = {**UNSUPPORTED, "logprobs": (None, False, 0)}
-"""On the chat route ``logprobs`` is a switch, and vLLM's schema reads 0 as false (a completion's 0 asks for
-the sampled token's log-prob)."""
+SWITCH_WORDS = {"0": False, "off": False, "f": False, "false": False, "n": False, "no": False}
+SWITCH_WORDS |= {"1": True, "on": True, "t": True, "true": True, "y": True, "yes": True}
+"""The strings vLLM's schemas (pydantic's lax booleans) read as a switch, in any case."""
 MESSAGE_LIMIT = 1000
 """The most characters of an error message: vLLM's ``sanitize_message`` takes time superlinear in its length
 (16 KB of echoed input took 20 s on the event loop)."""
@@ -338,8 +338,10 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
     """A fork-join request's prompt ids, limits and sampling; anything we cannot honour is a 400."""
     if body.get("n") not in (None, 1):
         raise APIError("fork-join decodes one trajectory a request: n must be 1")
-    _refuse_unsupported(body, CHAT_UNSUPPORTED if route == "chat" else UNSUPPORTED)
-    special = _field(body, "add_special_tokens", ADD_SPECIAL_TOKENS[route], bool)
+    if route == "chat" and body.get("logprobs") is not None:  # a switch on chat (a count on completions)
+        body = {**body, "logprobs": _switch("'logprobs'", body["logprobs"])}
+    _refuse_unsupported(body)
+    special = _switch("'add_special_tokens'", body.get("add_special_tokens", ADD_SPECIAL_TOKENS[route]))
     if route == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -388,12 +390,28 @@ def _usage_chunk(body: dict) -> bool:
         raise APIError(f"'stream_options' must be an object, not {shown(options)}", param="stream_options")
     if options and not body.get("stream"):
         raise APIError("'stream_options' can only be given with stream: true", param="stream_options")
-    return bool(_typed("'stream_options.include_usage'", options.get("include_usage"), bool | None))
+    if _switch("'stream_options.continuous_usage_stats'", options.get("continuous_usage_stats") or False):
+        raise APIError(
+            "fork-join streams send usage once, at the end: 'stream_options.continuous_usage_stats' is not supported",
+            param="stream_options",
+        )
+    return _switch("'stream_options.include_usage'", options.get("include_usage") or False)
 
 
-def _refuse_unsupported(body: dict, unsupported: dict) -> None:
-    """A 400 naming each field of ``unsupported`` (the route's :data:`UNSUPPORTED`) set to more than its default."""
-    asked = [name for name, defaults in unsupported.items() if name in body and _asks(body[name], defaults)]
+def _switch(name: str, value) -> bool:
+    """A boolean field as vLLM's schemas read it: a bool, 0 or 1, or one of :data:`SWITCH_WORDS`; else a 400."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in SWITCH_WORDS:
+        return SWITCH_WORDS[value.lower()]
+    raise APIError(f"{name} must be true or false, not {shown(value)}")
+
+
+def _refuse_unsupported(body: dict) -> None:
+    """A 400 naming each :data:`UNSUPPORTED` field set to more than its default."""
+    asked = [name for name, defaults in UNSUPPORTED.items() if name in body and _asks(body[name], defaults)]
     if asked:
         names = ", ".join(f"'{name}'" for name in asked)
         raise APIError(
