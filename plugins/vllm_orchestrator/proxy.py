@@ -108,15 +108,18 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             return web.json_response(error.body(), status=error.status)
 
     async def check_served(model) -> None:
-        """A ``model`` the vLLM backend does not serve is the 404 vLLM (and the plugin) answer; the names are read
-        at the first fork-join request, so a backend that is not up yet still lets the proxy start."""
-        if "served" not in state:
+        """A ``model`` the vLLM backend does not serve is the 404 vLLM (and the plugin) answer. The names are read
+        at the first fork-join request (a backend not up yet still lets the proxy start), and again for a name
+        they lack (an adapter loaded since)."""
+        served = state.get("served")
+        if model and (served is None or model not in [*served[0], *served[1]]) and state.get("listed", True):
             try:
-                state["served"] = await served_models(state["engine"])
+                served = state["served"] = await served_models(state["engine"])
             except EngineError:
                 return  # the backend is unreachable: the trajectory's first request says so
-        if state["served"] is not None:
-            check_model(model, *state["served"])
+            state["listed"] = served is not None  # SGLang lists none: nothing to check, or to ask again
+        if served is not None:
+            check_model(model, *served)
 
     async def openai_route(request: web.Request) -> web.StreamResponse:
         raw = await request.read()

@@ -46,7 +46,7 @@ class VLLMServerEngine(SessionKeyed):
 
     async def served_models(self) -> tuple[list[str], list[str]]:
         """The names the server answers to: its models', then its LoRA adapters' (a card with a ``parent``)."""
-        cards = (await self.client.get("/v1/models")).get("data", [])
+        cards = [c for c in (await self.client.get("/v1/models")).get("data", []) if isinstance(c, dict) and "id" in c]
         return [c["id"] for c in cards if not c.get("parent")], [c["id"] for c in cards if c.get("parent")]
 
     async def _model_card(self) -> dict:
