@@ -3,10 +3,11 @@ fork-join rollouts do not apply, a collator ``max_length`` that is not a count, 
 rows, whose prompt TRL would look for in a ``prompt`` column that is not there."""
 
 import re
+import warnings
 
 import pytest
 import torch
-from datasets import IterableDataset
+from datasets import Dataset, IterableDataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from threadweaver.cli_args import SettingError
@@ -57,10 +58,10 @@ def _streamed(rows: list[dict]) -> IterableDataset:
     return dataset
 
 
-def _trainer(tmp_path, dataset) -> PGRPOTrainer:
+def _trainer(tmp_path, dataset, dtype=torch.float32) -> PGRPOTrainer:
     path = str(embedded_models()["parallel"])
     return PGRPOTrainer(
-        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        AutoModelForCausalLM.from_pretrained(path, dtype=dtype),
         args=config(tmp_path, max_steps=1),
         train_dataset=dataset,
         processing_class=AutoTokenizer.from_pretrained(path),
@@ -116,3 +117,14 @@ def test_the_rewards_refuse_a_gold_answer_no_response_should_match():
     assert correctness(["so \\boxed{3}"], answer=[3]) == [1.0]
     with pytest.raises(ValueError, match="^the correctness reward: the 'answer' of the batch's row 1 is null, not a"):
         correctness(["\\boxed{3}", "\\boxed{None}"], answer=["3", None])
+
+
+def test_a_policy_in_bf16_is_warned_of(tmp_path):
+    """AdamW's steps of about the learning rate round away on bf16 weights (integration_tests/test_pgrpo_precision.py
+    measures it): the trainer says so, with the fix."""
+    rows = Dataset.from_list([{"prompt": "A=1+2\nA=?", "answer": "3"}])
+    with pytest.warns(UserWarning, match=r"trained weights are torch.bfloat16, .* \(1e-06\) round away"):
+        _trainer(tmp_path, rows, torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*round away")
+        _trainer(tmp_path, rows)
