@@ -232,17 +232,17 @@ class ThreadWeaverLM(LM):
         orchestrator = Orchestrator(self.engine, self.fmt, limits, sampling)
         settings = {"model": self.tokenizer.name_or_path, "sampling": dataclasses.asdict(sampling)}
         settings["limits"] = dataclasses.asdict(limits)
+        decoded_with = _canonical(settings)
         contexts = [request.args[0] for request in requests]
         samples = repeat_indices(requests)
         todo = []
         for position, request in enumerate(requests):
-            key = (request_id(request), samples[position], contexts[position], kwargs, _canonical(settings))
-            row = earlier.get(key)
-            if row is None:
+            found = earlier.get((request_id(request), samples[position], contexts[position], kwargs, decoded_with))
+            if found is None:
                 todo.append(position)
                 continue
-            text = cut_at(generated_text(row["token_ids"], self.fmt), until)
-            out[indices[position]] = measured.Response(text, _measured_row(row))
+            token_ids, counts = found
+            out[indices[position]] = measured.Response(cut_at(generated_text(token_ids, self.fmt), until), counts)
             bar.update(1)
         if len(todo) < len(requests):
             log.info("threadweaver: %d trajectories taken from %s", len(requests) - len(todo), self.args.trajectories)
@@ -295,10 +295,11 @@ def _measured_row(row: dict) -> measured.Measured:
     return measured.Measured(LatencyStats.from_dict(row["stats"]), not kinds, kinds, row["finish_reason"])
 
 
-def decoded_rows(path: str) -> dict[tuple, dict]:
-    """The trajectories an earlier run wrote to ``path``, by (id, sample, context, generation kwargs and the
-    settings they were decoded with (model, sampling with its seed, limits), as JSON); a line that is no such
-    row (torn by a crash, or written without them) is passed over, and its request decoded again."""
+def decoded_rows(path: str) -> dict[tuple, tuple[list[int], measured.Measured]]:
+    """The token ids and counts of the trajectories an earlier run wrote to ``path``, by (id, sample, context,
+    generation kwargs and the settings they were decoded with (model, sampling with its seed, limits), as JSON);
+    a line that is no such row (torn by a crash, or written without them) is passed over, and its request
+    decoded again."""
     rows = {}
     if not os.path.isfile(path):
         return rows
@@ -307,9 +308,7 @@ def decoded_rows(path: str) -> dict[tuple, dict]:
             try:
                 row = json.loads(line)
                 key = (row["id"], row["sample"], row["context"], _canonical(row["gen_kwargs"]))
-                key += (_canonical(row["decoded_with"]),)
-                _measured_row(row)  # every field a response needs is there
-                rows[key] = row
+                rows[(*key, _canonical(row["decoded_with"]))] = (row["token_ids"], _measured_row(row))
             except (ValueError, RecursionError, TypeError, KeyError):
                 continue
     return rows

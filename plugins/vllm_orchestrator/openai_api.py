@@ -367,10 +367,10 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
         limits = _limits(limits, {"max_tokens": budget}, f"'{name}'")
     try:  # checked before a stream starts: vLLM would refuse a bad one only after a stream's 200
         sampling = Sampling(
-            temperature=_field(body, "temperature", Sampling.temperature),
-            top_p=_field(body, "top_p", Sampling.top_p),
-            top_k=_field(body, "top_k", Sampling.top_k, int),
-            seed=_field(body, "seed", None, int),
+            temperature=_number(body, "temperature", Sampling.temperature),
+            top_p=_number(body, "top_p", Sampling.top_p),
+            top_k=_number(body, "top_k", Sampling.top_k, int),
+            seed=_number(body, "seed", None, int),
         )
     except SettingError as err:
         raise APIError(f"'{err.names[0]}' {err.reason}") from None
@@ -443,7 +443,7 @@ def _prompt_ids(prompt, tokenizer, add_special_tokens: bool) -> list[int]:
     return list(prompt)
 
 
-def _field(body: dict, name: str, default, hint: type = float):
+def _number(body: dict, name: str, default, hint: type = float):
     """``body[name]`` as ``hint`` (``default`` where it is missing or null), or a 400 naming it."""
     value = body.get(name)
     return default if value is None else _typed(f"'{name}'", value, hint)

@@ -112,12 +112,11 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         at the first fork-join request (a backend not up yet still lets the proxy start), and again for a name
         they lack (an adapter loaded since)."""
         served = state.get("served")
-        if model and (served is None or model not in [*served[0], *served[1]]) and state.get("listed", True):
+        if model and (served is None or model not in [*served[0], *served[1]]):  # SGLang's None costs no request
             try:
                 served = state["served"] = await served_models(state["engine"])
             except EngineError:
                 return  # the backend is unreachable: the trajectory's first request says so
-            state["listed"] = served is not None  # SGLang lists none: nothing to check, or to ask again
         if served is not None:
             check_model(model, *served)
 

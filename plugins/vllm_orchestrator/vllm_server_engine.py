@@ -45,15 +45,20 @@ class VLLMServerEngine(SessionKeyed):
         return (await self._model_card()).get("max_model_len")
 
     async def served_models(self) -> tuple[list[str], list[str]]:
-        """The names the server answers to: its models', then its LoRA adapters' (a card with a ``parent``)."""
+        """The names the server answers to: its models', then its LoRA adapters'."""
+        models, adapters = await self._cards()
+        return [c["id"] for c in models], [c["id"] for c in adapters]
+
+    async def _cards(self) -> tuple[list[dict], list[dict]]:
+        """The server's model cards (those with an id): its models', then its LoRA adapters' (with a ``parent``)."""
         cards = [c for c in (await self.client.get("/v1/models")).get("data", []) if isinstance(c, dict) and "id" in c]
-        return [c["id"] for c in cards if not c.get("parent")], [c["id"] for c in cards if c.get("parent")]
+        return [c for c in cards if not c.get("parent")], [c for c in cards if c.get("parent")]
 
     async def _model_card(self) -> dict:
         if not self._served:
-            cards = (await self.client.get("/v1/models")).get("data", [])
+            models, adapters = await self._cards()
+            cards = [*models, *adapters]
             served = [card["id"] for card in cards]
-            models = [card for card in cards if not card.get("parent")]  # its LoRA adapters aside
             if self.model is None and len({card.get("root") or card["id"] for card in models}) != 1:  # aliases: one
                 raise EngineError(
                     f"the vLLM server at {self.client.base_url} serves {served}; name one (model=, --served-model)"
