@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from lm_eval_cli import lm_eval_run
+from lm_eval_cli import LM_EVAL, lm_eval_run
 from trained_model import run_cli
 from vllm_server import SMALL
 from wheel_venv import wheel_venv
@@ -62,7 +62,7 @@ def test_readme_lists_exactly_the_model_args_an_unknown_key_error_names():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     bullet = readme.split("- **Model arguments**", 1)[1].split("An unknown key", 1)[0]
     named = set(re.findall(r"`([a-z_]+)`", bullet)) - {"vllm", "sglang", "transformers", "wall_s"}
-    with pytest.raises(TypeError) as unknown:
+    with pytest.raises(ValueError) as unknown:
         split_model_args({"no_such_key": 1})
     known = set(unknown.value.args[0].split("known: ", 1)[1].split(" (", 1)[0].split(", ")) | {"pretrained"}
     assert named == known
@@ -179,6 +179,29 @@ def test_without_the_hook_the_cli_runs_through_the_packages_own_entry(qwen_kit, 
         tmp_path / "out", *args, env=env, cli=(sys.executable, "-m", "threadweaver.lmeval_tasks", "lm_eval")
     )
     assert results["samples"]["tw_math500"][0]["doc"]["gold"] == GOLD["tw_math500"][0]
+
+
+def test_the_cli_says_a_threadweaver_error_in_one_line_and_a_script_keeps_its_traceback(qwen_kit, tmp_path):
+    """lm-eval's CLI prints what a model or a task's loader raises as a traceback. threadweaver's errors (a bad
+    model arg, a data folder without the task's file) are one line there; a script that calls lm-eval keeps
+    Python's traceback."""
+    model_args = f"engine=transformers,model={qwen_kit}"
+    cases = [  # --model_args, THREADWEAVER_DATA_DIR, the error
+        (f"{model_args},branching=maybe", DATA, "model_args branching must be true or false (or 1 or 0), not 'maybe'"),
+        (model_args, tmp_path, f"{tmp_path} has no tw_math500.jsonl/.json/.parquet/.csv"),
+    ]
+    for args, data, error in cases:
+        command = [LM_EVAL, "run", "--model", "threadweaver", "--model_args", args, "--tasks", "tw_math500"]
+        env = {**os.environ, "THREADWEAVER_DATA_DIR": str(data)}
+        done = subprocess.run([*command, "--limit", "1"], capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 1 and done.stderr.splitlines()[-1] == f"threadweaver: {error}", done.stderr[-3000:]
+        assert "Traceback" not in done.stderr
+    script = "import lm_eval, sys; lm_eval.simple_evaluate('threadweaver', sys.argv[1], tasks=sys.argv[2:])"
+    command = [sys.executable, "-c", script, cases[0][0], "tw_math500"]
+    env = {**os.environ, "THREADWEAVER_DATA_DIR": str(DATA)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 1 and "Traceback" in done.stderr
+    assert done.stderr.splitlines()[-1] == f"ValueError: {cases[0][2]}"
 
 
 def test_a_rerun_with_resume_decodes_only_what_the_trajectories_file_lacks(qwen_kit, tmp_path):

@@ -50,9 +50,10 @@ def lm_eval(arguments: list[str]) -> int:
     """lm-eval's own CLI with the hook's work done in this process (``THREADWEAVER_LMEVAL_AUTOLOAD=0`` or not)."""
     from lm_eval.__main__ import cli_evaluate
 
-    from threadweaver.lmeval_tasks import autoload
+    from threadweaver.lmeval_tasks import autoload, cli_errors
 
     autoload.install()
+    cli_errors.install()
     sys.argv = ["lm_eval", *arguments]
     cli_evaluate()
     return 0

@@ -34,6 +34,7 @@ from types import ModuleType
 
 from threadweaver.hosts import check_host
 
+from . import cli_errors
 from .pth import PTH_NAME
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
@@ -94,9 +95,12 @@ HOOKS: dict[str, Callable[[ModuleType], None]] = {
 
 
 def run_hook(module: ModuleType) -> None:
-    """Run the hook for a freshly imported lm-eval module; a failure warns, never breaks lm-eval."""
+    """Run the hook for a freshly imported lm-eval module; a failure warns, never breaks lm-eval. In lm-eval's
+    CLI, threadweaver's errors are then said in one line (:mod:`.cli_errors`)."""
     try:
         HOOKS[module.__name__](module)
+        if cli_errors.in_lm_eval_cli():
+            cli_errors.install()
     except Exception as err:
         warnings.warn(
             f"threadweaver could not hook into {module.__name__} ({type(err).__name__}: {err}); "

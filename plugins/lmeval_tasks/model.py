@@ -107,7 +107,7 @@ def split_model_args(kwargs: dict) -> tuple[ModelArgs, EngineArgs, Limits]:
     groups[Limits].remove("max_tokens")  # the task's max_gen_toks
     unknown = set(kwargs) - set().union(*groups.values())
     if unknown:
-        raise TypeError(
+        raise ValueError(
             f"unknown threadweaver model_args {', '.join(sorted(unknown))}; known: "
             f"{', '.join(sorted(set().union(*groups.values())))} (max tokens come from the task's "
             f"max_gen_toks, override with --gen_kwargs max_gen_toks=N)"
@@ -168,7 +168,11 @@ class ThreadWeaverLM(LM):
         self.args, self.engine_args, self.limits = split_model_args(kwargs)
         self._request_cap_given = "max_request_tokens" in kwargs
         self.engine = make_engine(self.engine_args, self.args.model)
-        self.tokenizer = run_sync(self._load_tokenizer())
+        try:
+            self.tokenizer = run_sync(self._load_tokenizer())
+        except BaseException:  # the server cannot be reached, say: its connections close now, not at exit
+            run_sync(self.engine.aclose())
+            raise
         self.reader = RowReader(self.tokenizer)
         self.fmt = self.reader.fmt
         self._chat_applied = False
