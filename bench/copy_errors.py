@@ -26,7 +26,8 @@ def slips(model_dir: str, rows: list[dict], form: str, show: int = 0) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from threadweaver.hf_collator.attention import use_tree_attention
-    from threadweaver.hf_collator.collator import IGNORE_INDEX, TrieCollator
+    from threadweaver.hf_collator.collator import TrieCollator
+    from threadweaver.trie import IGNORE_INDEX
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()

@@ -78,7 +78,7 @@ def losses(model, collator, rows: list[dict], tag_ids: set[int]) -> dict:
     """Held-out loss on the trained tag tokens and on the others, and the share of tags predicted."""
     import torch
 
-    from threadweaver.hf_collator.collator import IGNORE_INDEX
+    from threadweaver.trie import IGNORE_INDEX
 
     sums = {"tag": 0.0, "other": 0.0, "tags": 0, "others": 0, "hit": 0}
     model.eval()

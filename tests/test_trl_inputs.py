@@ -119,6 +119,15 @@ def test_the_rewards_refuse_a_gold_answer_no_response_should_match():
         correctness(["\\boxed{3}", "\\boxed{None}"], answer=["3", None])
 
 
+def test_the_logged_correct_rate_grades_only_answers():
+    """With rewards of the user's own, the trainer still logs correct_rate from an 'answer' column: a null
+    there is no answer (as text, 'None', which \\boxed{None} matched), and no rate is logged."""
+    from threadweaver.trl_pgrpo.trainer import _graded
+
+    assert _graded("so \\boxed{3}", 3, 5.0) is True and _graded("\\boxed{4}", "3", 5.0) is False
+    assert _graded("\\boxed{None}", None, 5.0) is None and _graded("\\boxed{nan}", float("nan"), 5.0) is None
+
+
 def test_a_policy_in_bf16_is_warned_of(tmp_path):
     """AdamW's steps of about the learning rate round away on bf16 weights (integration_tests/test_pgrpo_precision.py
     measures it): the trainer says so, with the fix."""

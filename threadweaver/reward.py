@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import math
 import multiprocessing
 import numbers
@@ -103,6 +104,13 @@ def reward(
     return RewardParts(1.0, acceleration(total_tokens, critical_path_tokens, config), result)
 
 
+@functools.lru_cache(maxsize=1024)
+def is_correct(response: str, gold: str, timeout_s: float = RewardConfig.timeout_s) -> bool:
+    """``grade(...).correct``, remembered: a rollout's rewards and metrics, or a response's score and its
+    trajectory row, grade the same response more than once."""
+    return grade(response, gold, timeout_s).correct
+
+
 def answer_text(value) -> str:
     """A row's gold answer as the text the correctness reward grades against: a string, or a finite number as
     its text. Anything else (null, a boolean, a list, NaN, an empty string) is a ValueError saying what it is:
@@ -137,7 +145,7 @@ def _normalise(answer: str) -> str:
     return re.sub(r"\s+", "", answer).strip("$.")
 
 
-def grade(response: str, gold: str, timeout_s: float = 5.0) -> Grade:
+def grade(response: str, gold: str, timeout_s: float = RewardConfig.timeout_s) -> Grade:
     """Is the last boxed answer in ``response`` equal to ``gold``? Safe from any thread."""
     answer = last_boxed(response)
     if answer is None:
@@ -152,7 +160,7 @@ def grade(response: str, gold: str, timeout_s: float = 5.0) -> Grade:
     return _pool.run(answer, gold, timeout_s)
 
 
-async def agrade(response: str, gold: str, timeout_s: float = 5.0) -> Grade:
+async def agrade(response: str, gold: str, timeout_s: float = RewardConfig.timeout_s) -> Grade:
     """``grade`` for asyncio code: runs off the event loop."""
     return await asyncio.get_running_loop().run_in_executor(None, grade, response, gold, timeout_s)
 

@@ -27,6 +27,9 @@ from threadweaver.format import Format
 from threadweaver.layout import ThreadPath, spans
 from threadweaver.tree import Node
 
+IGNORE_INDEX = -100
+"""The label of a token no loss is taken on: PyTorch's cross-entropy default, and what Hugging Face trainers use."""
+
 
 class TokenTrie:
     """A forest of token paths; a token is trained if any path that reaches it trains it."""
@@ -166,7 +169,7 @@ class FlatTrie:
     def attends(self, query: int, key: int) -> bool:
         return key <= query < self.subtree_end[key]
 
-    def labels(self, ignore_index: int = -100) -> list[int]:
+    def labels(self, ignore_index: int = IGNORE_INDEX) -> list[int]:
         """Causal-LM labels (the trainer shifts them): a trained token where its parent
         is the previous position, ``ignore_index`` elsewhere.
 
@@ -181,7 +184,7 @@ class FlatTrie:
             )
         return ([ignore_index] + self.targets(ignore_index))[: len(self.input_ids)]
 
-    def targets(self, ignore_index: int = -100) -> list[int]:
+    def targets(self, ignore_index: int = IGNORE_INDEX) -> list[int]:
         """Per position, the trained token predicted from it (its trained child).
 
         These are labels already shifted for a trie: feed them where a causal-LM loss

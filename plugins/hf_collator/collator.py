@@ -31,9 +31,7 @@ import torch
 from threadweaver.cli_args import check_counts, option
 from threadweaver.rows import RowReader
 from threadweaver.tree import DEFAULT_MAX_DEPTH, TrajectoryFormatError, parse
-from threadweaver.trie import trajectory_trie
-
-IGNORE_INDEX = -100
+from threadweaver.trie import IGNORE_INDEX, trajectory_trie
 
 logger = logging.getLogger(__name__)
 

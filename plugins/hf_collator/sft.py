@@ -19,10 +19,11 @@ from tqdm import tqdm
 from threadweaver.cli_args import add_arguments
 from threadweaver.format import missing_tags
 from threadweaver.hf_collator.attention import flash_attention_4_missing, use_tree_attention
-from threadweaver.hf_collator.collator import IGNORE_INDEX, RowFormatError, TrieCollator
+from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
 from threadweaver.hf_collator.malloc import keep_freed_memory
 from threadweaver.jsonl import RowError, read_jsonl
 from threadweaver.rows import FIELDS
+from threadweaver.trie import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
 

@@ -25,13 +25,13 @@ from threadweaver.cli_args import check_counts, option
 from threadweaver.hosts import check_host
 from threadweaver.jsonl import appending
 from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, generated_text, trajectory_text
+from threadweaver.reward import is_correct
 from threadweaver.rows import RowReader, plain_ids
 from threadweaver.stats import LatencyStats
 from threadweaver.vllm_orchestrator.engines import EngineArgs, make_engine, tokenizer_source
 
 from . import measured
 from .data import GOLD_COLUMN
-from .scoring import is_correct
 
 check_host("lm_eval")
 

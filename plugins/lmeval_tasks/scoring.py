@@ -19,7 +19,7 @@ import math
 import warnings
 
 from threadweaver.orchestrator import DEGRADATION_KINDS
-from threadweaver.reward import grade
+from threadweaver.reward import is_correct
 
 from . import measured
 from .data import GOLD_COLUMN
@@ -61,11 +61,6 @@ def response_metrics(response: str, gold: str) -> dict[str, float]:
         "cut_short": math.nan if finish_reason is None else float(finish_reason != "stop"),
         **{f"degraded_{kind}": math.nan if kinds is None else float(kind in kinds) for kind in DEGRADATION_KINDS},
     }
-
-
-def is_correct(response: str, gold: str) -> bool:
-    """``acc`` of one response: also what the model records in its trajectories file."""
-    return grade(response, gold).correct
 
 
 def process_results(doc: dict, results: list) -> dict[str, float]:

@@ -9,10 +9,9 @@ and the trainer's ``correct_rate`` do not grade an answer again.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
-from threadweaver.reward import RewardConfig, acceleration, answer_text, grade
+from threadweaver.reward import RewardConfig, acceleration, answer_text, is_correct
 
 GOLD_COLUMN = "answer"
 _NOT_COLUMNS = (
@@ -32,11 +31,6 @@ def completion_text(completion) -> str:
     if isinstance(completion, str):
         return completion
     return completion[-1]["content"]
-
-
-@functools.lru_cache(maxsize=16384)
-def is_correct(text: str, gold: str, timeout_s: float = 5.0) -> bool:
-    return grade(text, gold, timeout_s=timeout_s).correct
 
 
 def reads_gold(reward_func) -> bool:

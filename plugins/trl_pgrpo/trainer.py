@@ -36,10 +36,11 @@ from threadweaver.batch import decode_many, run_sync
 from threadweaver.hf_collator import use_tree_attention
 from threadweaver.orchestrator import Engine, Orchestrator, Sampling, Trajectory, trajectory_text
 from threadweaver.pgrpo import TrieRow, rollout_metrics, sampling_logprobs, trie_row
+from threadweaver.reward import answer_text, is_correct
 from threadweaver.rows import RowReader, prompt_messages
 from threadweaver.trl_pgrpo.config import PGRPOConfig
 from threadweaver.trl_pgrpo.idle_steps import SkipIdleSteps
-from threadweaver.trl_pgrpo.rewards import GOLD_COLUMN, is_correct, pgrpo_rewards, reads_gold
+from threadweaver.trl_pgrpo.rewards import GOLD_COLUMN, pgrpo_rewards, reads_gold
 from threadweaver.trl_pgrpo.scoring import parent_logps
 from threadweaver.trl_pgrpo.trl_internals import replace_step_metric, with_completions
 from threadweaver.trl_pgrpo.vllm_sync import use_vllm_reload
@@ -190,12 +191,9 @@ class PGRPOTrainer(GRPOTrainer):
         correct = None
         if all(GOLD_COLUMN in row for row in inputs):
             timeout = self.args.reward_config().timeout_s
-            correct = gather_object(
-                [
-                    is_correct(trajectory_text(t, self.fmt), str(row[GOLD_COLUMN]), timeout)
-                    for t, row in zip(self._trajectories, inputs)
-                ]
-            )
+            texts = [trajectory_text(t, self.fmt) for t in self._trajectories]
+            graded = gather_object([_graded(text, row[GOLD_COLUMN], timeout) for text, row in zip(texts, inputs)])
+            correct = None if None in graded else graded
         for name, value in rollout_metrics(self._gathered, correct).items():
             self._metrics[mode][f"threadweaver/{name}"].append(value)
         return out
@@ -364,3 +362,12 @@ def _row_layout(tree: dict[str, torch.Tensor], rows: slice, attention_mask: torc
     )
     end[:, completion] = torch.where(in_completion[:, completion], offset + tree_part["tree_end"], end[:, completion])
     return parent, position, end
+
+
+def _graded(text: str, gold, timeout_s: float) -> bool | None:
+    """Whether ``text`` answers ``gold``; None where ``gold`` is no answer (:func:`answer_text`: null, NaN; the
+    rewards are then the user's own, and no correct_rate is logged: as text, \\boxed{None} would match it)."""
+    try:
+        return is_correct(text, answer_text(gold), timeout_s)
+    except ValueError:
+        return None

@@ -9,9 +9,9 @@ get correctness on ``solution_str`` and no acceleration. The parts come back bes
 score, so verl logs each of them.
 
 Set the reward's knobs with ``reward.custom_reward_function.reward_kwargs.<name>=...``:
-``factor`` (0.5), ``clip`` (0.2), ``form`` (``reduction``), ``timeout_s`` (5). Our configs
-declare all four; over a config that does not (verl's own ``ppo_trainer``), add them with
-``+reward.custom_reward_function.reward_kwargs.<name>=...``.
+``factor``, ``clip``, ``form`` and ``timeout_s``, the fields of :class:`~threadweaver.reward.RewardConfig`
+(its defaults where unset). Our configs declare all four; over a config that does not (verl's own
+``ppo_trainer``), add them with ``+reward.custom_reward_function.reward_kwargs.<name>=...``.
 """
 
 from __future__ import annotations
