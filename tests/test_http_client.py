@@ -259,6 +259,48 @@ def test_a_server_that_answers_nothing_is_reported_once_and_its_return_too(monke
     assert said[1].startswith("the vLLM server at http://127.0.0.1:") and said[1].endswith(" answers again")
 
 
+def test_a_stream_whose_server_pauses_between_events_is_reported_once_and_its_return_too(monkeypatch, caplog):
+    """A stream waits for each event as for a whole reply: a server paused after the first event is said once,
+    and so is its return; the stream is read to the end."""
+    from threadweaver.vllm_orchestrator import http
+
+    monkeypatch.setattr(http, "QUIET_S", 0.3)
+    monkeypatch.setattr(http, "PROBE_S", 0.2)
+    paused = asyncio.Event()
+
+    async def answer(reader, writer):
+        path = (await reader.readuntil(b"\r\n\r\n")).split(b" ")[1]
+        if path == b"/health":
+            while paused.is_set():
+                await asyncio.sleep(0.05)
+            writer.write(json_reply(b"{}"))
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + b'data: {"n": 1}\n\n')
+            await writer.drain()
+            paused.set()
+            await asyncio.sleep(1.5)  # several probes unanswered
+            paused.clear()
+            writer.write(b'data: {"n": 2}\n\ndata: [DONE]\n\n')
+        await writer.drain()
+        writer.close()
+
+    async def scenario():
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        client = JSONClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", what="vLLM server")
+        try:
+            return [event async for event in client.events("/v1/completions", {})]
+        finally:
+            await client.aclose()
+            server.close()
+
+    with caplog.at_level("WARNING", logger=http.__name__):
+        assert asyncio.run(scenario()) == [{"n": 1}, {"n": 2}]
+    said = [r.getMessage() for r in caplog.records if r.name == http.__name__]  # not the stand-in's closed probes
+    assert len(said) == 2, said
+    assert "not answer GET /health within 0.2s, while the stream of POST /v1/completions has waited" in said[0]
+    assert said[1].endswith(" answers again")
+
+
 def test_a_long_decode_whose_server_answers_its_health_is_not_reported(monkeypatch, caplog):
     from threadweaver.vllm_orchestrator import http
 

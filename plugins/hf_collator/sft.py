@@ -27,6 +27,9 @@ from threadweaver.trie import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
 
+RUN_DEFAULTS = {"seed": 0, "save_strategy": "no", "report_to": "none"}
+"""What the training commands (``sft``, ``pgrpo``) set over TRL's defaults alike: a seeded run that saves
+only its final model, and logs to no tracker unless asked."""
 DEFAULTS = {
     "output_dir": os.path.join("runs", "sft"),
     "learning_rate": 1e-4,
@@ -34,9 +37,7 @@ DEFAULTS = {
     "per_device_train_batch_size": 8,
     "max_length": 8192,
     "logging_steps": 10,
-    "seed": 0,
-    "save_strategy": "no",
-    "report_to": "none",
+    **RUN_DEFAULTS,
 }
 SHARED_WITH_CONFIG = ("max_length", "pad_to_multiple_of", "padding_free")
 """Collator settings that ``SFTConfig`` declares already: the collator takes them from it.

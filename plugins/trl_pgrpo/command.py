@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from threadweaver.cli_args import SettingError, flag
+from threadweaver.hf_collator.sft import RUN_DEFAULTS
 from threadweaver.jsonl import RowError, read_jsonl, write_json
 from threadweaver.reward import answer_text
 from threadweaver.rows import RowReader, prompt_messages
@@ -20,9 +21,7 @@ DEFAULTS = {
     "max_steps": 100,
     "logging_steps": 1,
     "max_completion_length": 1024,
-    "seed": 0,
-    "save_strategy": "no",
-    "report_to": "none",
+    **RUN_DEFAULTS,
     "vllm_mode": "colocate",
 }
 

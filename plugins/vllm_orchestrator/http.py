@@ -136,7 +136,8 @@ class JSONClient:
         """The JSON events of a streamed POST (server-sent events up to ``[DONE]``).
 
         Retried as :meth:`post` is until the first event; a stream broken off after it is an
-        :class:`EngineError`, since what it gave has been used."""
+        :class:`EngineError`, since what it gave has been used. The wait for each event is watched as
+        a whole reply is (:meth:`_watched`)."""
         import aiohttp
 
         session = self._ready()
@@ -144,11 +145,13 @@ class JSONClient:
             for attempt in range(self.options.retries + 1):
                 started = False
                 try:
-                    async with session.post(self.base_url + path, json=payload, headers=headers) as response:
+                    opened = session.post(self.base_url + path, json=payload, headers=headers)
+                    async with await self._watched(opened, f"POST {path}") as response:
                         if response.status >= 400:
                             failure = self._refused(response.status, await response.text(), "POST", path, attempt)
                         else:
-                            async for line in response.content:
+                            next_line = response.content.readline
+                            while line := await self._watched(next_line(), f"the stream of POST {path}"):
                                 if line.startswith(b"data: "):
                                     if line[6:].strip() == b"[DONE]":
                                         return
