@@ -270,14 +270,14 @@ def pgrpo(out: Path, half: str, problems: str, args: argparse.Namespace) -> dict
     curve = [
         {
             "step": h["step"],
-            "parallel": h["threadweaver/parallel_usage"],
+            "parallel": h["threadweaver/parallel_activation"],
             "correct": h.get("threadweaver/correct_rate"),
             "critical_path_tokens": h["threadweaver/critical_path_tokens"],
             "reward": h.get("reward"),
             "optimizer_step_skipped": h.get(SKIPPED_METRIC),
         }
         for h in history
-        if "threadweaver/parallel_usage" in h
+        if "threadweaver/parallel_activation" in h
     ]
     return {"model": str(model), "command_seconds": seconds, "s_per_step": seconds / args.pgrpo_steps, "curve": curve}
 

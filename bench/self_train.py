@@ -56,7 +56,7 @@ def evaluate(model: str, problems: str, out: str) -> dict:
     return {
         "accuracy": report["pass_at_1"],
         "well_formed": report["well_formed_ratio"],
-        "parallel": report["parallel_ratio"],
+        "parallel": report["parallel_activation_ratio"],
         "speedup_correct_parallel": report["mean_speedup_kept"],
         "problems": report["rows"],
     }

@@ -14,8 +14,8 @@ from threadweaver.trl_pgrpo import PGRPOConfig, PGRPOTrainer
 GROUP = 4
 METRICS = (
     "threadweaver/correct_rate",
-    "threadweaver/acceleration_ratio",
-    "threadweaver/parallel_usage",
+    "threadweaver/speedup",
+    "threadweaver/parallel_activation",
     "threadweaver/critical_path_tokens",
     "threadweaver/total_tokens",
     "threadweaver/well_formed",

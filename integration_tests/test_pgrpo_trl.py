@@ -44,8 +44,8 @@ def test_a_run_trains_on_parallel_rollouts_and_logs_every_metric(trained):
     assert len(logs) == 3 and all(math.isfinite(entry["loss"]) for entry in logs)
     for name in METRICS:
         assert all(name in entry for entry in logs), name
-    assert all(entry["threadweaver/parallel_usage"] > 0 for entry in logs)
-    assert max(entry["threadweaver/acceleration_ratio"] for entry in logs) > 1.2
+    assert all(entry["threadweaver/parallel_activation"] > 0 for entry in logs)
+    assert max(entry["threadweaver/speedup"] for entry in logs) > 1.2
     changed = [name for name, p in trainer.model.named_parameters() if not torch.equal(before[name], p.detach())]
     assert len(changed) == len(before)
     trajectories = [t for _, batch, _ in steps for t in batch]
@@ -190,7 +190,7 @@ def test_the_sequential_baseline_rolls_out_plainly_and_earns_no_acceleration(tmp
     assert all(t.stats.blocks == 0 and len(t.requests) == 1 for t in trajectories)
     assert bool((out["tool_mask"] * out["completion_mask"]).sum(1).eq(out["completion_mask"].sum(1)).all())
     [log] = [entry for entry in trainer.state.log_history if "loss" in entry]
-    assert log["rewards/acceleration/mean"] == 0.0 and log["threadweaver/parallel_usage"] == 0.0
+    assert log["rewards/acceleration/mean"] == 0.0 and log["threadweaver/parallel_activation"] == 0.0
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ def test_training_runs_on_parallel_rollouts_and_logs_every_metric(run):
     assert len(logs) == 2 and all(math.isfinite(entry["loss"]) for entry in logs)
     for name in (*METRICS, "sampling/importance_sampling_ratio/mean"):
         assert all(name in entry for entry in logs), name
-    assert all(entry["threadweaver/parallel_usage"] > 0 for entry in logs)
+    assert all(entry["threadweaver/parallel_activation"] > 0 for entry in logs)
     assert any(blocks > 0 for step in run["steps"] for blocks in step["blocks"])
 
 

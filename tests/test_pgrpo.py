@@ -137,9 +137,9 @@ def test_rollout_metrics(fmt):
     degraded, _ = rollout(fmt, *CASES["a gap in the numbers"][:2])
     metrics = rollout_metrics([parallel, sequential, degraded], correct=[True, False, True])
     assert metrics["correct_rate"] == pytest.approx(2 / 3)
-    assert metrics["parallel_usage"] == pytest.approx(1 / 3)
+    assert metrics["parallel_activation"] == pytest.approx(1 / 3)
     assert metrics["well_formed"] == pytest.approx(2 / 3)
-    assert metrics["acceleration_ratio"] == pytest.approx((parallel.stats.speedup + 2) / 3)
+    assert metrics["speedup"] == pytest.approx((parallel.stats.speedup + 2) / 3)
     assert metrics["critical_path_tokens"] == pytest.approx(
         (parallel.stats.critical_path_tokens + sequential.stats.total_tokens + degraded.stats.total_tokens) / 3
     )

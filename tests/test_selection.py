@@ -98,7 +98,7 @@ def test_per_problem_keeps_the_best_speedups_and_the_report_accounts_for_every_r
     assert [v.reason for v in verdicts] == ["per_problem", None, "wrong", None, "sequential"]
     assert report["dropped"] == {"wrong": 1, "sequential": 1, "per_problem": 1}
     assert report["kept"] + sum(report["dropped"].values()) == report["rows"] == 5
-    assert report["pass_at_1"] == pytest.approx(4 / 5) and report["parallel_ratio"] == pytest.approx(4 / 5)
+    assert report["pass_at_1"] == pytest.approx(4 / 5) and report["parallel_activation_ratio"] == pytest.approx(4 / 5)
     kept, _, _ = select(str(path), RowReader(None, synth), FilterConfig(per_problem=2))
     assert kept == [rows[0], rows[1], rows[3]]
 

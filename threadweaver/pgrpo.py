@@ -115,8 +115,8 @@ def sampling_logprobs(row: TrieRow, calls: Sequence[EngineCall]) -> list[float |
 def rollout_metrics(trajectories: Sequence[Trajectory], correct: Sequence[bool] | None = None) -> dict[str, float]:
     """Means over a batch of rollouts: what the P-GRPO trainers log.
 
-    ``acceleration_ratio`` is total generated tokens over the critical path per trajectory
-    (1.0 for a sequential one); ``parallel_usage`` the share with at least one block;
+    ``speedup`` is total generated tokens over the critical path per trajectory
+    (1.0 for a sequential one); ``parallel_activation`` the share with at least one block;
     ``well_formed`` the share that decoded without degrading; ``degraded_<kind>`` the share with
     a degradation of that kind (:data:`threadweaver.orchestrator.DEGRADATION_KINDS`).
     """
@@ -124,8 +124,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory], correct: Sequence[bool] 
         raise ValueError("no rollouts to summarise")
     stats = [t.stats for t in trajectories]
     metrics = {
-        "acceleration_ratio": fmean(s.speedup for s in stats),
-        "parallel_usage": fmean(s.blocks > 0 for s in stats),
+        "speedup": fmean(s.speedup for s in stats),
+        "parallel_activation": fmean(s.blocks > 0 for s in stats),
         "critical_path_tokens": fmean(s.critical_path_tokens for s in stats),
         "total_tokens": fmean(s.total_tokens for s in stats),
         "well_formed": fmean(t.well_formed for t in trajectories),

@@ -124,7 +124,7 @@ def report(verdicts: list[Verdict], config: FilterConfig) -> dict:
         "dropped": {reason: dropped[reason] for reason in REASONS if dropped[reason]},
         "pass_at_1": mean(v.correct for v in graded) if graded else None,
         "well_formed_ratio": mean(v.well_formed for v in verdicts) if verdicts else None,
-        "parallel_ratio": mean(v.parallel for v in verdicts) if verdicts else None,
+        "parallel_activation_ratio": mean(v.parallel for v in verdicts) if verdicts else None,
         "mean_speedup_kept": mean(v.speedup for v in kept) if kept else None,
         "config": config.__dict__,
         "dropped_rows": [
@@ -144,7 +144,7 @@ def format_report(stats: dict) -> str:
         f"kept                 {stats['kept']} ({stats['problems_kept']} problems)",
         f"pass@1               {share(stats['pass_at_1'])}",
         f"well-formed          {share(stats['well_formed_ratio'])}",
-        f"parallel             {share(stats['parallel_ratio'])}",
+        f"parallel             {share(stats['parallel_activation_ratio'])}",
         "mean speedup, kept   " + ("-" if stats["mean_speedup_kept"] is None else f"{stats['mean_speedup_kept']:.3f}x"),
     ]
     lines += [f"dropped, {reason:<12}{count}" for reason, count in stats["dropped"].items()]

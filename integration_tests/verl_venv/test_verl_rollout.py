@@ -309,10 +309,10 @@ def test_verl_scores_a_session_once_and_gives_every_row_its_mean_centred_advanta
 
     results = [asyncio.run(verl_reward(worker.config, worker.tokenizer, s, problem)) for s in sessions]
     info = [r["reward_extra_info"] for r in results]
-    assert [i["parallel"] for i in info] == [1.0, 1.0, 0.0, 0.0]
+    assert [i["parallel_activation"] for i in info] == [1.0, 1.0, 0.0, 0.0]
     assert info[0]["correct"] == 1.0
     assert info[0]["acceleration"] == pytest.approx(0.5 * 0.2)  # 1 - critical/total is over the 0.2 clip
-    assert info[2]["acceleration"] == 0.0 and info[2]["acceleration_ratio"] == 1.0
+    assert info[2]["acceleration"] == 0.0 and info[2]["speedup"] == 1.0
     scores = [r["reward_score"] for r in results]
     assert scores == [i["correct"] + i["acceleration"] for i in info]
     # The parallel model decoded without forking writes its threads one after another,

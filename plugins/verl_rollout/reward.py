@@ -48,10 +48,10 @@ def compute_score(
         "score": parts.reward,
         "correct": parts.correctness,
         "acceleration": parts.acceleration,
-        "acceleration_ratio": speedup(total, critical),
+        "speedup": speedup(total, critical),
         "critical_path_tokens": float(critical),
         "total_tokens": float(total),
-        "parallel": float(info.get(PREFIX + "blocks", 0) > 0),
+        "parallel_activation": float(info.get(PREFIX + "blocks", 0) > 0),
         "well_formed": float(info.get(PREFIX + "well_formed", True)),
         **{f"degraded_{kind}": float(kind in kinds) for kind in DEGRADATION_KINDS},
     }
