@@ -27,10 +27,11 @@ def test_engines_import_from_the_engines_package_and_load_only_their_own_host():
     """``from threadweaver.vllm_orchestrator import VLLMServerEngine`` (as the README names them) loads no vLLM."""
     code = (
         "import sys, json\n"
-        "from threadweaver.vllm_orchestrator import ENGINES, VLLMServerEngine, SGLangEngine, HTTPOptions, Replicas\n"
+        "from threadweaver.vllm_orchestrator import PUBLIC_NAMES, VLLMServerEngine, SGLangEngine\n"
+        "from threadweaver.vllm_orchestrator import HTTPOptions, Replicas\n"
         "from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine as defined\n"
         "assert VLLMServerEngine is defined\n"
-        f"print(json.dumps([sorted(ENGINES), sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})]))"
+        f"print(json.dumps([sorted(PUBLIC_NAMES), sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})]))"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     names, heavy = json.loads(out)

@@ -6,7 +6,7 @@ VLLMServerEngine``), so naming one loads neither vLLM nor an HTTP client that an
 
 import importlib
 
-ENGINES = {
+PUBLIC_NAMES = {
     "VLLMServerEngine": "vllm_server_engine",
     "SGLangEngine": "sglang_engine",
     "AsyncLLMEngine": "async_llm_engine",
@@ -17,14 +17,14 @@ ENGINES = {
 }
 """Each public name and the module that defines it."""
 
-__all__ = list(ENGINES)
+__all__ = list(PUBLIC_NAMES)
 
 
 def __getattr__(name: str):
-    if name not in ENGINES:
+    if name not in PUBLIC_NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{ENGINES[name]}"), name)
+    return getattr(importlib.import_module(f"{__name__}.{PUBLIC_NAMES[name]}"), name)
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *ENGINES])
+    return sorted([*globals(), *PUBLIC_NAMES])
