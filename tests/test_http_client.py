@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import re
 import time
 
 import pytest
@@ -200,6 +201,21 @@ def test_a_url_without_an_http_scheme_is_refused_when_the_engine_is_made(url):
     from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
 
     with pytest.raises(ValueError, match=f"the vLLM server's URL must be an http:// or https:// URL, not '{url}'"):
+        VLLMServerEngine(url)
+
+
+@pytest.mark.parametrize(
+    "url, said",
+    [
+        ("http://127.0.0.1:8000,http://127.0.0.1:8001", "must be one server's address (http://host:port), not"),
+        ("http://:8000", "must name a server's host (http://host:port), not"),
+    ],
+)
+def test_two_urls_joined_by_a_comma_or_no_host_are_refused_when_the_engine_is_made(url, said):
+    """aiohttp's own error was the bare URL and a path (InvalidURL), at the first request."""
+    from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
+
+    with pytest.raises(ValueError, match=f"^the vLLM server's URL {re.escape(said)} '{re.escape(url)}'"):
         VLLMServerEngine(url)
 
 

@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import types
 import typing
+import urllib.parse
 
 
 def value_type(hint):
@@ -56,6 +57,13 @@ def url_problem(url) -> str | None:
         return f"must be an http:// or https:// URL, not {url!r}"
     if "?" in url or "#" in url:
         return f"must be a server's address, without a query or fragment, not {url!r}"
+    parts = urllib.parse.urlsplit(url)
+    try:
+        host, _ = parts.hostname, parts.port  # a port that is no number: two URLs joined by a comma, say
+    except ValueError:
+        return f"must be one server's address (http://host:port), not {url!r}; give several space-separated"
+    if not host:
+        return f"must name a server's host (http://host:port), not {url!r}"
     return None
 
 

@@ -22,14 +22,26 @@ class Sampling:
     seed: int | None = option(None, "Sampling seed, where the engine takes one.")
 
     def __post_init__(self) -> None:
-        # vLLM's ranges (the temperature's is OpenAI's too), checked before any request: an engine would
-        # refuse them only at a trajectory's first request, or (transformers) read a bad one as greedy
-        if not 0 <= self.temperature <= 2:
+        # vLLM's ranges and types (the temperature's range is OpenAI's too), checked before any request: an
+        # engine would refuse them only at a trajectory's first request, or (transformers) read a bad one as greedy
+        if not (is_number(self.temperature) and 0 <= self.temperature <= 2):
             raise SettingError("temperature", f"must be between 0 and 2, not {self.temperature!r}")
-        if not 0 < self.top_p <= 1:
+        if not (is_number(self.top_p) and 0 < self.top_p <= 1):
             raise SettingError("top_p", f"must be more than 0 and at most 1, not {self.top_p!r}")
-        if self.top_k < -1:
+        if not (is_whole(self.top_k) and self.top_k >= -1):
             raise SettingError("top_k", f"must be -1 or 0 (every token) or at least 1, not {self.top_k!r}")
+        if not (self.seed is None or is_whole(self.seed)):
+            raise SettingError("seed", f"must be a whole number (or none), not {self.seed!r}")
+
+
+def is_number(value) -> bool:
+    """A real number (an int or a float), not a bool or a string that reads as one."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_whole(value) -> bool:
+    """An int, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

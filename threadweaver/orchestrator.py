@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import operator
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from threadweaver.cli_args import SettingError, check_counts, option
-from threadweaver.engine import Completion, Engine, EngineError, Sampling
+from threadweaver.engine import Completion, Engine, EngineError, Sampling, is_number
 from threadweaver.format import Format
 from threadweaver.layout import (
     ThreadPath,
@@ -74,6 +75,8 @@ def token_ids(prompt_ids) -> tuple[int, ...]:
             ids.append(operator.index(token))
         except TypeError:
             raise TypeError(f"prompt_ids must be a list of token ids (ints), but it holds {token!r}") from None
+    if not ids:
+        raise ValueError("prompt_ids is empty: an engine needs at least one token to continue")
     return tuple(ids)
 
 
@@ -92,7 +95,11 @@ class Limits:
         "Most generated tokens in one trajectory, every request counted: a block's threads share what is "
         "left of it equally.",
     )
-    max_request_tokens: int = option(4096, "Most generated tokens in one request.")
+    max_request_tokens: int | None = option(
+        None,
+        "Most generated tokens in one request (default: max_tokens); a sequence whose request reaches it ends "
+        "there (a thread is closed), even with max_tokens left. A plain (--no-branching) trajectory is one request.",
+    )
     timeout_s: float | None = option(None, "Wall-clock limit per trajectory.")
     warm_join: bool = option(
         False,
@@ -105,19 +112,13 @@ class Limits:
     )
 
     def __post_init__(self):
-        counts = (
-            "max_threads",
-            "max_depth",
-            "max_tokens",
-            "max_request_tokens",
-            "max_requests",
-            "max_concurrent_requests",
-        )
+        counts = ("max_threads", "max_depth", "max_tokens", "max_requests", "max_concurrent_requests")
         check_counts(self, counts)
+        check_counts(self, ("max_request_tokens",), none_ok=True)
         for name in ("branching", "concurrent_threads", "warm_join"):
             if not isinstance(getattr(self, name), bool):
                 raise SettingError(name, f"must be true or false, not {getattr(self, name)!r}")
-        if self.timeout_s is not None and not self.timeout_s > 0:
+        if self.timeout_s is not None and not (is_number(self.timeout_s) and self.timeout_s > 0):
             raise SettingError("timeout_s", f"must be more than 0 seconds (or none), not {self.timeout_s!r}")
 
 
@@ -222,6 +223,12 @@ def generated_text(token_ids: Sequence[int], fmt: Format) -> str:
     if ids and ids[-1] in fmt.eos_ids:
         ids.pop()
     return fmt.decode(ids)
+
+
+def _kind(value) -> str:
+    """A wrong reply, as an error shows it: its type and the start of its repr."""
+    shown = repr(value)
+    return f"{type(value).__name__} {shown[:60]}{'...' if len(shown) > 60 else ''}"
 
 
 class _Stop(Exception):
@@ -361,7 +368,7 @@ class _Run:
 
         ``live``: where a streamed trajectory's engine streams too, it gets the new ids as they come."""
         limits = self.o.limits
-        max_tokens = min(limits.max_request_tokens, budget.left)
+        max_tokens = budget.left if limits.max_request_tokens is None else min(limits.max_request_tokens, budget.left)
         if max_tokens <= 0:
             raise _Stop("length")
         if self.requests_sent >= limits.max_requests:
@@ -373,6 +380,8 @@ class _Run:
                 call = self.streamed(context, stop, max_tokens, live)
             else:
                 call = self.engine.generate(context, sorted(stop), max_tokens, self.sampling)
+                if not inspect.isawaitable(call):
+                    raise TypeError(f"{self.what()} must be async (async def generate), but returned {_kind(call)}")
             if self.deadline is None:
                 try:
                     completion = await call
@@ -385,7 +394,7 @@ class _Run:
                     raise _Stop("timeout") from None
                 except Exception as err:
                     self.engine_failed(err, path, at)
-        tokens = tuple(completion.token_ids[:max_tokens])
+        tokens, finish_reason = self.completed(completion, stop, max_tokens)
         budget.left -= len(tokens)
         waited = completion.first_token_s
         self.records.append(
@@ -393,7 +402,7 @@ class _Run:
                 path,
                 len(context),
                 len(tokens),
-                completion.finish_reason,
+                finish_reason,
                 started - self.start,
                 time.monotonic() - self.start,
                 completion.cached_tokens,
@@ -403,7 +412,30 @@ class _Run:
         logprobs = None if completion.logprobs is None else tuple(completion.logprobs[: len(tokens)])
         if self.o.keep_calls:
             self.calls.append(EngineCall(context, tokens, logprobs))
-        return dataclasses.replace(completion, token_ids=tokens, logprobs=logprobs)
+        return dataclasses.replace(completion, token_ids=tokens, finish_reason=finish_reason, logprobs=logprobs)
+
+    def what(self) -> str:
+        """The engine's ``generate``, as an error about its reply names it (the engine given, not a pinned view)."""
+        return f"{type(self.o.engine).__name__}.generate"
+
+    def completed(self, completion, stop: frozenset[int], max_tokens: int) -> tuple[tuple[int, ...], str]:
+        """A reply's tokens and finish reason as vLLM would give them: cut after its first stop id, and at
+        ``max_tokens``. A reply that is not a :class:`Completion` of token ids raises a ``TypeError`` naming
+        the engine, where an engine of one's own makes the mistake."""
+        if not isinstance(completion, Completion):
+            raise TypeError(f"{self.what()} returned {_kind(completion)}, not a threadweaver.engine.Completion")
+        ids = completion.token_ids
+        try:
+            if isinstance(ids, (str, bytes)):
+                raise TypeError
+            tokens = tuple(map(operator.index, ids[:max_tokens]))  # a NumPy array's ids too, as ints
+        except TypeError:
+            raise TypeError(f"{self.what()} returned token_ids {_kind(ids)}, not a sequence of ints") from None
+        if completion.finish_reason not in ("stop", "length"):
+            reason = completion.finish_reason
+            raise TypeError(f"{self.what()} returned finish_reason {reason!r}, not 'stop' or 'length'")
+        end = next((i + 1 for i, token in enumerate(tokens) if token in stop), None)
+        return (tokens, completion.finish_reason) if end is None else (tokens[:end], "stop")
 
     async def streamed(self, context, stop: frozenset[int], max_tokens: int, live: Callable) -> Completion:
         """A request through the engine's ``stream``: its runs of ids go to ``live``, its completion is

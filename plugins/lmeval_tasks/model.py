@@ -166,7 +166,6 @@ class ThreadWeaverLM(LM):
     def __init__(self, **kwargs):
         super().__init__()
         self.args, self.engine_args, self.limits = split_model_args(kwargs)
-        self._request_cap_given = "max_request_tokens" in kwargs
         self.engine = make_engine(self.engine_args, self.args.model)
         try:
             self.tokenizer = run_sync(self._load_tokenizer())
@@ -229,10 +228,8 @@ class ThreadWeaverLM(LM):
         (:func:`decoded_rows`) are answered from it."""
         sampling, max_tokens, until = sampling_from(requests[0].args[1], self.args.seed)
         limits = self.limits
-        if max_tokens is not None:
-            # max_gen_toks is the trajectory's budget; one request may use all of it unless capped.
-            cap = limits.max_request_tokens if self._request_cap_given else max_tokens
-            limits = dataclasses.replace(limits, max_tokens=max_tokens, max_request_tokens=cap)
+        if max_tokens is not None:  # max_gen_toks is the trajectory's budget
+            limits = dataclasses.replace(limits, max_tokens=max_tokens)
         orchestrator = Orchestrator(self.engine, self.fmt, limits, sampling)
         settings = {"model": self.tokenizer.name_or_path, "sampling": dataclasses.asdict(sampling)}
         settings["limits"] = dataclasses.asdict(limits)

@@ -151,5 +151,4 @@ class PGRPOConfig(GRPOConfig):
             max_threads=self.max_threads,
             max_depth=self.max_depth,
             max_tokens=self.max_completion_length,
-            max_request_tokens=self.max_completion_length,
         )

@@ -80,7 +80,6 @@ class ThreadWeaverAgentLoop(AgentLoopBase):
             max_threads=max_threads,
             max_depth=max_depth,
             max_tokens=response_length,
-            max_request_tokens=response_length,
             timeout_s=timeout_s,
         )
         self.fmt = _format(self.tokenizer)

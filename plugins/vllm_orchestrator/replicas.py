@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Sequence
 
 from threadweaver.engine import Completion, Sampling
+
+logger = logging.getLogger(__name__)
 
 
 class Replicas:
@@ -36,13 +39,24 @@ class Replicas:
         return await self.pinned().generate(prompt_ids, stop_ids, max_tokens, sampling)
 
     async def model_root(self) -> str | None:
-        """Where the first server loaded the model from (see :func:`.engines.tokenizer_source`)."""
-        first = self.engines[0]
-        return await first.model_root() if hasattr(first, "model_root") else None
+        """Where the first server loaded the model from (see :func:`.engines.tokenizer_source`). Every server
+        that says is asked: ones that loaded different models are warned of, as each trajectory would come
+        from whichever model its server holds (the same model under two paths reads the same way)."""
+        roots = [await engine.model_root() if hasattr(engine, "model_root") else None for engine in self.engines]
+        if len({root for root in roots if root is not None}) > 1:
+            served = "; ".join(f"server {i + 1}: {root}" for i, root in enumerate(roots) if root is not None)
+            logger.warning(
+                "the servers loaded different models (%s); each trajectory comes from its own server's model, "
+                "so the rows mix them: give --base-url replicas of one model",
+                served,
+            )
+        return roots[0]
 
     async def aclose(self) -> None:
+        """Close each engine that has connections to close (an engine of one's own may have no ``aclose``)."""
         for engine in self.engines:
-            await engine.aclose()
+            if hasattr(engine, "aclose"):
+                await engine.aclose()
 
 
 class _Pinned:
