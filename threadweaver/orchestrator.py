@@ -12,7 +12,7 @@ token limit or the deadline is closed with an injected ``</Thread>``. An engine 
 raises, unless ``degrade_on_engine_error`` is set (RL rollouts, where one failed
 request must not lose a batch): then it ends that sequence like a limit would. Tags the model
 writes outside a block head are kept as text, and an empty thread stays empty. Each
-such event is listed in the trajectory's ``faults``. Token latency counts the tokens
+such event is listed in the trajectory's ``degradations``. Token latency counts the tokens
 as the requests generated them (:func:`threadweaver.stats.latency_stats` over the decoded
 tree, with the threads the orchestrator closed): a sequence's own generated tokens plus,
 per block, its longest thread (all of them, when ``concurrent_threads`` is off and they
