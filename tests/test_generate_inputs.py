@@ -71,6 +71,11 @@ def test_an_output_that_holds_no_finished_row_is_refused_not_resumed(problems, m
         (["--top-p", "5"], "must be more than 0 and at most 1, not 5.0"),
         (["--top-k", "-2"], "must be -1 or 0 (every token) or at least 1, not -2"),
         (["--base-url", "ftp://x"], "must be an http:// or https:// URL, not 'ftp://x'"),
+        (
+            ["--base-url", "http://a:1,http://b:2"],
+            "must be one server's address (http://host:port), not "
+            "'http://a:1,http://b:2'; give several space-separated",
+        ),
     ],
 )
 def test_settings_out_of_their_range_name_the_flag(problems, model, tmp_path, flags, message):
@@ -90,6 +95,23 @@ def test_a_model_that_cannot_be_one_is_named_before_anything_loads(problems, mod
         stderr = generate(str(problems), str(tmp_path / "out.jsonl"), *NO_SERVER, "--model", *flags)
         assert stderr.strip() == f"threadweaver generate: {message}"
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_an_in_process_engine_without_a_model_names_the_flag(problems, tmp_path):
+    stderr = generate(str(problems), str(tmp_path / "out.jsonl"), "--engine", "transformers")
+    assert stderr.strip().endswith(
+        "the transformers engine runs in-process and needs a model directory: --model DIR "
+        "(model=DIR in lm-eval's --model_args)"
+    )
+
+
+def test_a_null_id_is_no_id(tmp_path):
+    """Rows are named by their line where they have no id; a null one was the id 'None' (two were duplicates)."""
+    from threadweaver.batch import read_problems
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": null, "prompt": "a"}\n{"id": null, "prompt": "b"}\n{"id": 0, "prompt": "c"}\n')
+    assert [row_id for _, row_id, _ in read_problems(str(path))] == ["line-1", "line-2", "0"]
 
 
 def test_http_options_refuse_a_count_that_would_wait_forever():

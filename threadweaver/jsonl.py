@@ -36,8 +36,9 @@ class RowError(ValueError):
 
 
 def row_name(row: dict, line: int) -> str:
-    """A row's id, or ``line-N`` for a row without one: how every command names a row."""
-    return str(row.get("id", f"line-{line}"))
+    """A row's id, or ``line-N`` for a row without one (or with a null one): how every command names a row."""
+    value = row.get("id")
+    return f"line-{line}" if value is None else str(value)
 
 
 def read_jsonl(path: str) -> Iterator[tuple[int, dict]]:

@@ -59,7 +59,10 @@ def make_engine(args: EngineArgs, model: str | None = None):
 
         return Replicas(engines)
     if model is None:
-        raise ValueError(f"the {args.engine} engine runs in-process and needs a model directory")
+        raise ValueError(
+            f"the {args.engine} engine runs in-process and needs a model directory: --model DIR (model=DIR in "
+            "lm-eval's --model_args)"
+        )
     if args.engine == "vllm-inprocess":
         from .async_llm_engine import AsyncLLMEngine
 
