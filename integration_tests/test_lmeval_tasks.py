@@ -222,6 +222,7 @@ def test_a_rerun_with_resume_decodes_only_what_the_trajectories_file_lacks(qwen_
     was, now = first["samples"]["tw_math500"][0], second["samples"]["tw_math500"][0]
     assert now["resps"] == was["resps"] and now["total_tokens"] == was["total_tokens"] == row["stats"]["total_tokens"]
     assert now["stats_measured"] == 1.0 and row["gen_kwargs"]["max_gen_toks"] == 4
+    assert row["decoded_with"]["limits"]["max_request_tokens"] == 4  # the cap in force, as files have always said
     # another seed (or model, or limits) decodes anew: its trajectories are not the file's
     args[3] = model_args + ",seed=1"
     lm_eval_run(tmp_path / "third", *args, "--limit", "2", env=env)

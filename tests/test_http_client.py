@@ -382,3 +382,26 @@ def test_an_html_error_page_is_said_as_its_text_on_one_line():
     refused = b"HTTP/1.1 404 Not Found\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(page), page)
     got, _ = events_of([refused])
     assert len(got) == 1 and got[0].endswith(" with HTTP 404: Error response Message: File not found.")
+
+
+def test_a_page_that_is_not_json_where_a_reply_was_meant_says_whose_it_is():
+    """A 200 web page (another app on that port) was a JSONDecodeError: 'Expecting value: line 1 column 1'."""
+    page = b"<html><body><h1>Welcome to nginx!</h1></body></html>"
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(page), page)
+
+    async def scenario():
+        asked, answer = served([ok])
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        client = JSONClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", what="vLLM server")
+        try:
+            with pytest.raises(EngineError) as refused:
+                await client.get("/v1/models")
+        finally:
+            await client.aclose()
+            server.close()
+        return str(refused.value), len(asked)
+
+    said, asked = asyncio.run(scenario())
+    assert asked == 1 and said.endswith(
+        "answered GET /v1/models with what is not JSON: 'Welcome to nginx!'; is it the server's address?"
+    )

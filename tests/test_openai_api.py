@@ -282,6 +282,7 @@ def test_a_request_may_ask_for_less_than_the_ceilings(fmt):
         ({"prompt": [10_000]}, "'prompt' holds token id 10000, outside the vocabulary (0..299)"),
         ({"prompt": [-1, 5]}, "'prompt' holds token id -1"),
         ({"prompt": [True]}, "'prompt' must be one string or one list of token ids"),
+        ({"prompt": ""}, "the prompt is empty: there is nothing to continue"),  # a 500 once the core refused it
     ],
 )
 def test_values_out_of_range_are_a_400_naming_the_field(fmt, body, message):

@@ -184,3 +184,12 @@ def test_a_request_may_use_what_is_left_of_the_trajectorys_budget(fmt, branching
     limits = Limits(branching=branching, max_tokens=6000, max_request_tokens=100)
     asyncio.run(Orchestrator(capped, fmt, limits).run(fmt.encode(PROMPT)))
     assert max(capped.budgets) == 100
+
+
+def test_a_reply_cut_at_max_tokens_ended_by_length(fmt):
+    """An engine that answers past max_tokens, up to its stop id: cut where vLLM would have stopped it, by length,
+    not the engine's 'stop'."""
+    reply = Completion(tuple(fmt.encode("abcd")) + (EOS,), "stop")
+    limits = Limits(branching=False, max_tokens=12, max_request_tokens=3)
+    t = asyncio.run(Orchestrator(Replies(reply), fmt, limits).run(fmt.encode(PROMPT)))
+    assert [(r.completion_tokens, r.finish_reason) for r in t.requests] == [(3, "length")]

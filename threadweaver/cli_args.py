@@ -57,11 +57,13 @@ def url_problem(url) -> str | None:
         return f"must be an http:// or https:// URL, not {url!r}"
     if "?" in url or "#" in url:
         return f"must be a server's address, without a query or fragment, not {url!r}"
-    parts = urllib.parse.urlsplit(url)
-    try:
-        host, _ = parts.hostname, parts.port  # a port that is no number: two URLs joined by a comma, say
-    except ValueError:
+    if "," in url:
         return f"must be one server's address (http://host:port), not {url!r}; give several space-separated"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, _ = parts.hostname, parts.port
+    except ValueError as err:  # a port out of range or no number, a bracketed host unclosed
+        return f"must be a server's address (http://host:port), not {url!r} ({err})"
     if not host:
         return f"must name a server's host (http://host:port), not {url!r}"
     return None

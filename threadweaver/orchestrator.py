@@ -435,7 +435,9 @@ class _Run:
             reason = completion.finish_reason
             raise TypeError(f"{self.what()} returned finish_reason {reason!r}, not 'stop' or 'length'")
         end = next((i + 1 for i, token in enumerate(tokens) if token in stop), None)
-        return (tokens, completion.finish_reason) if end is None else (tokens[:end], "stop")
+        if end is not None:
+            return tokens[:end], "stop"
+        return tokens, "length" if len(ids) > max_tokens else completion.finish_reason
 
     async def streamed(self, context, stop: frozenset[int], max_tokens: int, live: Callable) -> Completion:
         """A request through the engine's ``stream``: its runs of ids go to ``live``, its completion is

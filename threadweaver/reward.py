@@ -104,7 +104,7 @@ def reward(
     return RewardParts(1.0, acceleration(total_tokens, critical_path_tokens, config), result)
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=16384)
 def is_correct(response: str, gold: str, timeout_s: float = RewardConfig.timeout_s) -> bool:
     """``grade(...).correct``, remembered: a rollout's rewards and metrics, or a response's score and its
     trajectory row, grade the same response more than once."""

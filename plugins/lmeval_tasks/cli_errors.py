@@ -2,9 +2,10 @@
 
 lm-eval's CLI prints the traceback of whatever a model or a task's loader raises, above the message.
 In that process only (not where a script uses lm-eval as a library), :func:`install` hooks
-``sys.excepthook``: an error of bad input, settings or a server (:data:`SAID`) raised while
-threadweaver's code ran is printed as ``threadweaver: MESSAGE``, and Ctrl-C as ``threadweaver: stopped``.
-Anything else keeps its traceback.
+``sys.excepthook``: an error of bad input, settings or a server (:data:`SAID`) that threadweaver's own
+code raised is printed as ``threadweaver: MESSAGE``, and Ctrl-C while its code ran as
+``threadweaver: stopped``. Anything else keeps its traceback, an error another library raised under
+threadweaver's code too.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 
 from threadweaver.engine import EngineError
 
-SAID = (ValueError, OSError, NotImplementedError, EngineError, KeyboardInterrupt)
+SAID = (ValueError, OSError, NotImplementedError, EngineError)
 CLI_NAMES = ("lm_eval", "lm-eval")
 
 
@@ -32,21 +33,26 @@ def install() -> None:
     previous = sys.excepthook
 
     def said_in_one_line(kind, err, traceback):
-        if not (issubclass(kind, SAID) and _passed_threadweaver(traceback)):
-            previous(kind, err, traceback)
-        elif issubclass(kind, KeyboardInterrupt):
+        frames = _frames(traceback)
+        if issubclass(kind, KeyboardInterrupt) and any(map(_threadweavers, frames)):
             print("threadweaver: stopped", file=sys.stderr)
-        else:
+        elif issubclass(kind, SAID) and frames and _threadweavers(frames[-1]):
             print(f"threadweaver: {err}", file=sys.stderr)
+        else:
+            previous(kind, err, traceback)
 
     said_in_one_line.threadweaver_lmeval = True
     sys.excepthook = said_in_one_line
 
 
-def _passed_threadweaver(traceback) -> bool:
-    """Whether the error came out of threadweaver's code (lm-eval called it, and it raised)."""
+def _frames(traceback) -> list:
+    """The frames an error passed, outermost first: the last one raised it."""
+    frames = []
     while traceback is not None:
-        if traceback.tb_frame.f_globals.get("__name__", "").startswith("threadweaver."):
-            return True
+        frames.append(traceback.tb_frame)
         traceback = traceback.tb_next
-    return False
+    return frames
+
+
+def _threadweavers(frame) -> bool:
+    return frame.f_globals.get("__name__", "").startswith("threadweaver.")

@@ -136,8 +136,8 @@ class JSONClient:
         """The JSON events of a streamed POST (server-sent events up to ``[DONE]``).
 
         Retried as :meth:`post` is until the first event; a stream broken off after it is an
-        :class:`EngineError`, since what it gave has been used. The wait for each event is watched as
-        a whole reply is (:meth:`_watched`)."""
+        :class:`EngineError`, since what it gave has been used. The wait for the reply, and for each
+        event after it, is watched as a whole reply's is (:meth:`_watched`, :meth:`_watch_stream`)."""
         import aiohttp
 
         session = self._ready()
@@ -150,13 +150,19 @@ class JSONClient:
                         if response.status >= 400:
                             failure = self._refused(response.status, await response.text(), "POST", path, attempt)
                         else:
-                            next_line = response.content.readline
-                            while line := await self._watched(next_line(), f"the stream of POST {path}"):
-                                if line.startswith(b"data: "):
-                                    if line[6:].strip() == b"[DONE]":
-                                        return
-                                    started = True
-                                    yield json.loads(line[6:])
+                            heard = [time.monotonic()]  # when the last line came
+                            watch = asyncio.ensure_future(self._watch_stream(f"the stream of POST {path}", heard))
+                            try:
+                                async for line in response.content:
+                                    heard[0] = time.monotonic()
+                                    self._answers()
+                                    if line.startswith(b"data: "):
+                                        if line[6:].strip() == b"[DONE]":
+                                            return
+                                        started = True
+                                        yield json.loads(line[6:])
+                            finally:
+                                watch.cancel()
                             raise aiohttp.ClientPayloadError("the stream ended before [DONE]")
                 except _broken() as err:
                     if started:
@@ -176,7 +182,7 @@ class JSONClient:
                     request = session.request(method, self.base_url + path, json=payload, headers=headers)
                     status, body = await self._watched(_read(request), f"{method} {path}")
                     if status < 400:
-                        return json.loads(body)
+                        return self._json(body, method, path)
                     failure = self._refused(status, body, method, path, attempt)
                 except _broken() as err:
                     failure = self._unreachable(err, attempt)
@@ -197,6 +203,16 @@ class JSONClient:
                 await self._probe(what, waited)
         finally:
             task.cancel()  # the caller gave up (a trajectory's timeout, Ctrl-C): so does the request
+
+    async def _watch_stream(self, what: str, heard: list[float]) -> None:
+        """While a stream is read: once no line has come for :data:`QUIET_S`, the server's ``/health`` is probed
+        (one task a stream, not one a line: a stream has an event a token)."""
+        while True:
+            await asyncio.sleep(max(0.0, heard[0] + QUIET_S - time.monotonic()))
+            waited = time.monotonic() - heard[0]
+            if waited >= QUIET_S:
+                await self._probe(what, waited)
+                await asyncio.sleep(QUIET_S)
 
     async def _probe(self, what: str, waited: float) -> None:
         """Say once that the server does not answer ``/health`` (any reply counts, a server without the route's
@@ -227,6 +243,16 @@ class JSONClient:
                 )
             return
         self._answers()
+
+    def _json(self, body: str, method: str, path: str) -> dict:
+        """A reply's JSON; a reply that is none (a web page where a server's API was meant) says whose it is."""
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise EngineError(
+                f"the {self.what} at {self.base_url} answered {method} {path} with what is not JSON: "
+                f"{_server_message(body)[:200]!r}; is it the server's address?"
+            ) from None
 
     def _answers(self) -> None:
         """The server answered: say so if it was reported silent."""

@@ -352,6 +352,8 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
             raise APIError(f"cannot apply the chat template to 'messages': {type(err).__name__}: {err}") from None
     else:
         prompt_ids = _prompt_ids(body.get("prompt"), tokenizer, special)
+    if not prompt_ids:  # an empty string, where the tokenizer adds no BOS (vLLM: "The decoder prompt cannot be empty")
+        raise APIError("the prompt is empty: there is nothing to continue")
     if settings.max_model_len is not None and len(prompt_ids) >= settings.max_model_len:
         raise APIError(
             f"the prompt is {len(prompt_ids)} tokens, and the model's context is {settings.max_model_len}: "
