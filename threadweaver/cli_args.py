@@ -39,6 +39,16 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def is_number(value) -> bool:
+    """A real number (an int or a float), not a bool or a string that reads as one."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_whole(value) -> bool:
+    """An int, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_counts(config, names: typing.Iterable[str], least: int = 1, none_ok: bool = False) -> None:
     """Refuse a config whose fields ``names`` are not whole numbers of at least ``least`` (``none_ok``: or
     None, "no limit"), naming the field."""
@@ -46,7 +56,7 @@ def check_counts(config, names: typing.Iterable[str], least: int = 1, none_ok: b
         value = getattr(config, name)
         if value is None and none_ok:
             continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        if not is_whole(value) or value < least:
             raise SettingError(name, f"must be a whole number of at least {least}, not {value!r}")
 
 

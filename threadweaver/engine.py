@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from threadweaver.cli_args import SettingError, option
+from threadweaver.cli_args import SettingError, is_number, is_whole, option
 
 
 @dataclass(frozen=True)
@@ -32,16 +32,6 @@ class Sampling:
             raise SettingError("top_k", f"must be -1 or 0 (every token) or at least 1, not {self.top_k!r}")
         if not (self.seed is None or is_whole(self.seed)):
             raise SettingError("seed", f"must be a whole number (or none), not {self.seed!r}")
-
-
-def is_number(value) -> bool:
-    """A real number (an int or a float), not a bool or a string that reads as one."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def is_whole(value) -> bool:
-    """An int, not a bool."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from threadweaver.cli_args import SettingError, check_counts, option
-from threadweaver.engine import Completion, Engine, EngineError, Sampling, is_number
+from threadweaver.cli_args import SettingError, check_counts, is_number, option
+from threadweaver.engine import Completion, Engine, EngineError, Sampling
 from threadweaver.format import Format
 from threadweaver.layout import (
     ThreadPath,
@@ -120,6 +120,11 @@ class Limits:
                 raise SettingError(name, f"must be true or false, not {getattr(self, name)!r}")
         if self.timeout_s is not None and not (is_number(self.timeout_s) and self.timeout_s > 0):
             raise SettingError("timeout_s", f"must be more than 0 seconds (or none), not {self.timeout_s!r}")
+
+    @property
+    def request_cap(self) -> int:
+        """The most generated tokens one request may ask for: ``max_request_tokens``, else ``max_tokens``."""
+        return self.max_tokens if self.max_request_tokens is None else self.max_request_tokens
 
 
 @dataclass(frozen=True)
@@ -368,7 +373,7 @@ class _Run:
 
         ``live``: where a streamed trajectory's engine streams too, it gets the new ids as they come."""
         limits = self.o.limits
-        max_tokens = budget.left if limits.max_request_tokens is None else min(limits.max_request_tokens, budget.left)
+        max_tokens = min(limits.request_cap, budget.left)
         if max_tokens <= 0:
             raise _Stop("length")
         if self.requests_sent >= limits.max_requests:

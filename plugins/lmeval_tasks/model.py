@@ -232,8 +232,8 @@ class ThreadWeaverLM(LM):
             limits = dataclasses.replace(limits, max_tokens=max_tokens)
         orchestrator = Orchestrator(self.engine, self.fmt, limits, sampling)
         settings = {"model": self.tokenizer.name_or_path, "sampling": dataclasses.asdict(sampling)}
-        cap = limits.max_request_tokens or limits.max_tokens  # the cap in force: as files written before None meant it
-        settings["limits"] = {**dataclasses.asdict(limits), "max_request_tokens": cap}
+        # the cap in force, as files written before a None cap meant it
+        settings["limits"] = {**dataclasses.asdict(limits), "max_request_tokens": limits.request_cap}
         decoded_with = _canonical(settings)
         contexts = [request.args[0] for request in requests]
         samples = repeat_indices(requests)
