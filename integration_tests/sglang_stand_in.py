@@ -4,7 +4,10 @@ It rejects any field SGLang does not have (HOSTS.md, and SGLang's ``GenerateReqI
 ``SamplingParams``), answers ``output_ids`` with ``meta_info.finish_reason`` as ``{"type",
 "matched"}`` or ``{"type", "length"}`` and ``meta_info.cached_tokens``, and gets its tokens
 from a real vLLM server, so a trained model's parallel blocks flow through SGLang's wire.
-It also answers ``/health``, which SGLang's router polls before it routes to a worker.
+It refuses, as SGLang's ``TokenizerManager`` does and in its words, a request whose prompt, or
+prompt and ``max_new_tokens``, reach the context length; it says that length at ``/v1/models``
+(``max_model_len``) and where the model lies at ``/get_model_info``, as SGLang does. It also
+answers ``/health``, which SGLang's router polls before it routes to a worker.
 """
 
 from __future__ import annotations
@@ -63,6 +66,45 @@ class SGLangStandIn:
     def __init__(self, vllm_url: str, model: str, fail_first: int = 0):
         self.vllm_url, self.model, self.fail_first = vllm_url, model, fail_first
         self.requests: list[dict] = []
+        self.context_len: int | None = None  # the vLLM server's, read at the first request
+        self.lists_window = True  # False: /v1/models without max_model_len, as SGLang's router answers it
+
+    async def _context_len(self) -> int:
+        if self.context_len is None:
+            from aiohttp import ClientSession
+
+            async with ClientSession() as session:
+                async with session.get(self.vllm_url + "/v1/models") as response:
+                    self.context_len = (await response.json())["data"][0]["max_model_len"]
+        return self.context_len
+
+    async def models(self, request):
+        from aiohttp import web
+
+        card = {"id": self.model, "object": "model", "root": self.model}
+        if self.lists_window:
+            card["max_model_len"] = await self._context_len()
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def model_info(self, request):
+        from aiohttp import web
+
+        return web.json_response({"model_path": self.model, "tokenizer_path": self.model, "is_generation": True})
+
+    async def window_refusal(self, body: dict) -> str | None:
+        """SGLang's refusal of a request that does not fit its context, in its words (``_validate_one_request``)."""
+        context, prompt = await self._context_len(), len(body["input_ids"])
+        new = body["sampling_params"].get("max_new_tokens")
+        if prompt >= context:
+            return f"The input ({prompt} tokens) is longer than the model's context length ({context} tokens)."
+        if new is not None and new + prompt >= context:
+            return (
+                f"Requested token count exceeds the model's maximum context length of {context} tokens. You "
+                f"requested a total of {new + prompt} tokens: {prompt} tokens from the input messages and {new} "
+                "tokens for the completion. Please reduce the number of tokens in the input messages or the "
+                "completion to fit within the limit."
+            )
+        return None
 
     async def health(self, request):
         from aiohttp import web
@@ -79,6 +121,8 @@ class SGLangStandIn:
         unknown = set(body) - REQUEST_FIELDS or set(body.get("sampling_params", {})) - SAMPLING_FIELDS
         if unknown or not isinstance(body.get("input_ids"), list):
             return web.json_response({"error": {"message": f"unknown fields {sorted(unknown)}"}}, status=400)
+        if refusal := await self.window_refusal(body):
+            return web.json_response({"error": {"message": refusal}}, status=400)
         params = body["sampling_params"]
         vllm_body = {
             "model": self.model,
@@ -94,7 +138,7 @@ class SGLangStandIn:
         async with ClientSession() as session:
             async with session.post(self.vllm_url + "/v1/completions", json=vllm_body) as response:
                 reply = await response.json()
-        if "choices" not in reply:  # SGLang also answers 400 to a request over the context length
+        if "choices" not in reply:
             return web.json_response({"error": {"message": reply["error"]["message"]}}, status=400)
         choice = reply["choices"][0]
         ids = choice["token_ids"]
@@ -123,6 +167,8 @@ def sglang_stand_in(vllm_url: str, model: str):
     app = web.Application()
     app.router.add_post("/generate", server.generate)
     app.router.add_get("/health", server.health)
+    app.router.add_get("/v1/models", server.models)
+    app.router.add_get("/get_model_info", server.model_info)
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app)
     port = free_port()

@@ -299,6 +299,27 @@ def test_the_proxy_gives_the_same_replies_over_http(trained, trained_server, pro
         proxy.wait(timeout=30)
 
 
+def test_the_proxy_in_front_of_sglang_asks_it_for_the_model_and_its_window(
+    trained, trained_server, problems, generated, fmt
+):
+    """No ``--model``: the tokenizer comes from where the SGLang server loaded the model (``/get_model_info``),
+    and a prompt over its window (``/v1/models``) is a 400, as behind vLLM. SGLang has no CPU build: the
+    backend is :mod:`sglang_stand_in`, SGLang's wire over the vLLM server on loopback."""
+    from sglang_stand_in import sglang_stand_in
+
+    with sglang_stand_in(trained_server, str(trained[1])) as (_, backend):
+        proxy, url = start_proxy("--backend", backend, "--engine", "sglang")
+        try:
+            model = str(trained[1])
+            reply = fork_join_chat(url, model, problems[0]["messages"])
+            assert reply.choices[0].message.content == text_of(generated[problems[0]["id"]], fmt)
+            status, reply = post(url + "/v1/completions", {"model": model, "prompt": [5] * 2048, "threadweaver": True})
+            assert status == 400 and "the model's context is 2048" in reply["error"]["message"], reply
+        finally:
+            proxy.terminate()
+            proxy.wait(timeout=30)
+
+
 def test_a_dead_backend_is_a_clear_5xx_not_a_hang(trained):
     from threadweaver.vllm_orchestrator.serve import free_port
 

@@ -13,7 +13,7 @@ what its earlier requests computed. ``bench/routers.py`` measures the hit rates 
 from __future__ import annotations
 
 import pytest
-from decoding import decode, prefix_hits, prompts
+from decoding import decode, generate_once, prefix_hits, prompts
 from router import router, router_command, server_counters
 from sglang_stand_in import sglang_stand_in
 
@@ -78,12 +78,21 @@ def test_sglang_routers_manual_policy_keeps_each_trajectory_on_one_worker(traine
 
     tokenizer = AutoTokenizer.from_pretrained(trained[1])
     fmt = Format.from_tokenizer(tokenizer)
-    prompt_list = prompts(trained[0], tokenizer, 38)[26:]  # twelve prompts no other test decodes
-    limits = Limits(max_request_tokens=512)  # SGLang has no window size to ask for: stay inside it
+    *prompt_list, over = prompts(trained[0], tokenizer, 39)[26:]  # thirteen prompts no other test decodes
+    limits = Limits(max_request_tokens=512)  # inside both windows (SGLang's holds one token fewer than vLLM's)
     with sglang_stand_in(replicas[0], str(trained[1])) as one, sglang_stand_in(replicas[1], str(trained[1])) as two:
         workers = [one, two]
         with router("sglang-router", [url for _, url in workers], "manual", str(tmp_path / "router.log")) as url:
             routed = decode(make_engine(EngineArgs(engine="sglang", base_url=url)), fmt, prompt_list, limits)
+            # the router answers /v1/models itself, without the window: the workers' refusal says it
+            generate_once(make_engine(EngineArgs(engine="sglang", base_url=url)), over, [tokenizer.eos_token_id], 4096)
+    asked = [
+        body["sampling_params"]["max_new_tokens"]
+        for w, _ in workers
+        for body in w.requests
+        if body["input_ids"] == over
+    ]
+    assert sorted(asked) == [2047 - len(over), 4096]  # the refused request, then the fitted one
     alone = decode(VLLMServerEngine(replicas[0]), fmt, prompt_list, limits)
 
     assert [t.token_ids for t in routed] == [t.token_ids for t in alone]

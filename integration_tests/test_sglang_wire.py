@@ -34,7 +34,7 @@ def test_sglang_engine_decodes_the_same_trajectories(trained, trained_server, st
     tokenizer = AutoTokenizer.from_pretrained(trained[1])
     fmt = Format.from_tokenizer(tokenizer)
     prompt_list = prompts(trained[0], tokenizer, 4)
-    limits = Limits(max_request_tokens=512)  # SGLang has no window size to ask for: stay inside it
+    limits = Limits(max_request_tokens=512)  # inside both windows (SGLang's holds one token fewer than vLLM's)
     over_sglang = decode(SGLangEngine(url), fmt, prompt_list, limits)
     over_vllm = decode(VLLMServerEngine(trained_server), fmt, prompt_list, limits)
     assert [t.token_ids for t in over_sglang] == [t.token_ids for t in over_vllm]
@@ -66,3 +66,50 @@ def test_sglang_errors_name_the_server_and_its_message(stand_in):
     engine = SGLangEngine(url, extra_sampling={"not_an_sglang_field": 1})
     with pytest.raises(EngineError, match=r"SGLang server at .* HTTP 400: unknown fields \['not_an_sglang_field'\]"):
         generate_once(engine, [1, 5], [2], 3)
+
+
+@pytest.mark.parametrize("lists_window", [True, False], ids=["window-listed", "window-from-refusal"])
+def test_sglang_engine_fits_each_request_into_the_servers_window(trained, stand_in, lists_window):
+    """SGLang refuses a prompt and ``max_new_tokens`` that reach its context length. The engine reads the
+    window from ``/v1/models``, or, where that does not list it (SGLang's router answers for its workers),
+    from the first refusal, which it then sends again fitted: nothing is refused twice."""
+    import asyncio
+
+    from threadweaver.engine import Sampling
+    from threadweaver.vllm_orchestrator.sglang_engine import SGLangEngine
+
+    server, url = stand_in
+    server.lists_window = lists_window
+    engine = SGLangEngine(url)
+
+    async def run():
+        try:
+            near_end = [1] + [5, 6, 7] * 681  # 2,044 tokens: 3 fit under the 2,048-token window
+            first = await engine.generate(near_end, [2], 4096, Sampling())
+            full = await engine.generate([1] + [5] * 2046, [2], 4096, Sampling())  # no room: no request
+            short = await engine.generate([1, 5, 6, 7], [2], 3, Sampling())
+            return first, full, short, await engine.model_root()
+        finally:
+            await engine.aclose()
+
+    first, full, short, root = asyncio.run(run())
+    sent = [body["sampling_params"]["max_new_tokens"] for body in server.requests]
+    assert sent == ([3, 3] if lists_window else [4096, 3, 3])  # the refused one, then the fitted one
+    assert len(first.token_ids) <= 3 and (first.finish_reason == "length") == (len(first.token_ids) == 3)
+    assert full.token_ids == () and full.finish_reason == "length"
+    assert len(short.token_ids) <= 3
+    assert root == str(trained[1])  # where the server loaded the model from: its tokenizer
+
+
+def test_a_window_refused_again_is_the_servers_error(stand_in):
+    """A refusal naming the window the request was fitted to is not sent again: it is the server's error
+    (here ``extra_sampling`` overrides the fitted ``max_new_tokens``)."""
+    from threadweaver.engine import RequestRefused
+    from threadweaver.vllm_orchestrator.sglang_engine import SGLangEngine
+
+    server, url = stand_in
+    server.context_len = 100
+    engine = SGLangEngine(url, extra_sampling={"max_new_tokens": 500})
+    with pytest.raises(RequestRefused, match=r"HTTP 400: Requested token count exceeds .* length of 100 tokens"):
+        generate_once(engine, [1, 5, 6, 7], [2], 5)
+    assert len(server.requests) == 1

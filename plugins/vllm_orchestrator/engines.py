@@ -87,7 +87,7 @@ def _server_engine(args: EngineArgs, url: str, options: HTTPOptions):
 
 
 async def model_context(engine) -> int | None:
-    """The model's context in tokens where the server says (vLLM), else None (SGLang)."""
+    """The model's context in tokens where the server says, else None."""
     return await engine.model_context() if hasattr(engine, "model_context") else None
 
 
@@ -97,7 +97,7 @@ async def served_models(engine) -> tuple[list[str], list[str]] | None:
 
 
 async def tokenizer_source(engine, given: str | None) -> str | None:
-    """``given``, else the model the server reports it loaded (vLLM), else None."""
+    """``given``, else where the server reports it loaded the model from, else None (an engine of your own)."""
     if given:
         return given
     if hasattr(engine, "model_root"):

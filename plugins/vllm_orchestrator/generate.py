@@ -20,7 +20,7 @@ class GenerateArgs:
     model: str | None = option(
         None,
         "Model directory or hub id: the tokenizer, and the weights of in-process engines "
-        "(default: the model the vLLM server reports).",
+        "(default: where the vLLM or SGLang server reports it loaded the model from).",
     )
     concurrency: int = option(32, "Trajectories decoded at once.")
     n: int = option(1, "Samples per problem.")

@@ -74,7 +74,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         engine = make_engine(EngineArgs(engine=args.engine, base_url=backend, api_key=args.api_key))
         source = await tokenizer_source(engine, args.model)
         if source is None:
-            raise ValueError("--model is needed to load the tokenizer (an SGLang backend does not say)")
+            raise ValueError("--model is needed to load the tokenizer (the backend does not say which model it serves)")
         state["tokenizer"] = AutoTokenizer.from_pretrained(source)
         state["fmt"] = Format.from_tokenizer(state["tokenizer"])
         state["engine"] = engine

@@ -1,15 +1,23 @@
 """SGLang's native ``/generate`` over HTTP, in token space (``input_ids`` in, ``output_ids`` out).
 
-SGLang's radix cache shares the prefix of a block's threads without any hint.
+SGLang's radix cache shares the prefix of a block's threads without any hint. SGLang refuses a
+request whose prompt and ``max_new_tokens`` reach its context length, so each request is fitted
+into the window: the window is read from ``/v1/models`` (``max_model_len``), or, where that does
+not say (SGLang's router answers it for its workers, without one), from SGLang's first refusal.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
-from threadweaver.engine import Completion, EngineError, Sampling, to_completion
+from threadweaver.engine import Completion, EngineError, RequestRefused, Sampling, to_completion
 
 from .http import HTTPOptions, JSONClient, SessionKeyed
+
+_WINDOW_IN_REFUSAL = re.compile(r"context length (?:of |\()(\d+) tokens")
+"""The context length in SGLang's two refusals: "... exceeds the model's maximum context length of N tokens"
+and "The input (n tokens) is longer than the model's context length (N tokens)"."""
 
 
 class SGLangEngine(SessionKeyed):
@@ -24,27 +32,51 @@ class SGLangEngine(SessionKeyed):
         self.client = JSONClient(base_url, options, what="SGLang server")
         self.logprobs = logprobs
         self.extra_sampling = dict(extra_sampling or {})
+        self._server: dict = {}  # what the server said of its model; filled in place, so pinned views share it
+
+    @property
+    def where(self) -> str:
+        return f"SGLang server at {self.client.base_url}"
+
+    async def model_root(self) -> str:
+        """Where the server loaded its tokenizer from (``/get_model_info``), as it was given it."""
+        if "root" not in self._server:
+            info = await self.client.get("/get_model_info")
+            root = info.get("tokenizer_path") or info.get("model_path")
+            if not isinstance(root, str) or not root:
+                raise EngineError(f"{self.where} did not say where its model is (/get_model_info: {sorted(info)})")
+            self._server["root"] = root
+        return self._server["root"]
+
+    async def model_context(self) -> int | None:
+        """The model's context in tokens, where the server says (``max_model_len`` at ``/v1/models``), or as a
+        refusal said it; else None."""
+        if "context" not in self._server:
+            try:
+                cards = (await self.client.get("/v1/models")).get("data") or [{}]
+            except RequestRefused:  # a server without the route: a refusal will say the window
+                cards = [{}]
+            context = cards[0].get("max_model_len") if isinstance(cards[0], dict) else None
+            self._server.setdefault("context", context if isinstance(context, int) and context > 0 else None)
+        return self._server["context"]
 
     async def generate(
         self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
     ) -> Completion:
-        params = {
-            "max_new_tokens": max_tokens,
-            "stop_token_ids": list(stop_ids),
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "top_k": sampling.top_k,
-            "skip_special_tokens": False,
-            "no_stop_trim": True,
-        }
-        if sampling.seed is not None:
-            params["sampling_seed"] = sampling.seed
-        params.update(self.extra_sampling)
-        body = {"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": self.logprobs}
-        reply = await self.client.post("/generate", body, self.headers)
-        where = f"SGLang server at {self.client.base_url}"
+        context = await self.model_context()
+        room = max_tokens if context is None else min(max_tokens, context - 1 - len(prompt_ids))
+        if room <= 0:  # SGLang wants prompt + max_new_tokens under its context length
+            return to_completion((), "length", None, stop_ids, where=self.where)
+        try:
+            reply = await self.client.post("/generate", self._body(prompt_ids, stop_ids, room, sampling), self.headers)
+        except RequestRefused as refusal:
+            window = _WINDOW_IN_REFUSAL.search(str(refusal))
+            if window is None or int(window.group(1)) == context:
+                raise
+            self._server["context"] = int(window.group(1))  # learnt once; the request is fitted and sent again
+            return await self.generate(prompt_ids, stop_ids, max_tokens, sampling)
         if "output_ids" not in reply:
-            raise EngineError(f"{where} returned no output_ids; the reply has {sorted(reply)}")
+            raise EngineError(f"{self.where} returned no output_ids; the reply has {sorted(reply)}")
         meta = reply.get("meta_info", {})
         finish = meta.get("finish_reason") or {}
         logprobs = None
@@ -57,8 +89,23 @@ class SGLangEngine(SessionKeyed):
             stop_ids,
             logprobs,
             meta.get("cached_tokens"),
-            where=where,
+            where=self.where,
         )
+
+    def _body(self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_new_tokens: int, sampling: Sampling):
+        params = {
+            "max_new_tokens": max_new_tokens,
+            "stop_token_ids": list(stop_ids),
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+        }
+        if sampling.seed is not None:
+            params["sampling_seed"] = sampling.seed
+        params.update(self.extra_sampling)
+        return {"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": self.logprobs}
 
     async def aclose(self) -> None:
         await self.client.aclose()
