@@ -6,6 +6,7 @@ import time
 import pytest
 from orchestrator_scripts import CASES, GOOD, NESTED, PROMPT
 
+from threadweaver.engine import Completion
 from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.testing import ScriptedEngine
 
@@ -74,3 +75,30 @@ def test_with_an_engine_that_streams_text_shows_before_its_request_ends(fmt):
     assert len(thread_one) == 4 and thread_one[1] < thread_one[2]  # "a", "a", "</Thread>": token by token
     thread_two = [at for at, _ in runs[pieces.index("<Thread>2:") :]]
     assert min(thread_two) >= thread_one[-1]  # decoded beside thread 1, shown after it
+
+
+class Overrunning:
+    """An engine of one's own that streams, and replies, its whole script: past a stop id and past
+    ``max_tokens`` (the orchestrator cuts a reply as vLLM would, and the stream with it)."""
+
+    def __init__(self, ids):
+        self.ids = tuple(ids)
+
+    async def generate(self, prompt_ids, stop_ids, max_tokens, sampling):
+        return Completion(self.ids, "stop")
+
+    async def stream(self, prompt_ids, stop_ids, max_tokens, sampling):
+        for token in self.ids:
+            yield (token,)
+        yield Completion(self.ids, "stop")
+
+
+@pytest.mark.parametrize("past", ["a stop id", "max_tokens"])
+def test_a_stream_past_what_the_reply_keeps_is_cut_as_the_reply_is(fmt, past):
+    eos = min(fmt.eos_ids)
+    ids = [*fmt.encode("abc"), eos, *fmt.encode("def")] if past == "a stop id" else fmt.encode("abcdefgh")
+    runs = []
+    limits = Limits(max_tokens=4)
+    trajectory = asyncio.run(Orchestrator(Overrunning(ids), fmt, limits).run(fmt.encode(PROMPT), on_tokens=runs.append))
+    assert list(trajectory.token_ids) == ids[:4]
+    assert [t for run in runs for t in run] == ids[:4]

@@ -446,15 +446,18 @@ class _Run:
 
     async def streamed(self, context, stop: frozenset[int], max_tokens: int, live: Callable) -> Completion:
         """A request through the engine's ``stream``: its runs of ids go to ``live``, its completion is
-        returned, with the time its first token came as seen here."""
-        asked, waited, completion = time.monotonic(), None, None
+        returned, with the time its first token came as seen here. Ids past ``max_tokens`` are not passed on
+        (an engine of one's own may stream them): its reply is cut there too (:meth:`completed`)."""
+        asked, waited, completion, room = time.monotonic(), None, None, max_tokens
         async for item in self.engine.stream(context, sorted(stop), max_tokens, self.sampling):
             if isinstance(item, Completion):
                 completion = item
             else:
                 if waited is None and item:
                     waited = time.monotonic() - asked
-                live(tuple(item))
+                ids = tuple(item)[:room]
+                room -= len(ids)
+                live(ids)
         if completion is None:
             raise EngineError("the engine's stream ended without a completion")
         return completion if waited is None else dataclasses.replace(completion, first_token_s=waited)
