@@ -2,7 +2,9 @@
 
 It rejects any field SGLang does not have (HOSTS.md, and SGLang's ``GenerateReqInput`` /
 ``SamplingParams``), answers ``output_ids`` with ``meta_info.finish_reason`` as ``{"type",
-"matched"}`` or ``{"type", "length"}`` and ``meta_info.cached_tokens``, and gets its tokens
+"matched"}`` or ``{"type", "length"}`` and ``meta_info.cached_tokens`` (with ``stream``, SGLang's
+server-sent events: the ids so far in each, or the new ones only as with SGLang's
+``--incremental-streaming-output``), and gets its tokens
 from a real vLLM server, so a trained model's parallel blocks flow through SGLang's wire.
 It refuses, as SGLang's ``TokenizerManager`` does and in its words, a request whose prompt, or
 prompt and ``max_new_tokens``, reach the context length; it says that length at ``/v1/models``
@@ -13,6 +15,7 @@ answers ``/health``, which SGLang's router polls before it routes to a worker.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from contextlib import contextmanager
 
@@ -68,6 +71,7 @@ class SGLangStandIn:
         self.requests: list[dict] = []
         self.context_len: int | None = None  # the vLLM server's, read at the first request
         self.lists_window = True  # False: /v1/models without max_model_len, as SGLang's router answers it
+        self.incremental = False  # True: a stream's events carry the new ids only
 
     async def _context_len(self) -> int:
         if self.context_len is None:
@@ -121,7 +125,9 @@ class SGLangStandIn:
         unknown = set(body) - REQUEST_FIELDS or set(body.get("sampling_params", {})) - SAMPLING_FIELDS
         if unknown or not isinstance(body.get("input_ids"), list):
             return web.json_response({"error": {"message": f"unknown fields {sorted(unknown)}"}}, status=400)
-        if refusal := await self.window_refusal(body):
+        if refusal := await self.window_refusal(body):  # in a stream: an error event, HTTP 200, as SGLang's
+            if body.get("stream"):
+                return await self.events(request, [{"error": {"message": refusal}}])
             return web.json_response({"error": {"message": refusal}}, status=400)
         params = body["sampling_params"]
         vllm_body = {
@@ -135,6 +141,8 @@ class SGLangStandIn:
         }
         if body.get("return_logprob"):
             vllm_body["logprobs"] = 0
+        if body.get("stream"):
+            return await self.streamed(request, body, vllm_body)
         async with ClientSession() as session:
             async with session.post(self.vllm_url + "/v1/completions", json=vllm_body) as response:
                 reply = await response.json()
@@ -142,20 +150,72 @@ class SGLangStandIn:
             return web.json_response({"error": {"message": reply["error"]["message"]}}, status=400)
         choice = reply["choices"][0]
         ids = choice["token_ids"]
-        if choice["finish_reason"] == "stop":
-            finish = {"type": "stop", "matched": choice["stop_reason"]}
-        else:
+        cached = ((reply.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        meta = self.meta(body, ids, choice["finish_reason"], choice.get("stop_reason"), cached)
+        if body.get("return_logprob"):
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(choice["logprobs"]["token_logprobs"], ids)]
+        return web.json_response({"text": "", "output_ids": ids, "meta_info": meta})
+
+    def meta(self, body: dict, ids: list, finish_reason, stop_reason, cached: int) -> dict:
+        """SGLang's ``meta_info`` of a reply, or of a stream event (``finish_reason`` None until the last)."""
+        finish = None
+        if finish_reason == "stop":
+            finish = {"type": "stop", "matched": stop_reason}
+        elif finish_reason is not None:
             finish = {"type": "length", "length": len(ids)}
-        meta = {
+        return {
             "id": "stand-in",
             "finish_reason": finish,
             "prompt_tokens": len(body["input_ids"]),
             "completion_tokens": len(ids),
-            "cached_tokens": ((reply.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+            "cached_tokens": cached,
         }
-        if body.get("return_logprob"):
-            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(choice["logprobs"]["token_logprobs"], ids)]
-        return web.json_response({"text": "", "output_ids": ids, "meta_info": meta})
+
+    async def streamed(self, request, body: dict, vllm_body: dict):
+        """SGLang's stream of ``/generate``, event by event as vLLM's comes: each event's ``output_ids`` all so
+        far, or the new ones only where ``incremental`` (SGLang's ``--incremental-streaming-output``); its
+        ``meta_info`` counts all so far."""
+        from aiohttp import ClientSession
+
+        response = await self.open_events(request)
+        ids: list[int] = []
+        logprobs: list[list] = []
+        async with ClientSession() as session:
+            async with session.post(self.vllm_url + "/v1/completions", json={**vllm_body, "stream": True}) as vllm:
+                async for line in vllm.content:
+                    if not line.startswith(b"data: ") or line[6:].strip() == b"[DONE]":
+                        continue
+                    for choice in json.loads(line[6:]).get("choices") or ():
+                        new = choice.get("token_ids") or []
+                        scores = (choice.get("logprobs") or {}).get("token_logprobs") or []
+                        ids.extend(new)
+                        logprobs.extend([lp, t, None] for lp, t in zip(scores, new))
+                        meta = self.meta(body, ids, choice.get("finish_reason"), choice.get("stop_reason"), 0)
+                        if body.get("return_logprob"):
+                            meta["output_token_logprobs"] = (
+                                logprobs[len(logprobs) - len(new) :] if self.incremental else list(logprobs)
+                            )
+                        event = {"text": "", "output_ids": new if self.incremental else list(ids), "meta_info": meta}
+                        await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        return await self.close_events(response)
+
+    async def events(self, request, events: list[dict]):
+        response = await self.open_events(request)
+        for event in events:
+            await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        return await self.close_events(response)
+
+    async def open_events(self, request):
+        from aiohttp import web
+
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        return response
+
+    async def close_events(self, response):
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
 
 
 @contextmanager

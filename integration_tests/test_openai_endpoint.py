@@ -303,7 +303,8 @@ def test_the_proxy_in_front_of_sglang_asks_it_for_the_model_and_its_window(
     trained, trained_server, problems, generated, fmt
 ):
     """No ``--model``: the tokenizer comes from where the SGLang server loaded the model (``/get_model_info``),
-    and a prompt over its window (``/v1/models``) is a 400, as behind vLLM. SGLang has no CPU build: the
+    a stream shows the trajectory as SGLang's streams come, and a prompt over its window (``/v1/models``) is a
+    400, as behind vLLM. SGLang has no CPU build: the
     backend is :mod:`sglang_stand_in`, SGLang's wire over the vLLM server on loopback."""
     from sglang_stand_in import sglang_stand_in
 
@@ -311,8 +312,11 @@ def test_the_proxy_in_front_of_sglang_asks_it_for_the_model_and_its_window(
         proxy, url = start_proxy("--backend", backend, "--engine", "sglang")
         try:
             model = str(trained[1])
+            row = generated[problems[0]["id"]]
             reply = fork_join_chat(url, model, problems[0]["messages"])
-            assert reply.choices[0].message.content == text_of(generated[problems[0]["id"]], fmt)
+            assert reply.choices[0].message.content == text_of(row, fmt)
+            text, _, _, pieces = streamed_chat(url, model, problems[0]["messages"])
+            assert text == text_of(row, fmt) and pieces > 2 * len(row["requests"])  # SGLang's stream: token by token
             status, reply = post(url + "/v1/completions", {"model": model, "prompt": [5] * 2048, "threadweaver": True})
             assert status == 400 and "the model's context is 2048" in reply["error"]["message"], reply
         finally:

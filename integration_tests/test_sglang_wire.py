@@ -113,3 +113,37 @@ def test_a_window_refused_again_is_the_servers_error(stand_in):
     with pytest.raises(RequestRefused, match=r"HTTP 400: Requested token count exceeds .* length of 100 tokens"):
         generate_once(engine, [1, 5, 6, 7], [2], 5)
     assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("incremental", [False, True], ids=["ids-so-far", "new-ids-only"])
+def test_sglang_engine_streams_each_new_run_once(trained, stand_in, incremental):
+    """SGLang's stream events carry the ids so far (its default) or the new ones only
+    (``--incremental-streaming-output``): either way the engine yields each new run once, then the
+    completion ``generate`` gives. A window refusal in a stream (an error event) is learnt as in a reply."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from threadweaver.engine import Sampling
+    from threadweaver.vllm_orchestrator.sglang_engine import SGLangEngine
+
+    server, url = stand_in
+    server.incremental, server.lists_window = incremental, False
+    tokenizer = AutoTokenizer.from_pretrained(trained[1])
+    prompt, stop = prompts(trained[0], tokenizer, 1)[0], [tokenizer.eos_token_id]
+    engine = SGLangEngine(url, logprobs=True)
+
+    async def run():
+        try:
+            items = [item async for item in engine.stream(prompt, stop, 4096, Sampling())]
+            return items, await engine.generate(prompt, stop, 4096, Sampling())
+        finally:
+            await engine.aclose()
+
+    (*runs, streamed), whole = asyncio.run(run())
+    assert len(runs) >= 3
+    assert [t for run in runs for t in run] == list(streamed.token_ids) == list(whole.token_ids)
+    assert streamed.finish_reason == whole.finish_reason
+    assert streamed.logprobs == pytest.approx(whole.logprobs, abs=1e-3)
+    asked = [body["sampling_params"]["max_new_tokens"] for body in server.requests]
+    assert asked == [4096, 2047 - len(prompt), 2047 - len(prompt)]  # refused in the stream, learnt, then fitted

@@ -1,15 +1,16 @@
 """SGLang's native ``/generate`` over HTTP, in token space (``input_ids`` in, ``output_ids`` out).
 
-SGLang's radix cache shares the prefix of a block's threads without any hint. SGLang refuses a
-request whose prompt and ``max_new_tokens`` reach its context length, so each request is fitted
-into the window: the window is read from ``/v1/models`` (``max_model_len``), or, where that does
-not say (SGLang's router answers it for its workers, without one), from SGLang's first refusal.
+SGLang's radix cache shares the prefix of a block's threads without any hint; its stream gives
+a fork-join reply token by token. SGLang refuses a request whose prompt and ``max_new_tokens``
+reach its context length, so each request is fitted into the window: the window is read from
+``/v1/models`` (``max_model_len``), or, where that does not say (SGLang's router answers it for
+its workers, without one), from SGLang's first refusal.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from threadweaver.engine import Completion, EngineError, RequestRefused, Sampling, to_completion
 
@@ -18,6 +19,15 @@ from .http import HTTPOptions, JSONClient, SessionKeyed
 _WINDOW_IN_REFUSAL = re.compile(r"context length (?:of |\()(\d+) tokens")
 """The context length in SGLang's two refusals: "... exceeds the model's maximum context length of N tokens"
 and "The input (n tokens) is longer than the model's context length (N tokens)"."""
+
+
+def _room(context: int | None, prompt_ids: Sequence[int], max_tokens: int) -> int:
+    """The most new tokens a request may ask for: ``max_tokens``, within the window where it is known."""
+    return max_tokens if context is None else min(max_tokens, context - 1 - len(prompt_ids))
+
+
+def _error_message(error) -> str:
+    return str(error.get("message", error) if isinstance(error, dict) else error)
 
 
 class SGLangEngine(SessionKeyed):
@@ -64,26 +74,71 @@ class SGLangEngine(SessionKeyed):
         self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
     ) -> Completion:
         context = await self.model_context()
-        room = max_tokens if context is None else min(max_tokens, context - 1 - len(prompt_ids))
+        room = _room(context, prompt_ids, max_tokens)
         if room <= 0:  # SGLang wants prompt + max_new_tokens under its context length
             return to_completion((), "length", None, stop_ids, where=self.where)
         try:
             reply = await self.client.post("/generate", self._body(prompt_ids, stop_ids, room, sampling), self.headers)
         except RequestRefused as refusal:
-            window = _WINDOW_IN_REFUSAL.search(str(refusal))
-            if window is None or int(window.group(1)) == context:
+            if not self._learnt_window(str(refusal), context):
                 raise
-            self._server["context"] = int(window.group(1))  # learnt once; the request is fitted and sent again
             return await self.generate(prompt_ids, stop_ids, max_tokens, sampling)
         if "output_ids" not in reply:
             raise EngineError(f"{self.where} returned no output_ids; the reply has {sorted(reply)}")
-        meta = reply.get("meta_info", {})
+        meta = reply.get("meta_info") or {}
+        logprobs = [entry[0] for entry in meta.get("output_token_logprobs") or ()] if self.logprobs else None
+        return self._completion(reply["output_ids"], meta, stop_ids, logprobs)
+
+    async def stream(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> AsyncIterator[tuple[int, ...] | Completion]:
+        """The new ids of each of SGLang's stream events, then the completion.
+
+        An event's ``output_ids`` are all so far (SGLang's default) or the new ones only (with
+        ``--incremental-streaming-output``, and in some versions always): ``meta_info.completion_tokens``,
+        the count so far, says which. A refusal comes as an error event in a 200 stream."""
+        context = await self.model_context()
+        room = _room(context, prompt_ids, max_tokens)
+        if room <= 0:
+            yield to_completion((), "length", None, stop_ids, where=self.where)
+            return
+        body = {**self._body(prompt_ids, stop_ids, room, sampling), "stream": True}
+        ids: list[int] = []
+        logprobs: list[float] = []
+        meta: dict = {}
+        async for event in self.client.events("/generate", body, self.headers):
+            if "error" in event:
+                message = _error_message(event["error"])
+                if not ids and self._learnt_window(message, context):
+                    async for item in self.stream(prompt_ids, stop_ids, max_tokens, sampling):
+                        yield item
+                    return
+                raise RequestRefused(f"{self.where} refused POST /generate in its stream: {message}")
+            meta = event.get("meta_info") or {}
+            chunk = list(event.get("output_ids") or ())
+            whole = len(chunk) == meta.get("completion_tokens", -1)  # all so far, not the new ones only
+            new = chunk[len(ids) :] if whole else chunk
+            if self.logprobs:
+                entries = [entry[0] for entry in meta.get("output_token_logprobs") or ()]
+                logprobs.extend(entries[len(logprobs) :] if whole else entries)
+            if new:
+                ids.extend(new)
+                yield tuple(new)
+        yield self._completion(ids, meta, stop_ids, logprobs if self.logprobs else None)
+
+    def _learnt_window(self, refusal: str, fitted_to: int | None) -> bool:
+        """Whether ``refusal`` names a window other than ``fitted_to``, the one the request was fitted to: then
+        it is the window, and the request is to be sent again fitted (once: the next refusal names the same)."""
+        window = _WINDOW_IN_REFUSAL.search(refusal)
+        if window is None or int(window.group(1)) == fitted_to:
+            return False
+        self._server["context"] = int(window.group(1))
+        return True
+
+    def _completion(self, ids, meta: dict, stop_ids: Sequence[int], logprobs) -> Completion:
         finish = meta.get("finish_reason") or {}
-        logprobs = None
-        if self.logprobs:
-            logprobs = [entry[0] for entry in meta.get("output_token_logprobs", [])]
         return to_completion(
-            reply["output_ids"],
+            ids,
             finish.get("type"),
             finish.get("matched"),
             stop_ids,
