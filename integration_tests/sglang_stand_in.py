@@ -4,12 +4,16 @@ It rejects any field SGLang does not have (HOSTS.md, and SGLang's ``GenerateReqI
 ``SamplingParams``), answers ``output_ids`` with ``meta_info.finish_reason`` as ``{"type",
 "matched"}`` or ``{"type", "length"}`` and ``meta_info.cached_tokens`` (with ``stream``, SGLang's
 server-sent events: the ids so far in each, or the new ones only as with SGLang's
-``--incremental-streaming-output``), and gets its tokens
-from a real vLLM server, so a trained model's parallel blocks flow through SGLang's wire.
-It refuses, as SGLang's ``TokenizerManager`` does and in its words, a request whose prompt, or
-prompt and ``max_new_tokens``, reach the context length; it says that length at ``/v1/models``
-(``max_model_len``) and where the model lies at ``/get_model_info``, as SGLang does. It also
-answers ``/health``, which SGLang's router polls before it routes to a worker.
+``--incremental-streaming-output``), and gets its tokens from a real vLLM server, so a trained
+model's parallel blocks flow through SGLang's wire.
+
+It refuses what SGLang refuses, in its words: in its tokenizer manager, a request whose prompt,
+or prompt and ``max_new_tokens``, is over the context (the prompt counted with the tokens that
+speculative decoding reserves); in its scheduler, a prompt of ``max_req_len - 5`` tokens or more
+(``max_req_len`` = min(context - 1, KV pool - 1)), whose ``max_new_tokens`` it cuts to fit. It
+says the context at ``/v1/models`` (``max_model_len``) and where the model lies at
+``/get_model_info``, as SGLang does, and answers ``/health``, which SGLang's router polls before
+it routes to a worker.
 """
 
 from __future__ import annotations
@@ -72,6 +76,9 @@ class SGLangStandIn:
         self.context_len: int | None = None  # the vLLM server's, read at the first request
         self.lists_window = True  # False: /v1/models without max_model_len, as SGLang's router answers it
         self.incremental = False  # True: a stream's events carry the new ids only
+        self.reserve = 0  # tokens counted in every prompt, as SGLang reserves them for speculative decoding (EAGLE)
+        self.pool_tokens: int | None = None  # a KV pool smaller than the context: it bounds a request too
+        self.refuse_always: str | None = None  # a message to refuse every request with (a 400)
 
     async def _context_len(self) -> int:
         if self.context_len is None:
@@ -95,18 +102,34 @@ class SGLangStandIn:
 
         return web.json_response({"model_path": self.model, "tokenizer_path": self.model, "is_generation": True})
 
-    async def window_refusal(self, body: dict) -> str | None:
-        """SGLang's refusal of a request that does not fit its context, in its words (``_validate_one_request``)."""
-        context, prompt = await self._context_len(), len(body["input_ids"])
+    async def tokenizer_refusal(self, body: dict) -> str | None:
+        """SGLang's tokenizer manager's refusal of a request over the context, in its words
+        (``_validate_one_request``: the prompt counted with the tokens reserved for speculative decoding)."""
+        context, counted = await self._context_len(), len(body["input_ids"]) + self.reserve
         new = body["sampling_params"].get("max_new_tokens")
-        if prompt >= context:
-            return f"The input ({prompt} tokens) is longer than the model's context length ({context} tokens)."
-        if new is not None and new + prompt >= context:
+        if counted >= context:
+            return f"The input ({counted} tokens) is longer than the model's context length ({context} tokens)."
+        if new is not None and new + counted > context:
             return (
                 f"Requested token count exceeds the model's maximum context length of {context} tokens. You "
-                f"requested a total of {new + prompt} tokens: {prompt} tokens from the input messages and {new} "
+                f"requested a total of {new + counted} tokens: {counted} tokens from the input messages and {new} "
                 "tokens for the completion. Please reduce the number of tokens in the input messages or the "
                 "completion to fit within the limit."
+            )
+        return None
+
+    async def longest_request(self) -> int:
+        """SGLang's scheduler's ``max_req_len``: min(context - 1, KV pool - 1)."""
+        return min(await self._context_len() - 1, (self.pool_tokens or 1 << 62) - 1)
+
+    async def scheduler_refusal(self, body: dict) -> str | None:
+        """SGLang's scheduler's refusal of a prompt of ``max_req_len - 5`` tokens or more
+        (``validate_input_length``)."""
+        cap, prompt = await self.longest_request() - 5, len(body["input_ids"])
+        if prompt >= cap:
+            return (
+                f"Input length ({prompt} tokens) exceeds the maximum allowed length ({cap} tokens). Use a shorter "
+                "input or enable --allow-auto-truncate."
             )
         return None
 
@@ -125,15 +148,26 @@ class SGLangStandIn:
         unknown = set(body) - REQUEST_FIELDS or set(body.get("sampling_params", {})) - SAMPLING_FIELDS
         if unknown or not isinstance(body.get("input_ids"), list):
             return web.json_response({"error": {"message": f"unknown fields {sorted(unknown)}"}}, status=400)
-        if refusal := await self.window_refusal(body):  # in a stream: an error event, HTTP 200, as SGLang's
+        if self.refuse_always:
+            return web.json_response({"error": {"message": self.refuse_always}}, status=400)
+        # refused: 400, or in a stream (HTTP 200) an error event (the tokenizer manager's) or an abort (the scheduler's)
+        if refusal := await self.tokenizer_refusal(body):
             if body.get("stream"):
                 return await self.events(request, [{"error": {"message": refusal}}])
             return web.json_response({"error": {"message": refusal}}, status=400)
+        if refusal := await self.scheduler_refusal(body):
+            if body.get("stream"):
+                finish = {"type": "abort", "message": refusal, "status_code": 400, "err_type": "BadRequestError"}
+                return await self.events(
+                    request, [{"text": "", "output_ids": [], "meta_info": {"finish_reason": finish}}]
+                )
+            return web.json_response({"error": {"message": refusal}}, status=400)
         params = body["sampling_params"]
+        served = await self.longest_request() - len(body["input_ids"]) - 1  # the scheduler's clamp, silent
         vllm_body = {
             "model": self.model,
             "prompt": body["input_ids"],
-            "max_tokens": params["max_new_tokens"],
+            "max_tokens": min(params["max_new_tokens"], served),
             "stop_token_ids": params.get("stop_token_ids", []),
             "temperature": params["temperature"],
             "return_token_ids": True,

@@ -299,16 +299,19 @@ def test_the_proxy_gives_the_same_replies_over_http(trained, trained_server, pro
         proxy.wait(timeout=30)
 
 
+@pytest.mark.parametrize("lists_window", [True, False], ids=["window-listed", "behind-sglangs-router"])
 def test_the_proxy_in_front_of_sglang_asks_it_for_the_model_and_its_window(
-    trained, trained_server, problems, generated, fmt
+    trained, trained_server, problems, generated, fmt, lists_window
 ):
     """No ``--model``: the tokenizer comes from where the SGLang server loaded the model (``/get_model_info``),
-    a stream shows the trajectory as SGLang's streams come, and a prompt over its window (``/v1/models``) is a
-    400, as behind vLLM. SGLang has no CPU build: the
-    backend is :mod:`sglang_stand_in`, SGLang's wire over the vLLM server on loopback."""
+    a stream shows the trajectory as SGLang's streams come, and a prompt over the window is a 400, as behind
+    vLLM: the window ``/v1/models`` lists, or, behind SGLang's router (which lists none), the one the first
+    refusal said (the prompt that met it got an empty reply that ended by length). SGLang has no CPU build:
+    the backend is :mod:`sglang_stand_in`, SGLang's wire over the vLLM server on loopback."""
     from sglang_stand_in import sglang_stand_in
 
-    with sglang_stand_in(trained_server, str(trained[1])) as (_, backend):
+    with sglang_stand_in(trained_server, str(trained[1])) as (server, backend):
+        server.lists_window = lists_window
         proxy, url = start_proxy("--backend", backend, "--engine", "sglang")
         try:
             model = str(trained[1])
@@ -317,7 +320,12 @@ def test_the_proxy_in_front_of_sglang_asks_it_for_the_model_and_its_window(
             assert reply.choices[0].message.content == text_of(row, fmt)
             text, _, _, pieces = streamed_chat(url, model, problems[0]["messages"])
             assert text == text_of(row, fmt) and pieces > 2 * len(row["requests"])  # SGLang's stream: token by token
-            status, reply = post(url + "/v1/completions", {"model": model, "prompt": [5] * 2048, "threadweaver": True})
+            over = {"model": model, "prompt": [5] * 2048, "threadweaver": True}
+            if not lists_window:
+                status, reply = post(url + "/v1/completions", over)
+                assert status == 200 and reply["choices"][0]["finish_reason"] == "length", reply
+                assert reply["choices"][0]["text"] == ""
+            status, reply = post(url + "/v1/completions", over)
             assert status == 400 and "the model's context is 2048" in reply["error"]["message"], reply
         finally:
             proxy.terminate()

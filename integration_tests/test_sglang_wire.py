@@ -34,7 +34,7 @@ def test_sglang_engine_decodes_the_same_trajectories(trained, trained_server, st
     tokenizer = AutoTokenizer.from_pretrained(trained[1])
     fmt = Format.from_tokenizer(tokenizer)
     prompt_list = prompts(trained[0], tokenizer, 4)
-    limits = Limits(max_request_tokens=512)  # inside both windows (SGLang's holds one token fewer than vLLM's)
+    limits = Limits(max_request_tokens=512)  # inside both windows (SGLang serves 2 tokens fewer than vLLM)
     over_sglang = decode(SGLangEngine(url), fmt, prompt_list, limits)
     over_vllm = decode(VLLMServerEngine(trained_server), fmt, prompt_list, limits)
     assert [t.token_ids for t in over_sglang] == [t.token_ids for t in over_vllm]
@@ -68,11 +68,16 @@ def test_sglang_errors_name_the_server_and_its_message(stand_in):
         generate_once(engine, [1, 5], [2], 3)
 
 
+def sent_max_new_tokens(server) -> list[int]:
+    return [body["sampling_params"]["max_new_tokens"] for body in server.requests]
+
+
 @pytest.mark.parametrize("lists_window", [True, False], ids=["window-listed", "window-from-refusal"])
 def test_sglang_engine_fits_each_request_into_the_servers_window(trained, stand_in, lists_window):
-    """SGLang refuses a prompt and ``max_new_tokens`` that reach its context length. The engine reads the
-    window from ``/v1/models``, or, where that does not list it (SGLang's router answers for its workers),
-    from the first refusal, which it then sends again fitted: nothing is refused twice."""
+    """SGLang serves a request at most ``max_req_len`` = context - 1 tokens and refuses a prompt of
+    ``max_req_len - 5`` or more. The engine reads the context from ``/v1/models``, or, where that does not
+    list it (SGLang's router answers for its workers), from the first refusal, and sends that request
+    again fitted."""
     import asyncio
 
     from threadweaver.engine import Sampling
@@ -84,35 +89,67 @@ def test_sglang_engine_fits_each_request_into_the_servers_window(trained, stand_
 
     async def run():
         try:
-            near_end = [1] + [5, 6, 7] * 681  # 2,044 tokens: 3 fit under the 2,048-token window
+            near_end = [1] + [5, 6, 7] * 676 + [5]  # 2,030 tokens: SGLang serves 16 more in a 2,048 window
             first = await engine.generate(near_end, [2], 4096, Sampling())
-            full = await engine.generate([1] + [5] * 2046, [2], 4096, Sampling())  # no room: no request
+            full = await engine.generate([1] + [5] * 2041, [2], 4096, Sampling())  # 2,042: refused, so not sent
             short = await engine.generate([1, 5, 6, 7], [2], 3, Sampling())
             return first, full, short, await engine.model_root()
         finally:
             await engine.aclose()
 
     first, full, short, root = asyncio.run(run())
-    sent = [body["sampling_params"]["max_new_tokens"] for body in server.requests]
-    assert sent == ([3, 3] if lists_window else [4096, 3, 3])  # the refused one, then the fitted one
-    assert len(first.token_ids) <= 3 and (first.finish_reason == "length") == (len(first.token_ids) == 3)
+    assert sent_max_new_tokens(server) == ([16, 3] if lists_window else [4096, 16, 3])  # refused, then fitted
+    assert len(first.token_ids) <= 16 and (first.finish_reason == "length") == (len(first.token_ids) == 16)
     assert full.token_ids == () and full.finish_reason == "length"
     assert len(short.token_ids) <= 3
     assert root == str(trained[1])  # where the server loaded the model from: its tokenizer
 
 
-def test_a_window_refused_again_is_the_servers_error(stand_in):
-    """A refusal naming the window the request was fitted to is not sent again: it is the server's error
-    (here ``extra_sampling`` overrides the fitted ``max_new_tokens``)."""
+def test_sglang_engine_learns_the_limits_no_route_says(stand_in):
+    """Two limits SGLang lists nowhere: the tokens it reserves in every prompt for speculative decoding
+    (EAGLE: its refusal counts them in the prompt), and a KV pool smaller than the context, which lowers
+    ``max_req_len`` (its scheduler's refusal says the longest prompt, in a stream as an abort)."""
+    import asyncio
+
+    from threadweaver.engine import Sampling
+    from threadweaver.vllm_orchestrator.sglang_engine import SGLangEngine
+
+    server, url = stand_in
+    server.reserve, server.pool_tokens = 4, 1025  # max_req_len 1024: prompts under 1019 tokens
+
+    async def run():
+        engine = SGLangEngine(url)
+        try:
+            reserved = await engine.generate([1] + [5] * 999, [2], 4096, Sampling())
+            over = [item async for item in engine.stream([1] + [5] * 1499, [2], 4096, Sampling())]
+            return reserved, over, await engine.generate([1] + [5] * 999, [2], 4096, Sampling())
+        finally:
+            await engine.aclose()
+
+    reserved, over, again = asyncio.run(run())
+    # 1,000 tokens: 1,046 refused (with the 4 reserved, over 2,048), 1,042 served (the pool then cuts it to 23);
+    # 1,500 tokens: 542 refused (the prompt is over 1,019), then not sent; 1,000 tokens again: 1,024 - 1 - 1,000 - 4
+    assert sent_max_new_tokens(server) == [1046, 1042, 542, 19]
+    assert len(reserved.token_ids) <= 23 and len(again.token_ids) <= 19
+    assert over == [over[-1]] and over[-1].token_ids == () and over[-1].finish_reason == "length"
+
+
+def test_a_refusal_that_teaches_nothing_is_the_servers_error(stand_in):
+    """A request refused again for a limit it was fitted to is not sent a third time: the refusal is the
+    server's error, in its words."""
     from threadweaver.engine import RequestRefused
     from threadweaver.vllm_orchestrator.sglang_engine import SGLangEngine
 
     server, url = stand_in
-    server.context_len = 100
-    engine = SGLangEngine(url, extra_sampling={"max_new_tokens": 500})
-    with pytest.raises(RequestRefused, match=r"HTTP 400: Requested token count exceeds .* length of 100 tokens"):
-        generate_once(engine, [1, 5, 6, 7], [2], 5)
-    assert len(server.requests) == 1
+    server.refuse_always = (
+        "Requested token count exceeds the model's maximum context length of 100 tokens. You requested a total of "
+        "10 tokens: 5 tokens from the input messages and 5 tokens for the completion."
+    )
+    with pytest.raises(RequestRefused, match=r"HTTP 400: Requested token count exceeds .* of 100 tokens"):
+        generate_once(SGLangEngine(url), [1, 5, 6, 7], [2], 5)
+    assert sent_max_new_tokens(server) == [5, 5]  # fitted to the context it said, then refused all the same
+    with pytest.raises(ValueError, match="extra_sampling may not set max_new_tokens"):
+        SGLangEngine(url, extra_sampling={"max_new_tokens": 500})
 
 
 @pytest.mark.parametrize("incremental", [False, True], ids=["ids-so-far", "new-ids-only"])
@@ -145,5 +182,5 @@ def test_sglang_engine_streams_each_new_run_once(trained, stand_in, incremental)
     assert [t for run in runs for t in run] == list(streamed.token_ids) == list(whole.token_ids)
     assert streamed.finish_reason == whole.finish_reason
     assert streamed.logprobs == pytest.approx(whole.logprobs, abs=1e-3)
-    asked = [body["sampling_params"]["max_new_tokens"] for body in server.requests]
-    assert asked == [4096, 2047 - len(prompt), 2047 - len(prompt)]  # refused in the stream, learnt, then fitted
+    fitted = 2046 - len(prompt)
+    assert sent_max_new_tokens(server) == [4096, fitted, fitted]  # refused in the stream, learnt, then fitted

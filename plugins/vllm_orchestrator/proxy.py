@@ -78,9 +78,6 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         state["tokenizer"] = AutoTokenizer.from_pretrained(source)
         state["fmt"] = Format.from_tokenizer(state["tokenizer"])
         state["engine"] = engine
-        if args.model is None:  # the backend's model card was read: it says the context too
-            context = await model_context(engine)
-            state["settings"] = dataclasses.replace(state["settings"], max_model_len=context)
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
         state["session"] = aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=None))
 
@@ -120,6 +117,14 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         if served is not None:
             check_model(model, *served)
 
+    async def window() -> int | None:
+        """The backend's context as its engine knows it now: read at the first fork-join request, or (behind
+        SGLang's router, which does not list it) once a refusal has said it."""
+        try:
+            return await model_context(state["engine"])
+        except EngineError:
+            return None  # the backend is unreachable, or serves several models: the trajectory's requests say so
+
     async def openai_route(request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         try:
@@ -136,7 +141,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                 body,
                 ROUTES[request.path],
                 state["tokenizer"],
-                settings,
+                dataclasses.replace(settings, max_model_len=await window()),
                 state["engine"],
                 state["fmt"],
                 model,

@@ -1,10 +1,15 @@
 """SGLang's native ``/generate`` over HTTP, in token space (``input_ids`` in, ``output_ids`` out).
 
 SGLang's radix cache shares the prefix of a block's threads without any hint; its stream gives
-a fork-join reply token by token. SGLang refuses a request whose prompt and ``max_new_tokens``
-reach its context length, so each request is fitted into the window: the window is read from
-``/v1/models`` (``max_model_len``), or, where that does not say (SGLang's router answers it for
-its workers, without one), from SGLang's first refusal.
+a fork-join reply token by token.
+
+SGLang refuses a request that does not fit, so each is fitted first, by SGLang's own rules: its
+scheduler serves at most ``max_req_len`` = min(context - 1, KV pool - 1) tokens a request and
+refuses a prompt of ``max_req_len - 5`` or more; its tokenizer manager counts the tokens it
+reserves for speculative decoding in the prompt. The context is read from ``/v1/models``
+(``max_model_len``), or, where that does not say (SGLang's router answers it for its workers,
+without one), from SGLang's refusal, as are the KV pool's limit and the reserve, which no route
+says; the refused request is then sent again, fitted.
 """
 
 from __future__ import annotations
@@ -16,14 +21,16 @@ from threadweaver.engine import Completion, EngineError, RequestRefused, Samplin
 
 from .http import HTTPOptions, JSONClient, SessionKeyed
 
-_WINDOW_IN_REFUSAL = re.compile(r"context length (?:of |\()(\d+) tokens")
-"""The context length in SGLang's two refusals: "... exceeds the model's maximum context length of N tokens"
-and "The input (n tokens) is longer than the model's context length (N tokens)"."""
-
-
-def _room(context: int | None, prompt_ids: Sequence[int], max_tokens: int) -> int:
-    """The most new tokens a request may ask for: ``max_tokens``, within the window where it is known."""
-    return max_tokens if context is None else min(max_tokens, context - 1 - len(prompt_ids))
+_WINDOW = re.compile(r"context length (?:of |\()(\d+) tokens")
+"""The context in the tokenizer manager's refusals: "Requested token count exceeds the model's maximum context
+length of N tokens. You requested a total of T tokens: I tokens from the input messages and ..." and "The input
+(I tokens) is longer than the model's context length (N tokens)"."""
+_COUNTED_INPUT = re.compile(r"The input \((\d+) tokens\)|(\d+) tokens from the input messages")
+"""The prompt as those refusals count it: with the tokens reserved for speculative decoding."""
+_INPUT_CAP = re.compile(r"maximum allowed length \((\d+) tokens\)")
+"""The scheduler's refusal: "Input length (I tokens) exceeds the maximum allowed length (M tokens)"."""
+_ATTEMPTS = 4
+"""Sends of one request at most: each refusal after the first teaches a limit it had not said."""
 
 
 def _error_message(error) -> str:
@@ -39,6 +46,10 @@ class SGLangEngine(SessionKeyed):
         logprobs: bool = False,
         extra_sampling: dict | None = None,
     ):
+        """``extra_sampling`` is merged into every request's ``sampling_params`` (SGLang's own fields, e.g.
+        ``min_p``); ``max_new_tokens`` is each request's own, fitted to the server."""
+        if "max_new_tokens" in (extra_sampling or {}):
+            raise ValueError("extra_sampling may not set max_new_tokens: each request's is fitted to the server")
         self.client = JSONClient(base_url, options, what="SGLang server")
         self.logprobs = logprobs
         self.extra_sampling = dict(extra_sampling or {})
@@ -48,14 +59,19 @@ class SGLangEngine(SessionKeyed):
     def where(self) -> str:
         return f"SGLang server at {self.client.base_url}"
 
-    async def model_root(self) -> str:
-        """Where the server loaded its tokenizer from (``/get_model_info``), as it was given it."""
+    async def model_root(self) -> str | None:
+        """Where the server loaded its tokenizer from (``/model_info``, or ``/get_model_info`` as SGLang's
+        router and older SGLang name it), as it was given it; None where neither answers."""
         if "root" not in self._server:
-            info = await self.client.get("/get_model_info")
+            info = {}
+            for route in ("/model_info", "/get_model_info"):
+                try:
+                    info = await self.client.get(route)
+                    break
+                except RequestRefused:
+                    continue
             root = info.get("tokenizer_path") or info.get("model_path")
-            if not isinstance(root, str) or not root:
-                raise EngineError(f"{self.where} did not say where its model is (/get_model_info: {sorted(info)})")
-            self._server["root"] = root
+            self._server["root"] = root if isinstance(root, str) and root else None
         return self._server["root"]
 
     async def model_context(self) -> int | None:
@@ -73,16 +89,17 @@ class SGLangEngine(SessionKeyed):
     async def generate(
         self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
     ) -> Completion:
-        context = await self.model_context()
-        room = _room(context, prompt_ids, max_tokens)
-        if room <= 0:  # SGLang wants prompt + max_new_tokens under its context length
-            return to_completion((), "length", None, stop_ids, where=self.where)
-        try:
-            reply = await self.client.post("/generate", self._body(prompt_ids, stop_ids, room, sampling), self.headers)
-        except RequestRefused as refusal:
-            if not self._learnt_window(str(refusal), context):
-                raise
-            return await self.generate(prompt_ids, stop_ids, max_tokens, sampling)
+        for attempt in range(_ATTEMPTS):
+            room = await self._room(len(prompt_ids), max_tokens)
+            if room <= 0:  # nothing SGLang would serve
+                return to_completion((), "length", None, stop_ids, where=self.where)
+            body = self._body(prompt_ids, stop_ids, room, sampling)
+            try:
+                reply = await self.client.post("/generate", body, self.headers)
+                break
+            except RequestRefused as refusal:
+                if attempt + 1 == _ATTEMPTS or not self._learnt(str(refusal), len(prompt_ids)):
+                    raise
         if "output_ids" not in reply:
             raise EngineError(f"{self.where} returned no output_ids; the reply has {sorted(reply)}")
         meta = reply.get("meta_info") or {}
@@ -96,44 +113,64 @@ class SGLangEngine(SessionKeyed):
 
         An event's ``output_ids`` are all so far (SGLang's default) or the new ones only (with
         ``--incremental-streaming-output``, and in some versions always): ``meta_info.completion_tokens``,
-        the count so far, says which. A refusal comes as an error event in a 200 stream."""
-        context = await self.model_context()
-        room = _room(context, prompt_ids, max_tokens)
-        if room <= 0:
-            yield to_completion((), "length", None, stop_ids, where=self.where)
-            return
-        body = {**self._body(prompt_ids, stop_ids, room, sampling), "stream": True}
-        ids: list[int] = []
-        logprobs: list[float] = []
-        meta: dict = {}
-        async for event in self.client.events("/generate", body, self.headers):
-            if "error" in event:
-                message = _error_message(event["error"])
-                if not ids and self._learnt_window(message, context):
-                    async for item in self.stream(prompt_ids, stop_ids, max_tokens, sampling):
-                        yield item
-                    return
-                raise RequestRefused(f"{self.where} refused POST /generate in its stream: {message}")
-            meta = event.get("meta_info") or {}
-            chunk = list(event.get("output_ids") or ())
-            whole = len(chunk) == meta.get("completion_tokens", -1)  # all so far, not the new ones only
-            new = chunk[len(ids) :] if whole else chunk
-            if self.logprobs:
-                entries = [entry[0] for entry in meta.get("output_token_logprobs") or ()]
-                logprobs.extend(entries[len(logprobs) :] if whole else entries)
-            if new:
-                ids.extend(new)
-                yield tuple(new)
-        yield self._completion(ids, meta, stop_ids, logprobs if self.logprobs else None)
+        the count so far, says which. In a stream SGLang answers 200 and refuses in an event: an error
+        (its tokenizer manager's) or a finish of type "abort" with a 4xx status (its scheduler's)."""
+        for attempt in range(_ATTEMPTS):
+            room = await self._room(len(prompt_ids), max_tokens)
+            if room <= 0:
+                yield to_completion((), "length", None, stop_ids, where=self.where)
+                return
+            body = {**self._body(prompt_ids, stop_ids, room, sampling), "stream": True}
+            ids: list[int] = []
+            logprobs: list[float] = []
+            meta: dict = {}
+            refusal = None
+            async for event in self.client.events("/generate", body, self.headers):
+                meta = event.get("meta_info") or {}
+                refusal = _refusal_in(event)
+                if refusal is not None:
+                    break
+                chunk = list(event.get("output_ids") or ())
+                whole = len(chunk) == meta.get("completion_tokens", -1)  # all so far, not the new ones only
+                new = chunk[len(ids) :] if whole else chunk
+                if self.logprobs:
+                    entries = [entry[0] for entry in meta.get("output_token_logprobs") or ()]
+                    logprobs.extend(entries[len(logprobs) :] if whole else entries)
+                if new:
+                    ids.extend(new)
+                    yield tuple(new)
+            if refusal is None:
+                yield self._completion(ids, meta, stop_ids, logprobs if self.logprobs else None)
+                return
+            if ids or attempt + 1 == _ATTEMPTS or not self._learnt(refusal, len(prompt_ids)):
+                raise RequestRefused(f"{self.where} refused POST /generate in its stream: {refusal}")
 
-    def _learnt_window(self, refusal: str, fitted_to: int | None) -> bool:
-        """Whether ``refusal`` names a window other than ``fitted_to``, the one the request was fitted to: then
-        it is the window, and the request is to be sent again fitted (once: the next refusal names the same)."""
-        window = _WINDOW_IN_REFUSAL.search(refusal)
-        if window is None or int(window.group(1)) == fitted_to:
-            return False
-        self._server["context"] = int(window.group(1))
-        return True
+    async def _room(self, prompt_tokens: int, max_tokens: int) -> int:
+        """The most new tokens SGLang serves a request of ``prompt_tokens`` (0: it would refuse the prompt),
+        by what it has said of its limits; ``max_tokens`` where it has said none."""
+        context = await self.model_context()
+        cap = self._server.get("input_cap")
+        limits = [n for n in (None if context is None else context - 1, None if cap is None else cap + 5) if n]
+        if not limits:
+            return max_tokens
+        longest = min(limits)  # the scheduler's max_req_len
+        if prompt_tokens >= longest - 5:
+            return 0
+        return min(max_tokens, longest - 1 - prompt_tokens - self._server.get("reserve", 0))
+
+    def _learnt(self, refusal: str, prompt_tokens: int) -> bool:
+        """Whether ``refusal`` says a limit the request was not fitted to: it is kept (a smaller context or
+        prompt cap, a larger reserve: so each refusal teaches at most once) and the request is fitted again."""
+        said = dict(self._server)
+        if window := _WINDOW.search(refusal):
+            known = self._server.get("context")
+            self._server["context"] = min(int(window.group(1)), known or int(window.group(1)))
+            if counted := _COUNTED_INPUT.search(refusal):
+                reserve = int(counted.group(1) or counted.group(2)) - prompt_tokens
+                self._server["reserve"] = max(reserve, self._server.get("reserve", 0))
+        if cap := _INPUT_CAP.search(refusal):
+            self._server["input_cap"] = min(int(cap.group(1)), self._server.get("input_cap") or int(cap.group(1)))
+        return self._server != said
 
     def _completion(self, ids, meta: dict, stop_ids: Sequence[int], logprobs) -> Completion:
         finish = meta.get("finish_reason") or {}
@@ -164,3 +201,13 @@ class SGLangEngine(SessionKeyed):
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def _refusal_in(event: dict) -> str | None:
+    """The refusal a stream event carries, if it is one."""
+    if "error" in event:
+        return _error_message(event["error"])
+    finish = (event.get("meta_info") or {}).get("finish_reason") or {}
+    if isinstance(finish, dict) and finish.get("type") == "abort" and 400 <= (finish.get("status_code") or 0) < 500:
+        return str(finish.get("message") or finish)
+    return None
