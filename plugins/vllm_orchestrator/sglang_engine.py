@@ -14,6 +14,7 @@ says; the refused request is then sent again, fitted.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import AsyncIterator, Sequence
 
@@ -125,20 +126,21 @@ class SGLangEngine(SessionKeyed):
             logprobs: list[float] = []
             meta: dict = {}
             refusal = None
-            async for event in self.client.events("/generate", body, self.headers):
-                meta = event.get("meta_info") or {}
-                refusal = _refusal_in(event)
-                if refusal is not None:
-                    break
-                chunk = list(event.get("output_ids") or ())
-                whole = len(chunk) == meta.get("completion_tokens", -1)  # all so far, not the new ones only
-                new = chunk[len(ids) :] if whole else chunk
-                if self.logprobs:
-                    entries = [entry[0] for entry in meta.get("output_token_logprobs") or ()]
-                    logprobs.extend(entries[len(logprobs) :] if whole else entries)
-                if new:
-                    ids.extend(new)
-                    yield tuple(new)
+            async with contextlib.aclosing(self.client.events("/generate", body, self.headers)) as events:
+                async for event in events:  # closed on a refusal, or a consumer that stops early: its slot is freed
+                    meta = event.get("meta_info") or {}
+                    refusal = _refusal_in(event)
+                    if refusal is not None:
+                        break
+                    chunk = list(event.get("output_ids") or ())
+                    whole = len(chunk) == meta.get("completion_tokens", -1)  # all so far, not the new ones only
+                    new = chunk[len(ids) :] if whole else chunk
+                    if self.logprobs:
+                        entries = [entry[0] for entry in meta.get("output_token_logprobs") or ()]
+                        logprobs.extend(entries[len(logprobs) :] if whole else entries)
+                    if new:
+                        ids.extend(new)
+                        yield tuple(new)
             if refusal is None:
                 yield self._completion(ids, meta, stop_ids, logprobs if self.logprobs else None)
                 return
