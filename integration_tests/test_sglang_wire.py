@@ -105,6 +105,33 @@ def test_sglang_engine_fits_each_request_into_the_servers_window(trained, stand_
     assert root == str(trained[1])  # where the server loaded the model from: its tokenizer
 
 
+def test_requests_refused_together_each_go_again_fitted(stand_in):
+    """Behind SGLang's router no route lists the window: the first requests of a batch, sent at once, are
+    refused together. The first refusal teaches the window; each of the others is then fitted otherwise
+    than it was sent, so it goes again too, rather than failing for a window already learnt."""
+    import asyncio
+
+    from threadweaver.engine import Sampling
+    from threadweaver.vllm_orchestrator.sglang_engine import SGLangEngine
+
+    server, url = stand_in
+    server.lists_window = False
+    near_end = [1] + [5, 6, 7] * 676 + [5]  # 2,030 tokens: 16 more fit
+
+    async def run():
+        engine = SGLangEngine(url)
+        try:
+            views = [engine.pinned() for _ in range(4)]  # four trajectories' views, sharing what was learnt
+            return await asyncio.gather(*[v.generate(near_end, [2], 4096, Sampling()) for v in views])
+        finally:
+            await engine.aclose()
+
+    completions = asyncio.run(run())
+    sent = sent_max_new_tokens(server)
+    assert sent.count(16) == 4 and set(sent) == {4096, 16}, sent
+    assert all(len(c.token_ids) <= 16 for c in completions)
+
+
 def test_sglang_engine_learns_the_limits_no_route_says(stand_in):
     """Two limits SGLang lists nowhere: the tokens it reserves in every prompt for speculative decoding
     (EAGLE: its refusal counts them in the prompt), and a KV pool smaller than the context, which lowers
@@ -135,8 +162,8 @@ def test_sglang_engine_learns_the_limits_no_route_says(stand_in):
 
 
 def test_a_refusal_that_teaches_nothing_is_the_servers_error(stand_in):
-    """A request refused again for a limit it was fitted to is not sent a third time: the refusal is the
-    server's error, in its words."""
+    """A refusal after which the request would ask for the same is not sent again: it is the server's
+    error, in its words (here the limits it says, 100 tokens of context, hold 5 new tokens)."""
     from threadweaver.engine import RequestRefused
     from threadweaver.vllm_orchestrator.sglang_engine import SGLangEngine
 
@@ -147,7 +174,7 @@ def test_a_refusal_that_teaches_nothing_is_the_servers_error(stand_in):
     )
     with pytest.raises(RequestRefused, match=r"HTTP 400: Requested token count exceeds .* of 100 tokens"):
         generate_once(SGLangEngine(url), [1, 5, 6, 7], [2], 5)
-    assert sent_max_new_tokens(server) == [5, 5]  # fitted to the context it said, then refused all the same
+    assert sent_max_new_tokens(server) == [5]
     with pytest.raises(ValueError, match="extra_sampling may not set max_new_tokens"):
         SGLangEngine(url, extra_sampling={"max_new_tokens": 500})
 

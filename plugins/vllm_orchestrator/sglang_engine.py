@@ -3,10 +3,10 @@
 SGLang's radix cache shares the prefix of a block's threads without any hint; its stream gives
 a fork-join reply token by token.
 
-SGLang refuses a request that does not fit, so each is fitted first, by SGLang's own rules: its
-scheduler serves at most ``max_req_len`` = min(context - 1, KV pool - 1) tokens a request and
-refuses a prompt of ``max_req_len - 5`` or more; its tokenizer manager counts the tokens it
-reserves for speculative decoding in the prompt. The context is read from ``/v1/models``
+SGLang refuses a request that does not fit, so each is fitted first, by SGLang's own rules: with
+``max_req_len`` = min(context - 1, KV pool - 1), its scheduler serves a prompt and new tokens of at
+most ``max_req_len - 1`` and refuses a prompt of ``max_req_len - 5`` tokens or more; its tokenizer
+manager counts the tokens it reserves for speculative decoding in the prompt. The context is read from ``/v1/models``
 (``max_model_len``), or, where that does not say (SGLang's router answers it for its workers,
 without one), from SGLang's refusal, as are the KV pool's limit and the reserve, which no route
 says; the refused request is then sent again, fitted.
@@ -99,7 +99,7 @@ class SGLangEngine(SessionKeyed):
                 reply = await self.client.post("/generate", body, self.headers)
                 break
             except RequestRefused as refusal:
-                if attempt + 1 == _ATTEMPTS or not self._learnt(str(refusal), len(prompt_ids)):
+                if not await self._fitted_otherwise(str(refusal), prompt_ids, max_tokens, room, attempt):
                     raise
         if "output_ids" not in reply:
             raise EngineError(f"{self.where} returned no output_ids; the reply has {sorted(reply)}")
@@ -113,9 +113,10 @@ class SGLangEngine(SessionKeyed):
         """The new ids of each of SGLang's stream events, then the completion.
 
         An event's ``output_ids`` are all so far (SGLang's default) or the new ones only (with
-        ``--incremental-streaming-output``, and in some versions always): ``meta_info.completion_tokens``,
-        the count so far, says which. In a stream SGLang answers 200 and refuses in an event: an error
-        (its tokenizer manager's) or a finish of type "abort" with a 4xx status (its scheduler's)."""
+        ``--incremental-streaming-output``, ``--stream-output`` before it): ``meta_info.completion_tokens``,
+        the count so far, says which, and at the end that no id was lost. In a stream SGLang answers 200 and
+        refuses in an event: an error (its tokenizer manager's) or a finish of type "abort" with a 4xx status
+        (its scheduler's)."""
         for attempt in range(_ATTEMPTS):
             room = await self._room(len(prompt_ids), max_tokens)
             if room <= 0:
@@ -125,26 +126,28 @@ class SGLangEngine(SessionKeyed):
             ids: list[int] = []
             logprobs: list[float] = []
             meta: dict = {}
-            refusal = None
+            refusal, gave_ids = None, False
             async with contextlib.aclosing(self.client.events("/generate", body, self.headers)) as events:
                 async for event in events:  # closed on a refusal, or a consumer that stops early: its slot is freed
                     meta = event.get("meta_info") or {}
-                    refusal = _refusal_in(event)
+                    refusal = self._refusal_in(event)
                     if refusal is not None:
                         break
+                    gave_ids = gave_ids or "output_ids" in event
+                    count = meta.get("completion_tokens", -1)
                     chunk = list(event.get("output_ids") or ())
-                    whole = len(chunk) == meta.get("completion_tokens", -1)  # all so far, not the new ones only
-                    new = chunk[len(ids) :] if whole else chunk
+                    new = chunk[len(ids) :] if len(chunk) == count else chunk  # all so far, or the new ones only
                     if self.logprobs:
                         entries = [entry[0] for entry in meta.get("output_token_logprobs") or ()]
-                        logprobs.extend(entries[len(logprobs) :] if whole else entries)
+                        logprobs.extend(entries[len(logprobs) :] if len(entries) == count else entries)
                     if new:
                         ids.extend(new)
                         yield tuple(new)
             if refusal is None:
+                self._check_stream(gave_ids, ids, logprobs, meta)
                 yield self._completion(ids, meta, stop_ids, logprobs if self.logprobs else None)
                 return
-            if ids or attempt + 1 == _ATTEMPTS or not self._learnt(refusal, len(prompt_ids)):
+            if ids or not await self._fitted_otherwise(refusal, prompt_ids, max_tokens, room, attempt):
                 raise RequestRefused(f"{self.where} refused POST /generate in its stream: {refusal}")
 
     async def _room(self, prompt_tokens: int, max_tokens: int) -> int:
@@ -160,10 +163,44 @@ class SGLangEngine(SessionKeyed):
             return 0
         return min(max_tokens, longest - 1 - prompt_tokens - self._server.get("reserve", 0))
 
-    def _learnt(self, refusal: str, prompt_tokens: int) -> bool:
-        """Whether ``refusal`` says a limit the request was not fitted to: it is kept (a smaller context or
-        prompt cap, a larger reserve: so each refusal teaches at most once) and the request is fitted again."""
-        said = dict(self._server)
+    async def _fitted_otherwise(
+        self, refusal: str, prompt_ids: Sequence[int], max_tokens: int, sent: int, attempt: int
+    ) -> bool:
+        """Whether a request refused with ``sent`` new tokens is to be sent again: what ``refusal`` says of the
+        server's limits is kept, and the request would now ask for another number (here, or as another request
+        refused at the same time learnt). Each limit only tightens, so each send asks for fewer."""
+        self._learn(refusal, len(prompt_ids))
+        return attempt + 1 < _ATTEMPTS and await self._room(len(prompt_ids), max_tokens) != sent
+
+    def _check_stream(self, gave_ids: bool, ids: list[int], logprobs: list[float], meta: dict) -> None:
+        """Refuse a stream that lost ids: SGLang 0.5 and older with ``--stream-output`` sent only the last of
+        the events that queued up, each the new ids only."""
+        count = meta.get("completion_tokens")
+        if not gave_ids or (count is not None and count != len(ids)) or (self.logprobs and len(logprobs) != len(ids)):
+            raise EngineError(
+                f"{self.where}: its stream gave {len(ids)} token ids (and {len(logprobs)} log-probs) where it counts "
+                f"{count} tokens{'' if gave_ids else ', with no output_ids'}: an SGLang of 0.5 or older drops ids "
+                "with --stream-output; serve without it (or with --incremental-streaming-output on a newer SGLang)"
+            )
+
+    def _refusal_in(self, event: dict) -> str | None:
+        """The refusal a stream event carries (its tokenizer manager's error, its scheduler's abort with a 4xx),
+        if it is one; a failure with a 5xx raises :class:`EngineError`, as a reply's does."""
+        finish = (event.get("meta_info") or {}).get("finish_reason") or {}
+        if "error" in event:
+            error = event["error"]
+            message, status = _error_message(error), error.get("code") if isinstance(error, dict) else None
+        elif isinstance(finish, dict) and finish.get("type") == "abort" and finish.get("status_code"):
+            message, status = str(finish.get("message") or finish), finish["status_code"]
+        else:
+            return None
+        if isinstance(status, int) and status >= 500:
+            raise EngineError(f"{self.where} failed POST /generate in its stream (HTTP {status}): {message}")
+        return message
+
+    def _learn(self, refusal: str, prompt_tokens: int) -> None:
+        """Keep what ``refusal`` says of the server's limits: the least context and prompt cap, the largest
+        reserve, so that what one refusal taught another cannot undo."""
         if window := _WINDOW.search(refusal):
             known = self._server.get("context")
             self._server["context"] = min(int(window.group(1)), known or int(window.group(1)))
@@ -172,7 +209,6 @@ class SGLangEngine(SessionKeyed):
                 self._server["reserve"] = max(reserve, self._server.get("reserve", 0))
         if cap := _INPUT_CAP.search(refusal):
             self._server["input_cap"] = min(int(cap.group(1)), self._server.get("input_cap") or int(cap.group(1)))
-        return self._server != said
 
     def _completion(self, ids, meta: dict, stop_ids: Sequence[int], logprobs) -> Completion:
         finish = meta.get("finish_reason") or {}
@@ -203,13 +239,3 @@ class SGLangEngine(SessionKeyed):
 
     async def aclose(self) -> None:
         await self.client.aclose()
-
-
-def _refusal_in(event: dict) -> str | None:
-    """The refusal a stream event carries, if it is one."""
-    if "error" in event:
-        return _error_message(event["error"])
-    finish = (event.get("meta_info") or {}).get("finish_reason") or {}
-    if isinstance(finish, dict) and finish.get("type") == "abort" and 400 <= (finish.get("status_code") or 0) < 500:
-        return str(finish.get("message") or finish)
-    return None
