@@ -53,6 +53,16 @@ def test_self_train_samples_filters_mixes_and_fine_tunes_then_resumes_without_re
     assert "[self-train] sampling" not in again.stdout and "fine-tuning" not in again.stdout
     assert os.path.getmtime(out / "server.log") == log_time  # no server was started
 
+    # other settings than those that made OUT's samples, or its model, would reuse them: refused, nothing redone
+    more = command[:7] + ["3"] + command[8:]  # --n 3
+    other_lr = command + ["--learning-rate", "1e-3"]
+    for changed, made, setting in ((more, "generated.jsonl", "n"), (other_lr, "model", "sft")):
+        refused = subprocess.run(changed, capture_output=True, text=True)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+        assert f"{out / made} was made with other {setting} than this run's" in refused.stderr
+        assert "rerun the same command" not in refused.stderr and "[self-train] sampling" not in refused.stdout
+    assert json.loads((out / "model" / "trainer_state.json").read_text())["global_step"] == 2
+
     nothing_kept = subprocess.run(command[:8] + ["--max-tokens", "1"], capture_output=True, text=True)
     assert nothing_kept.returncode == 1 and "nothing to train on" in nothing_kept.stderr
     assert "self_train.json" in nothing_kept.stderr and "Traceback" not in nothing_kept.stderr
@@ -62,23 +72,34 @@ def test_self_train_samples_filters_mixes_and_fine_tunes_then_resumes_without_re
 
 
 @pytest.mark.parametrize(
-    "flags, message",
+    "model, flags, message",
     [
-        (["--start", "base"], "--start base needs --base MODEL"),
-        (["--mix", "nowhere.jsonl"], "nowhere.jsonl"),
-        (["--base", "nowhere"], "--base MODEL goes with --start base"),
-        (["--max_stepz", "1"], "sft takes no --max_stepz 1"),  # a typo of an sft flag: now, not after sampling
-        (["--max_step", "1"], "sft takes no --max_step 1"),  # nor an abbreviation of one
-        (["--base-url", "localhost:8000"], "--base-url must be an http:// or https:// URL, not 'localhost:8000'"),
+        ("embedded", ["--start", "base"], "--start base needs --base MODEL"),
+        ("embedded", ["--mix", "nowhere.jsonl"], "nowhere.jsonl"),
+        ("embedded", ["--base", "nowhere"], "--base MODEL goes with --start base"),
+        ("embedded", ["--max_stepz", "1"], "sft takes no --max_stepz 1"),  # a typo of an sft flag: now, not after
+        ("embedded", ["--max_step", "1"], "sft takes no --max_step 1"),  # nor an abbreviation of one
+        ("embedded", ["--base-url", "localhost:8000"], "--base-url must be an http:// or https:// URL"),
+        ("embedded", ["--output-dir", "x"], "--output-dir: self-train trains into OUT/model"),
+        ("a_file", [], "a_file: a file, not a model directory (self-train takes MODEL, then PROBLEMS)"),
+        ("embedded", ["--mix", "bad_mix.jsonl"], "bad_mix.jsonl: line 1: field 'messages' must end with an assistant"),
     ],
 )
-def test_self_train_refuses_bad_flags_in_one_line(tmp_path, flags, message):
+def test_self_train_refuses_bad_flags_in_one_line(tmp_path, model, flags, message):
+    """Refused before a server starts or anything is sampled: a bad model, flag or --mix row."""
+    from threadweaver.quickstart.recipe import embedded_models
+
     problems = tmp_path / "p.jsonl"
     problems.write_text('{"id": "a", "prompt": "A=1+2\\nA=?", "answer": "3"}\n')
-    argv = [CLI, "self-train", str(tmp_path), str(problems), "--out", str(tmp_path / "out"), *flags]
-    done = subprocess.run(argv, capture_output=True, text=True)
-    assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr
+    (tmp_path / "bad_mix.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    (tmp_path / "a_file").write_text("")
+    model = str(embedded_models()["parallel"]) if model == "embedded" else str(tmp_path / model)
+    flags = [str(tmp_path / flag) if flag.endswith(".jsonl") else flag for flag in flags]
+    argv = [CLI, "self-train", model, str(problems), "--out", str(tmp_path / "out"), *flags]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert "rerun the same command" not in done.stderr  # nothing was done to go on from
+    assert not (tmp_path / "out" / "server.log").exists(), "a server was started"
 
 
 @pytest.mark.parametrize(
@@ -91,10 +112,13 @@ def test_self_train_refuses_bad_flags_in_one_line(tmp_path, flags, message):
 )
 def test_self_train_refuses_bad_problems_or_counts_before_it_starts_a_server(tmp_path, problems_text, flags, message):
     """The server takes minutes to start: what generate would refuse is refused first, and no server ran."""
+    from threadweaver.quickstart.recipe import embedded_models
+
     problems, out = tmp_path / "p.jsonl", tmp_path / "out"
     problems.write_text(problems_text)
+    model = str(embedded_models()["parallel"])
     done = subprocess.run(
-        [CLI, "self-train", str(tmp_path), str(problems), "--out", str(out), *flags], capture_output=True, text=True
+        [CLI, "self-train", model, str(problems), "--out", str(out), *flags], capture_output=True, text=True
     )
     assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not (out / "server.log").exists(), "a server was started"

@@ -312,3 +312,19 @@ def test_recipe_schedules_mean_what_recipe_md_says(tmp_path):
     assert sequential == parallel and len(parallel) == 800
     assert parallel[30] == parallel[599] == pytest.approx(1e-3)  # held at its peak after the warm-up
     assert 0 < parallel[700] < 1e-3 and parallel[-1] < 1e-5  # then a decay over the last quarter
+
+
+def test_rows_of_another_tokenizers_ids_are_refused(tmp_path):
+    """Rows of token ids (as ``generate`` and ``filter`` write them) record their tokenizer: ids of the synth
+    vocabulary would train other tokens of a Qwen-vocabulary model, so sft refuses them before loading it.
+    The same rows as text train any model."""
+    run(
+        "kit", "--out", str(tmp_path / "qwen"), "--tokenizer", "qwen", "--hidden-size", "64", "--num-hidden-layers", "1"
+    )
+    row = {"prompt_ids": [5, 6, 7], "token_ids": [8, 9, 10], "tokenizer": "synth"}
+    (tmp_path / "ids.jsonl").write_text(json.dumps(row) + "\n")
+    args = ["--output-dir", str(tmp_path / "out"), "--max-steps", "1"]
+    refused = run("sft", str(tmp_path / "qwen"), str(tmp_path / "ids.jsonl"), *args, check=False)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert "ids.jsonl: its rows are token ids of the tokenizer 'synth'" in refused.stderr
+    assert not (tmp_path / "out").exists()

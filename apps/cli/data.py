@@ -259,7 +259,9 @@ def _self_train(args: argparse.Namespace) -> None:
         sys.exit(f"threadweaver self-train: {err}")
     try:
         summary = run(*configs, args.rest)
-    except (ValueError, OSError, RuntimeError, EngineError) as err:
+    except ValueError as err:  # bad input or settings: the same command would fail again
+        sys.exit(f"threadweaver self-train: {err}")
+    except (OSError, RuntimeError, EngineError) as err:
         sys.exit(f"threadweaver self-train: {err}{_go_on_hint(args.out)}")
     except KeyboardInterrupt as interrupt:  # Ctrl-C
         raise Stopped(f"stopped{_go_on_hint(args.out)}", interrupt) from None
@@ -268,7 +270,8 @@ def _self_train(args: argparse.Namespace) -> None:
 
 
 def _go_on_hint(out: str) -> str:
-    if not os.path.exists(os.path.join(out, "generated.jsonl")):
+    generated = os.path.join(out, "generated.jsonl")
+    if not os.path.exists(generated) or os.path.getsize(generated) == 0:  # nothing done to go on from
         return ""
     return f"\nwhat is done is in {out}; rerun the same command to go on"
 

@@ -9,12 +9,17 @@ does not say which). Every step leaves its output in ``OUT``; a rerun skips the 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
 from threadweaver.cli_args import check_counts, check_url, option
 from threadweaver.engine import Sampling
+from threadweaver.model_dirs import check_model_dir
 from threadweaver.selection import FilterConfig
+
+OWN_FLAGS = ("--output-dir", "--output_dir")
+"""sft flags self-train sets itself: the model goes to OUT/model, the next round's MODEL."""
 
 
 @dataclass(frozen=True)
@@ -40,9 +45,16 @@ class SelfTrainArgs:
             raise ValueError("--start base needs --base MODEL")
         if self.base and self.start != "base":
             raise ValueError("--base MODEL goes with --start base: without it the sampling model is fine-tuned")
-        for path in (self.model, self.problems, self.mix, self.base if self.start == "base" else None):
-            if path is not None and not os.path.exists(path):
-                raise FileNotFoundError(f"no such file or directory: {path}")
+        for path, flag in ((self.problems, "PROBLEMS"), (self.mix, "--mix")):
+            if path is not None and (not os.path.exists(path) or os.path.isdir(path)):
+                raise ValueError(
+                    f"{flag} {path}: {'a folder, not a file of rows' if os.path.isdir(path) else 'no such file'}"
+                )
+        check_model_dir(self.model, what="a model directory (self-train takes MODEL, then PROBLEMS)")
+        if self.start == "base":
+            check_model_dir(self.base, what="a model directory (--base)")
+        if os.path.exists(self.out) and not os.path.isdir(self.out):
+            raise ValueError(f"--out {self.out}: a file, not a folder")
 
 
 def check_sft_flags(sft_argv: list[str]) -> None:
@@ -52,18 +64,31 @@ def check_sft_flags(sft_argv: list[str]) -> None:
     unknown = sft.parser().parse_known_args(["MODEL", "DATA", *sft_argv])[1]
     if unknown:
         raise ValueError(f"sft takes no {' '.join(unknown)} (`threadweaver sft --help` lists its flags)")
+    if given := [flag for flag in sft_argv if flag.split("=")[0] in OWN_FLAGS]:
+        raise ValueError(f"{given[0].split('=')[0]}: self-train trains into OUT/model (--out names OUT)")
 
 
 def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_argv: list[str]) -> dict:
     """The round's summary (also in ``OUT/self_train.json``); ``sft_argv``: more ``sft`` flags."""
     from threadweaver.hf_collator import sft
-    from threadweaver.jsonl import read_jsonl, write_json, write_jsonl
+    from threadweaver.jsonl import write_json, write_jsonl
     from threadweaver.kit.tokenizers import load_tokenizer
     from threadweaver.rows import RowReader
     from threadweaver.selection import select
 
+    mixed = read_mix(args.mix, args.model if args.start == "model" else args.base) if args.mix else []
     os.makedirs(args.out, exist_ok=True)
+    recipe = Recipe(os.path.join(args.out, "recipe.json"))
     generated, done = os.path.join(args.out, "generated.jsonl"), os.path.join(args.out, "generated.done")
+    samples = {
+        "model": os.path.realpath(args.model),
+        "problems": file_digest(args.problems),
+        "n": args.n,
+        "sampling": dataclasses.asdict(sampling),
+    }
+    if os.path.exists(generated):
+        recipe.check("sample", samples, generated)
+    recipe.keep("sample", samples)
     if not os.path.exists(done):
         print(f"[self-train] sampling {args.n} trajectories per problem with {args.model}", flush=True)
         sample(args, sampling, generated)
@@ -71,21 +96,105 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
     print("[self-train] keeping the correct, well-formed, parallel samples", flush=True)
     kept, _, report = select(generated, RowReader(load_tokenizer(args.model)), filtering)
     write_jsonl(os.path.join(args.out, "kept.jsonl"), kept)
-    mixed = [row for _, row in read_jsonl(args.mix)] if args.mix else []
     train = os.path.join(args.out, "train.jsonl")
-    write_jsonl(train, [*kept, *mixed])
     model_dir = os.path.join(args.out, "model")
+    training = {
+        "start": os.path.realpath(args.model if args.start == "model" else args.base),
+        "rows": rows_digest([*kept, *mixed]),
+        "sft": list(sft_argv),
+    }
     summary = {"filter": report, "kept": len(kept), "mixed": len(mixed), "start": args.start}
     summary["model"] = model_dir if kept or mixed else None
     summary_path = os.path.join(args.out, "self_train.json")
-    write_json(summary_path, summary)
     if summary["model"] is None:
+        write_json(summary_path, summary)
         raise ValueError(f"nothing to train on: no sample of {generated} passed the filter (why: {summary_path})")
+    if os.path.exists(os.path.join(model_dir, "trainer_state.json")):
+        recipe.check("train", training, model_dir)
+    write_jsonl(train, [*kept, *mixed])
+    write_json(summary_path, summary)
     if not os.path.exists(os.path.join(model_dir, "trainer_state.json")):
         start = args.model if args.start == "model" else args.base
+        recipe.keep("train", training)
         print(f"[self-train] fine-tuning {start} on {len(kept)} kept + {len(mixed)} mixed rows", flush=True)
         sft.main([start, train, "--output-dir", model_dir, *sft_argv])
     return summary
+
+
+def read_mix(path: str, model: str) -> list[dict]:
+    """The stage-1 rows of ``--mix``, each checked as sft reads it (with ``model``'s tokenizer) before any
+    sampling: a bad row names ``--mix``'s file and line, not the merged train.jsonl's."""
+    from threadweaver.jsonl import RowError, read_jsonl
+    from threadweaver.kit.tokenizers import load_tokenizer
+    from threadweaver.rows import RowReader
+
+    reader = RowReader(load_tokenizer(model))
+    rows = []
+    try:
+        for line, row in read_jsonl(path):  # a line that is not a JSON object: a RowError naming it
+            try:
+                reader.prompt(row)
+                reader.trajectory(row)
+            except ValueError as err:
+                raise RowError.at(line, err) from None
+            rows.append(row)
+    except ValueError as err:
+        raise ValueError(f"--mix {path}: {err}") from None
+    if not rows:
+        raise ValueError(f"--mix {path} has no rows")
+    return rows
+
+
+class Recipe:
+    """What made each step's output in OUT (``recipe.json``): a rerun whose inputs or settings differ would
+    reuse an output they did not make (``generate`` resumes, a trained model is kept), so it is refused."""
+
+    def __init__(self, path: str):
+        import json
+
+        self.path = path
+        try:
+            with open(path) as f:
+                self.steps = json.load(f)
+        except FileNotFoundError:  # a new OUT, or one made before self-train kept recipes
+            self.steps = {}
+        except ValueError as err:
+            raise ValueError(f"{path}: not JSON ({err}); move it away to go on without its record") from None
+
+    def check(self, step: str, made_of: dict, output: str) -> None:
+        before = self.steps.get(step)
+        if before is None or before == made_of:
+            return
+        changed = ", ".join(key for key in made_of if before.get(key) != made_of[key])
+        raise ValueError(
+            f"{output} was made with other {changed or 'settings'} than this run's (recorded in {self.path}), so "
+            f"this run would reuse it: give a new --out, or move {output} away to make it again"
+        )
+
+    def keep(self, step: str, made_of: dict) -> None:
+        from threadweaver.jsonl import write_json
+
+        self.steps[step] = made_of
+        write_json(self.path, self.steps)
+
+
+def file_digest(path: str) -> str:
+    """The SHA-256 of a file's bytes."""
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def rows_digest(rows: list[dict]) -> str:
+    """The SHA-256 of rows as JSON (keys sorted): the same rows, the same digest."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(json.dumps(row, sort_keys=True).encode() + b"\n")
+    return digest.hexdigest()
 
 
 def sample(args: SelfTrainArgs, sampling: Sampling, out: str, limits=None) -> None:
@@ -93,6 +202,7 @@ def sample(args: SelfTrainArgs, sampling: Sampling, out: str, limits=None) -> No
     vLLM server started for the model and stopped after."""
     from contextlib import nullcontext
 
+    from threadweaver.jsonl import RowError
     from threadweaver.orchestrator import Limits
     from threadweaver.vllm_orchestrator.engines import EngineArgs
     from threadweaver.vllm_orchestrator.generate import GenerateArgs, checked_problems
@@ -100,7 +210,10 @@ def sample(args: SelfTrainArgs, sampling: Sampling, out: str, limits=None) -> No
     from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
 
     jobs = GenerateArgs(args.problems, out, model=args.model, concurrency=args.concurrency, n=args.n)
-    checked_problems(jobs)  # before a server takes minutes to start
+    try:
+        checked_problems(jobs)  # before a server takes minutes to start
+    except RowError as err:
+        raise ValueError(f"{args.problems}: {err}") from None
     server = (
         nullcontext()
         if args.base_url

@@ -173,6 +173,36 @@ def check_prepared(model_dir: str, tokenizer, model=None) -> None:
         )
 
 
+def check_row_tokenizer(data: str, model_dir: str, tokenizer) -> None:
+    """Refuse rows of token ids written with a tokenizer whose vocabulary is not MODEL's: their ids would
+    train other tokens, without a word. The tokenizer the first row records is compared where it loads
+    here (the kit's names, a local folder or file; a hub id is not fetched for this); rows of text are
+    tokenised with MODEL's, so any tokenizer wrote them."""
+    from threadweaver.jsonl import read_jsonl
+    from threadweaver.kit.tokenizers import load_tokenizer
+    from threadweaver.rows import TOKENIZER_FIELD
+
+    try:
+        _, row = next(read_jsonl(data), (0, {}))
+    except (ValueError, OSError):
+        return  # load_rows names what is wrong with the file
+    name = row.get(TOKENIZER_FIELD)
+    if not isinstance(name, str) or not any(field in row for field in ("prompt_ids", "completion_ids", "token_ids")):
+        return
+    if name not in ("synth", "qwen") and not os.path.exists(os.path.expanduser(name)):
+        return
+    try:
+        written_with = load_tokenizer(os.path.expanduser(name)).get_vocab()
+    except (OSError, ValueError):
+        return
+    if written_with != tokenizer.get_vocab():
+        raise ValueError(
+            f"{data}: its rows are token ids of the tokenizer {name!r} (field {TOKENIZER_FIELD!r}), whose vocabulary "
+            f"is not {model_dir}'s: their ids would train other tokens. Train the model that tokenizer belongs to, "
+            "or rows of text (messages)"
+        )
+
+
 def check_paths(model_dir: str, data: str, output_dir: str) -> None:
     """Refuse, before anything loads, a MODEL, DATA or --output_dir that cannot be one (the two swapped,
     say), and an --output_dir that is MODEL: training would overwrite the model it starts from."""
@@ -241,6 +271,7 @@ def train(
     check_paths(model_dir, data, config.output_dir)  # after the flags' refusals, which read flags only
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     check_prepared(model_dir, tokenizer)
+    check_row_tokenizer(data, model_dir, tokenizer)
     base = "sdpa" if attention == "varlen" else attention  # varlen is a tree attention only
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=base)
     check_prepared(model_dir, tokenizer, model)
