@@ -344,3 +344,27 @@ def test_unreadable_tokenizers_and_json_nested_too_deep_are_named(tmp_path, data
     deep.write_text(first + '\n{"x": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
     done = run("stats", str(deep), check=False)
     assert "line 2: JSON nested too deep to read" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup"])
+def test_a_data_command_stopped_by_a_signal_cleans_up_as_after_ctrl_c(tmp_path, signum):
+    """A job scheduler's SIGTERM, a closed terminal's SIGHUP: ``convert`` stops as after Ctrl-C, removing the
+    output it had begun and keeping the finished one (it used to die at once and leave ``OUT.tmp``)."""
+    from test_convert import mv_row
+
+    rows = tmp_path / "multiverse.jsonl"
+    rows.write_text((json.dumps(mv_row()) + "\n") * 40_000)
+    out = tmp_path / "out.jsonl"
+    out.write_text("finished work\n")
+    process = subprocess.Popen(
+        [CLI, "convert", str(rows), str(out), "--from", "multiverse"], stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while not os.path.exists(str(out) + ".tmp") and process.poll() is None:
+        assert time.monotonic() < deadline, "convert did not begin its output in 60 s"
+        time.sleep(0.05)
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signum and "Traceback" not in err, err[-2000:]
+    assert err.endswith("threadweaver convert: stopped\n")
+    assert not os.path.exists(str(out) + ".tmp") and out.read_text() == "finished work\n"

@@ -220,6 +220,24 @@ def test_npr_rendered_chat_text_loses_its_format_instruction():
     ]
 
 
+def test_npr_text_field_named_is_read_and_no_other():
+    """``--text-field`` names the field: a rendered chat in ``text`` is not read in its place."""
+    chat = f"<|im_start|>user\nWhat is 3^2 + 4^2?<|im_end|>\n<|im_start|>assistant\n{NPR_TRAJECTORY}<|im_end|>\n"
+    failure = convert_npr({"text": chat}, ConvertConfig(text_field="bogus"))
+    assert failure.reason == "no_text" and "field 'bogus' is missing" in failure.detail
+
+
+@pytest.mark.parametrize("final", [None, 7, "  "], ids=["missing", "a number", "blank"])
+def test_a_multiverse_row_without_its_final_answer_is_no_final(final):
+    """The answer after ``</think>`` is Multiverse's ``deepseek_attempt``: without it the row would teach
+    the model to end on an empty answer."""
+    row = mv_row() if final is None else mv_row(deepseek_attempt=final)
+    if final is None:
+        del row["deepseek_attempt"]
+    failure = convert_multiverse(row)
+    assert failure.reason == "no_final" and "field 'deepseek_attempt'" in failure.detail
+
+
 def test_each_npr_trajectory_is_a_row_with_its_sample(fmt):
     second = guideline("1: Guess.") + steps("1: 25") + "<takeaway>\nOne guess.\n</takeaway>\n\\boxed{25}"
     out = convert_row(npr_row(NPR_TRAJECTORY, second), 3, "npr", fmt)

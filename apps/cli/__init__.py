@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from threadweaver.interrupts import Stopped, exit_status
+from threadweaver.interrupts import STOPPING_SIGNALS, Stopped, exit_status, interrupt_like_ctrl_c
 
 from .data import DATA_COMMANDS
 from .models import MODEL_COMMANDS
@@ -45,10 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     if passthrough and not command.vllm_flags:
         args.command_parser.error("only `threadweaver serve` passes flags after --")
     args.rest, args.vllm_args = rest, passthrough
+    interrupt_like_ctrl_c(*STOPPING_SIGNALS)  # a job scheduler's SIGTERM, a closed terminal's SIGHUP: cleanups run
     try:
         command.run(args)
         sys.stdout.flush()  # what a pipe buffered fails here, not at exit
-    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM/SIGHUP where a server is running (serve.VLLMServer)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, SIGTERM or SIGHUP
         _stop(command.name, "stopped", exit_status(interrupt))
     except Stopped as stopped:  # the same, where the command kept its finished work
         _stop(command.name, str(stopped), stopped.status)

@@ -20,6 +20,7 @@ Reason = Literal[
     "unreadable",  # the line is not a JSON object (JSONL) or the row not an object
     "no_text",  # no trajectory text in the row
     "no_problem",  # no problem text in the row
+    "no_final",  # no final answer text after the reasoning, where the source has one apart (Multiverse)
     "no_assistant",  # a rendered chat with no assistant turn
     "unknown_tag",  # a tag of another format (or ours) in the source's text
     "unbalanced",  # a tag that closes nothing open, or one never closed

@@ -42,10 +42,10 @@ def convert_multiverse(row: dict, config: ConvertConfig = ConvertConfig()) -> di
         if text.startswith("<Think>") and text.endswith("</Think>"):
             text = text[len("<Think>") : -len("</Think>")]
         reasoning = Converter(text, MULTIVERSE, config.max_depth).convert()
+        final = field_text(row, "deepseek_attempt", "no_final")  # the answer after </think>
     except Refused as err:
         return err.failure
-    final = row.get("deepseek_attempt")
-    content = think_content(reasoning, final if isinstance(final, str) else "")
+    content = think_content(reasoning, final)
     return {
         **row_id(row),
         "messages": [{"role": "user", "content": problem}, assistant_turn(content)],

@@ -41,7 +41,7 @@ def convert_npr(row: dict, config: ConvertConfig = ConvertConfig()) -> dict | Fa
     """An NPR row with one trajectory (see :func:`samples`) as our chat row, or why not."""
     name = config.text_field or FIELDS["npr"]
     try:
-        if name not in row and "text" in row:
+        if config.text_field is None and name not in row and "text" in row:  # a rendered chat, as NPR also ships
             prompt, trajectory = rendered_chat(field_text(row, "text", "no_text"))
             prompt = [{**t, "content": t["content"].split(NPR_INSTRUCTION)[0]} for t in prompt]
         else:
