@@ -103,6 +103,19 @@ def test_per_problem_keeps_the_best_speedups_and_the_report_accounts_for_every_r
     assert kept == [rows[0], rows[1], rows[3]]
 
 
+def test_rows_without_an_id_are_one_problem_a_prompt(synth, tmp_path):
+    """Rows written by another tool, without an ``id``: samples of one prompt are one problem, named by its
+    first row's line, so ``per_problem`` caps them (each row was a problem of its own)."""
+    rows = [row(synth, parallel(), sample=k) for k in range(3)]
+    for r in rows:
+        del r["id"]
+    path = tmp_path / "gen.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kept, verdicts, report = select(str(path), RowReader(None, synth), FilterConfig(per_problem=1))
+    assert kept == [rows[0]] and [v.problem for v in verdicts] == ["line-1"] * 3
+    assert report["problems"] == report["problems_kept"] == 1 and report["dropped"] == {"per_problem": 2}
+
+
 def test_the_command_writes_the_kept_rows_and_the_report(synth, tmp_path, capsys):
     rows = [row(synth, parallel()), row(synth, parallel(answer="11"), sample=1)]
     generated, out = tmp_path / "gen.jsonl", tmp_path / "kept.jsonl"

@@ -10,7 +10,7 @@ is, in this order of checks:
 4. parallel: it has a block (unless sequential ones are kept too);
 5. no longer than ``max_tokens``.
 
-Then at most ``per_problem`` trajectories per problem (the rows' ``id``) stay, best speedup
+Then at most ``per_problem`` trajectories per problem (the rows' ``id``; rows without one, by prompt) stay, best speedup
 first. A dropped row has one reason: the first check it fails. Kept rows pass through as they
 are: their token ids are what the model sampled, so nothing is re-tokenised, and
 ``threadweaver sft`` reads them (``prompt_ids`` + ``token_ids``).
@@ -95,8 +95,11 @@ def select(
     """(the kept rows in file order, every row's verdict, the report). ``progress`` wraps the row
     iterator (a progress bar)."""
     rows, verdicts = {}, []
+    named_by_prompt: dict[tuple[int, ...], str] = {}  # rows without an id: one problem a prompt
     for line, row in progress(read_jsonl(path)):
         verdict = judge(row, line, reader, config)
+        if row.get("id") is None:  # named as its prompt's first row is (line-N)
+            verdict = replace(verdict, problem=named_by_prompt.setdefault(tuple(reader.prompt(row)), verdict.problem))
         verdicts.append(verdict)
         if verdict.reason is None:
             rows[line] = row
