@@ -47,6 +47,15 @@ def test_stats_into_a_reader_that_left_stops_quietly(data):
     assert proc.wait() == 1 and stderr == ""
 
 
+def test_a_tokenizer_given_against_the_one_the_rows_record_is_warned_of(data):
+    """``--tokenizer`` wins over what the rows record, with a warning: ids of another vocabulary would be
+    read as other tokens. The same tokenizer by the same name, or its folder by another path, is not warned of."""
+    rows = str(data / "parallel" / "validation.jsonl")  # rows that record 'synth'
+    other = run("stats", rows, "--tokenizer", "qwen")
+    assert f"warning: {rows} records the tokenizer 'synth'; reading it with --tokenizer 'qwen'" in other.stderr
+    assert "warning" not in run("stats", rows, "--tokenizer", "synth").stderr
+
+
 def test_stats_json_summaries(data):
     par = json.loads(run("stats", str(data / "parallel" / "validation.jsonl"), "--json").stdout)
     seq = json.loads(run("stats", str(data / "sequential" / "validation.jsonl"), "--json").stdout)

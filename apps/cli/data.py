@@ -29,13 +29,22 @@ def row_reader(spec: str | None, files: list[str], command: str):
     from threadweaver.rows import TOKENIZER_FIELD, RowReader, recorded_tokenizer
 
     hint = ""
-    if spec is None:
-        recorded = {}
-        for path in files:
-            try:
-                recorded[path] = recorded_tokenizer(path)
-            except RowError as err:
+    recorded = {}
+    for path in files:
+        try:
+            recorded[path] = recorded_tokenizer(path)
+        except RowError as err:
+            if spec is None:
                 sys.exit(f"threadweaver {command}: {path}: {err} (--tokenizer NAME reads the rows with another)")
+    if spec is not None:
+        for path, name in recorded.items():
+            if name is not None and not _same_tokenizer(name, spec):  # two names may be one: a warning, not a refusal
+                print(
+                    f"threadweaver {command}: warning: {path} records the tokenizer {name!r}; reading it with "
+                    f"--tokenizer {spec!r}, whose ids must mean the same tokens",
+                    file=sys.stderr,
+                )
+    else:
         named = {name for name in recorded.values() if name is not None}
         if len(named) > 1:
             sides = "; ".join(f"{path} records {name!r}" for path, name in recorded.items())
@@ -58,6 +67,14 @@ def row_reader(spec: str | None, files: list[str], command: str):
         return RowReader(load_tokenizer(spec)), explained
     except (OSError, ValueError) as err:
         sys.exit(f"threadweaver {command}: cannot load the tokenizer {spec!r}: {err}")
+
+
+def _same_tokenizer(recorded: str, given: str) -> bool:
+    """Whether two names load the same tokenizer, as far as names tell: equal, or one folder or file."""
+    if recorded == given:
+        return True
+    paths = [os.path.expanduser(name) for name in (recorded, given)]
+    return all(os.path.exists(path) for path in paths) and os.path.samefile(*paths)
 
 
 def _left_as_it_was(out: str) -> str:
@@ -414,6 +431,8 @@ DATA_COMMANDS = (
         "(stage 2 of the data; more flags go to sft)",
         _self_train,
         _self_train_arguments,
+        epilog="Every other flag goes to `threadweaver sft` (`threadweaver sft --help` lists them), e.g. "
+        "--max-steps 400 --learning-rate 1e-5; --seed here is the sampling seed. The model goes to OUT/model.",
         own_flags=True,
     ),
     Command(
