@@ -377,3 +377,11 @@ def test_a_data_command_stopped_by_a_signal_cleans_up_as_after_ctrl_c(tmp_path, 
     assert process.returncode == 128 + signum and "Traceback" not in err, err[-2000:]
     assert err.endswith("threadweaver convert: stopped\n")
     assert not os.path.exists(str(out) + ".tmp") and out.read_text() == "finished work\n"
+
+
+@pytest.mark.parametrize("command", [["filter"], ["convert", "--from", "npr"]])
+def test_a_folder_or_nothing_for_rows_is_one_line(tmp_path, command):
+    name, *flags = command
+    for given, why in ((tmp_path, "a folder, not a file of rows"), (tmp_path / "nope.jsonl", "no such file")):
+        done = run(name, str(given), str(tmp_path / "out.jsonl"), *flags, check=False)
+        assert done.returncode == 1 and done.stderr == f"threadweaver {name}: {given}: {why}\n", done.stderr

@@ -121,6 +121,14 @@ def _parquet_rows(path: str) -> Iterator[tuple[int, dict]]:
         raise InputError(f"not a readable parquet file ({' '.join(str(err).split())})") from None
 
 
+def not_a_file_of_rows(path: str) -> str | None:
+    """Why ``path`` cannot be read as a file of rows (a folder, or nothing there), or None where it can be
+    (a pipe, ``<(zcat rows.gz)``, is a file of rows too)."""
+    if os.path.isdir(path):
+        return "a folder, not a file of rows"
+    return None if os.path.exists(path) else "no such file"
+
+
 def check_outputs(outputs: Iterable[str], inputs: Iterable[str], named: bool = True) -> None:
     """Refuse, before any work, output paths that would overwrite an input or cannot be files.
 

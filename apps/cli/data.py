@@ -151,9 +151,11 @@ def _filter(args: argparse.Namespace) -> None:
 
     from tqdm import tqdm
 
-    from threadweaver.jsonl import RowError, check_outputs, write_json, write_jsonl
+    from threadweaver.jsonl import RowError, check_outputs, not_a_file_of_rows, write_json, write_jsonl
     from threadweaver.selection import FilterConfig, format_report, select
 
+    if problem := not_a_file_of_rows(args.generated):
+        sys.exit(f"threadweaver filter: {args.generated}: {problem}")
     try:
         check_outputs([args.out, args.out + ".report.json"], [args.generated])
         config = from_args(FilterConfig, args)
@@ -194,14 +196,14 @@ def _convert(args: argparse.Namespace) -> None:
 
     from threadweaver.convert import ConvertConfig, NothingConverted, convert_file, format_report
     from threadweaver.format import Format
-    from threadweaver.jsonl import check_outputs
+    from threadweaver.jsonl import check_outputs, not_a_file_of_rows
     from threadweaver.kit.tokenizers import load_tokenizer
 
     def fail(message: str):
         sys.exit(f"threadweaver convert: {' '.join(message.split())}")
 
-    if not os.path.isfile(args.input):
-        fail(f"{args.input}: {'a folder, not a file' if os.path.isdir(args.input) else 'no such file'}")
+    if problem := not_a_file_of_rows(args.input):
+        fail(f"{args.input}: {problem}")
     try:
         check_outputs([args.out, args.out + ".report.json"], [args.input])
         config = from_args(ConvertConfig, args)

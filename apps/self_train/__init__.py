@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from threadweaver.cli_args import check_counts, check_url, option
 from threadweaver.engine import Sampling
+from threadweaver.jsonl import not_a_file_of_rows
 from threadweaver.model_dirs import check_model_dir
 from threadweaver.selection import FilterConfig
 
@@ -46,10 +47,8 @@ class SelfTrainArgs:
         if self.base and self.start != "base":
             raise ValueError("--base MODEL goes with --start base: without it the sampling model is fine-tuned")
         for path, flag in ((self.problems, "PROBLEMS"), (self.mix, "--mix")):
-            if path is not None and (not os.path.exists(path) or os.path.isdir(path)):
-                raise ValueError(
-                    f"{flag} {path}: {'a folder, not a file of rows' if os.path.isdir(path) else 'no such file'}"
-                )
+            if path is not None and (problem := not_a_file_of_rows(path)):
+                raise ValueError(f"{flag} {path}: {problem}")
         check_model_dir(self.model, what="a model directory (self-train takes MODEL, then PROBLEMS)")
         if self.start == "base":
             check_model_dir(self.base, what="a model directory (--base)")

@@ -21,7 +21,7 @@ from threadweaver.format import missing_tags
 from threadweaver.hf_collator.attention import flash_attention_4_missing, use_tree_attention
 from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
 from threadweaver.hf_collator.malloc import keep_freed_memory
-from threadweaver.jsonl import RowError, read_jsonl
+from threadweaver.jsonl import RowError, not_a_file_of_rows, read_jsonl
 from threadweaver.rows import FIELDS
 from threadweaver.trie import IGNORE_INDEX
 
@@ -209,8 +209,8 @@ def check_paths(model_dir: str, data: str, output_dir: str) -> None:
     from threadweaver.model_dirs import check_model_dir
 
     check_model_dir(model_dir, what="a model directory (sft takes MODEL, then DATA)")
-    if not os.path.exists(data) or os.path.isdir(data):  # a pipe, <(zcat rows.gz), is a file of rows too
-        raise ValueError(f"{data}: {'a folder, not a file of rows' if os.path.isdir(data) else 'no such file'}")
+    if problem := not_a_file_of_rows(data):
+        raise ValueError(f"{data}: {problem}")
     if not output_dir:
         raise ValueError("--output_dir is empty: name the folder to save the model in")
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
