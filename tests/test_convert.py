@@ -249,6 +249,15 @@ def test_each_npr_trajectory_is_a_row_with_its_sample(fmt):
     assert (out[0].blocks, out[0].threads, out[0].depth) == (2, 4, 2)
 
 
+def test_the_report_counts_npr_rows_and_their_trajectories_apart(tmp_path, fmt):
+    second = guideline("1: Guess.") + steps("1: 25") + "<takeaway>\nOne guess.\n</takeaway>\n\\boxed{25}"
+    rows = tmp_path / "npr.jsonl"
+    rows.write_text(json.dumps(npr_row(NPR_TRAJECTORY, second)) + "\n" + json.dumps(npr_row()) + "\n")
+    report = convert_file(str(rows), str(tmp_path / "out.jsonl"), "npr", fmt)
+    assert (report["rows"], report["trajectories"], report["converted"]) == (2, 3, 3)
+    assert format_report(report).splitlines()[0] == "rows                 2 (npr, 3 trajectories)"
+
+
 def test_converted_rows_are_what_sft_reads(qwen, fmt):
     reader = RowReader(qwen, fmt)
     for source, row in [("multiverse", mv_row()), ("reference", ref_row()), ("npr", npr_row())]:

@@ -157,7 +157,8 @@ def report(outcomes: list[Outcome], source: Source, config: ConvertConfig) -> di
     dropped = Counter(o.reason for o in outcomes if o.reason is not None)
     return {
         "source": source,
-        "rows": len(outcomes),
+        "rows": len({o.line for o in outcomes}),
+        "trajectories": len(outcomes),  # an NPR row holds several
         "converted": len(kept),
         "dropped": {reason: dropped[reason] for reason in REASONS if dropped[reason]},
         "blocks": sum(o.blocks for o in kept),
@@ -183,7 +184,8 @@ def report(outcomes: list[Outcome], source: Source, config: ConvertConfig) -> di
 def format_report(stats: dict) -> str:
     speedup = stats["mean_speedup"]
     lines = [
-        f"rows                 {stats['rows']} ({stats['source']})",
+        f"rows                 {stats['rows']} ({stats['source']}"
+        + (f", {stats['trajectories']} trajectories)" if stats["trajectories"] != stats["rows"] else ")"),
         f"converted            {stats['converted']} ({stats['sequential']} sequential)",
         f"blocks kept          {stats['blocks']} ({stats['threads']} threads, nested up to {stats['max_depth']} deep)",
         "mean speedup         " + ("-" if speedup is None else f"{speedup:.3f}x"),
