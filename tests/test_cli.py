@@ -365,8 +365,12 @@ def test_a_data_command_stopped_by_a_signal_cleans_up_as_after_ctrl_c(tmp_path, 
     rows.write_text((json.dumps(mv_row()) + "\n") * 40_000)
     out = tmp_path / "out.jsonl"
     out.write_text("finished work\n")
+    as_a_terminal = {"preexec_fn": lambda: signal.signal(signum, signal.SIG_DFL)}  # nohup'd CI ignores SIGHUP
     process = subprocess.Popen(
-        [CLI, "convert", str(rows), str(out), "--from", "multiverse"], stderr=subprocess.PIPE, text=True
+        [CLI, "convert", str(rows), str(out), "--from", "multiverse"],
+        stderr=subprocess.PIPE,
+        text=True,
+        **as_a_terminal,
     )
     deadline = time.monotonic() + 60
     while not os.path.exists(str(out) + ".tmp") and process.poll() is None:

@@ -6,10 +6,10 @@ a fork-join reply token by token.
 SGLang refuses a request that does not fit, so each is fitted first, by SGLang's own rules: with
 ``max_req_len`` = min(context - 1, KV pool - 1), its scheduler serves a prompt and new tokens of at
 most ``max_req_len - 1`` and refuses a prompt of ``max_req_len - 5`` tokens or more; its tokenizer
-manager counts the tokens it reserves for speculative decoding in the prompt. The context is read from ``/v1/models``
-(``max_model_len``), or, where that does not say (SGLang's router answers it for its workers,
-without one), from SGLang's refusal, as are the KV pool's limit and the reserve, which no route
-says; the refused request is then sent again, fitted.
+manager counts the tokens it reserves for speculative decoding in the prompt. The context is read
+from ``/v1/models`` (``max_model_len``), or, where that does not say (SGLang's router answers it
+for its workers, without one), from SGLang's refusal, as are the KV pool's limit and the reserve,
+which no route says; the refused request is then sent again, fitted.
 """
 
 from __future__ import annotations
@@ -155,7 +155,9 @@ class SGLangEngine(SessionKeyed):
         by what it has said of its limits; ``max_tokens`` where it has said none."""
         context = await self.model_context()
         cap = self._server.get("input_cap")
-        limits = [n for n in (None if context is None else context - 1, None if cap is None else cap + 5) if n]
+        limits = [
+            n for n in (None if context is None else context - 1, None if cap is None else cap + 5) if n is not None
+        ]
         if not limits:
             return max_tokens
         longest = min(limits)  # the scheduler's max_req_len
