@@ -75,7 +75,8 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
     from threadweaver.rows import RowReader
     from threadweaver.selection import select
 
-    mixed = read_mix(args.mix, args.model if args.start == "model" else args.base) if args.mix else []
+    start = args.model if args.start == "model" else args.base  # the model fine-tuned
+    mixed = read_mix(args.mix, start) if args.mix else []
     os.makedirs(args.out, exist_ok=True)
     recipe = Recipe(os.path.join(args.out, "recipe.json"))
     generated, done = os.path.join(args.out, "generated.jsonl"), os.path.join(args.out, "generated.done")
@@ -97,11 +98,7 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
     write_jsonl(os.path.join(args.out, "kept.jsonl"), kept)
     train = os.path.join(args.out, "train.jsonl")
     model_dir = os.path.join(args.out, "model")
-    training = {
-        "start": os.path.realpath(args.model if args.start == "model" else args.base),
-        "rows": rows_digest([*kept, *mixed]),
-        "sft": list(sft_argv),
-    }
+    training = {"start": os.path.realpath(start), "rows": rows_digest([*kept, *mixed]), "sft": list(sft_argv)}
     summary = {"filter": report, "kept": len(kept), "mixed": len(mixed), "start": args.start}
     summary["model"] = model_dir if kept or mixed else None
     summary_path = os.path.join(args.out, "self_train.json")
@@ -113,7 +110,6 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
     write_jsonl(train, [*kept, *mixed])
     write_json(summary_path, summary)
     if not os.path.exists(os.path.join(model_dir, "trainer_state.json")):
-        start = args.model if args.start == "model" else args.base
         recipe.keep("train", training)
         print(f"[self-train] fine-tuning {start} on {len(kept)} kept + {len(mixed)} mixed rows", flush=True)
         sft.main([start, train, "--output-dir", model_dir, *sft_argv])
