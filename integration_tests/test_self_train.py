@@ -32,6 +32,7 @@ def test_self_train_samples_filters_mixes_and_fine_tunes_then_resumes_without_re
     out = tmp_path / "round1"
     command = [CLI, "self-train", model, str(problems), "--out", str(out), "--n", "2"]
     command += ["--mix", str(stage1), "--max-steps", "2", "--per-device-train-batch-size", "2", "--logging-steps", "1"]
+    command += ["--save-strategy", "steps", "--save-steps", "1"]
     first = subprocess.run(command, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "[self-train] sampling" in first.stdout and "pass@1" in first.stdout
@@ -63,12 +64,32 @@ def test_self_train_samples_filters_mixes_and_fine_tunes_then_resumes_without_re
         assert "rerun the same command" not in refused.stderr and "[self-train] sampling" not in refused.stdout
     assert json.loads((out / "model" / "trainer_state.json").read_text())["global_step"] == 2
 
-    nothing_kept = subprocess.run(command[:8] + ["--max-tokens", "1"], capture_output=True, text=True)
+    # stopped while training (after its first checkpoint): a rerun goes on from the checkpoint
+    for left in ("trainer_state.json", "model.safetensors", "checkpoint-2"):
+        subprocess.run(["rm", "-r", str(out / "model" / left)], check=True)
+    state = out / "model" / "checkpoint-1" / "trainer_state.json"  # its step marked: a resumed run carries it on
+    saved = json.loads(state.read_text())
+    saved["log_history"] = [{**e, "loss": -1.0} if "loss" in e else e for e in saved["log_history"]]
+    state.write_text(json.dumps(saved))
+    resumed = subprocess.run(command, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "[self-train] sampling" not in resumed.stdout
+    assert f"going on from {out / 'model' / 'checkpoint-1'}" in resumed.stdout
+    history = json.loads((out / "model" / "trainer_state.json").read_text())["log_history"]
+    assert [(e["step"], e["loss"] == -1.0) for e in history if "loss" in e] == [(1, True), (2, False)]
+
+    # --max-tokens is the decoding budget too: every sample is cut at one token, so none is kept
+    short = tmp_path / "short"
+    nothing_kept = subprocess.run(
+        command[:5] + [str(short), "--n", "1", "--max-tokens", "1"], capture_output=True, text=True
+    )
     assert nothing_kept.returncode == 1 and "nothing to train on" in nothing_kept.stderr
     assert "self_train.json" in nothing_kept.stderr and "Traceback" not in nothing_kept.stderr
-    summary = json.loads((out / "self_train.json").read_text())
+    samples = [json.loads(line) for line in (short / "generated.jsonl").read_text().splitlines()]
+    assert len(samples) == 6 and {(len(r["token_ids"]), r["finish_reason"]) for r in samples} == {(1, "length")}
+    summary = json.loads((short / "self_train.json").read_text())
     assert summary["model"] is None and summary["kept"] == summary["mixed"] == 0
-    assert sum(summary["filter"]["dropped"].values()) == 12 and summary["filter"]["dropped"].get("too_long")
+    assert summary["filter"]["dropped"] == {"truncated": 6}
 
 
 @pytest.mark.parametrize(

@@ -201,6 +201,38 @@ def test_padding_free_trains_to_the_padded_losses(tmp_path, monkeypatch, caplog)
         sft.main([str(tmp_path / "kit"), data, "--packing", "true", "--output-dir", str(tmp_path / "packing")])
 
 
+def test_a_stopped_run_resumes_from_its_checkpoint_to_the_same_losses(tmp_path):
+    """--resume_from_checkpoint (TRL's flag; transformers' Trainer leaves it to the script) goes on from
+    the checkpoint: the steps after it train to the losses an unstopped run has, and the steps before it are
+    not trained again (they were: the flag was taken and ignored)."""
+    import shutil
+
+    from threadweaver.hf_collator import sft
+
+    run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
+    run("synth", "--out", str(tmp_path / "data"), "--train", "8", "--validation", "1", *SYNTH)
+    data = str(tmp_path / "data" / "parallel" / "train.jsonl")
+    steps = ["--max-steps", "4", "--per-device-train-batch-size", "2", "--logging-steps", "1"]
+    saves = ["--save-strategy", "steps", "--save-steps", "2"]
+    sft.main([str(tmp_path / "kit"), data, "--output-dir", str(tmp_path / "whole"), *steps, *saves])
+    stopped = tmp_path / "stopped"  # what a run stopped during step 3 leaves
+    shutil.copytree(tmp_path / "whole" / "checkpoint-2", stopped / "checkpoint-2")
+    state = stopped / "checkpoint-2" / "trainer_state.json"  # its steps marked: a resumed run carries them on
+    saved = json.loads(state.read_text())
+    saved["log_history"] = [{**e, "loss": -1.0} if "loss" in e else e for e in saved["log_history"]]
+    state.write_text(json.dumps(saved))
+    sft.main([str(tmp_path / "kit"), data, "--output-dir", str(stopped), *steps, "--resume-from-checkpoint", "last"])
+
+    def losses(out):
+        history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+        return {e["step"]: e["loss"] for e in history if "loss" in e}
+
+    whole, resumed = losses(tmp_path / "whole"), losses(stopped)
+    assert sorted(whole) == sorted(resumed) == [1, 2, 3, 4]
+    assert [resumed[1], resumed[2]] == [-1.0, -1.0], resumed  # steps 1 and 2 were not trained again
+    assert [resumed[3], resumed[4]] == pytest.approx([whole[3], whole[4]], rel=1e-5)
+
+
 def test_regional_compilation_trains_to_the_uncompiled_losses(tmp_path):
     """The README's fastest GPU setting compiles each decoder layer through accelerate's regional
     compilation (``ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=1`` with ``--torch_compile true``). On CPU,

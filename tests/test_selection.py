@@ -127,12 +127,30 @@ def test_the_command_writes_the_kept_rows_and_the_report(synth, tmp_path, capsys
     assert "pass@1               50.0%" in capsys.readouterr().out
 
 
+def test_unreadable_lines_are_dropped_and_named_and_the_rest_judged(synth, tmp_path, capsys):
+    """As ``convert`` does: a torn or foreign line costs itself, not the file's other samples."""
+    good = row(synth, parallel())
+    bad_id = {**good, "token_ids": [*good["token_ids"][:3], -1, *good["token_ids"][4:]]}
+    generated, out = tmp_path / "gen.jsonl", tmp_path / "kept.jsonl"
+    generated.write_text(json.dumps(good) + "\n{not json\n" + json.dumps(bad_id) + "\n")
+    cli(["filter", str(generated), str(out)])
+    assert out.read_text().splitlines() == generated.read_text().splitlines()[:1]
+    report = json.loads((tmp_path / "kept.jsonl.report.json").read_text())
+    assert [(d["line"], d["reason"]) for d in report["dropped_rows"]] == [(2, "unreadable"), (3, "unreadable")]
+    assert report["dropped_rows"][1]["detail"].startswith("field 'token_ids' holds token id -1 at position 3")
+    assert (report["rows"], report["problems"], report["kept"], report["pass_at_1"]) == (3, 1, 1, 1.0)
+    printed = capsys.readouterr()
+    assert f"{generated}: 2 unreadable lines dropped (the first: line 2: not JSON" in printed.err
+    assert "dropped, unreadable  2" in printed.out
+
+
 def test_bad_input_is_one_line_naming_the_file_and_line(synth, tmp_path):
     generated = tmp_path / "gen.jsonl"
-    generated.write_text(json.dumps(row(synth, parallel())) + "\n{not json\n")
+    generated.write_text("\n{not json\n")
     with pytest.raises(SystemExit, match=r"gen\.jsonl: line 2: not JSON"):
         cli(["filter", str(generated), str(tmp_path / "kept.jsonl")])
     assert not (tmp_path / "kept.jsonl").exists()
+    generated.write_text(json.dumps(row(synth, parallel())) + "\n")
     with pytest.raises(SystemExit, match=r"gen\.jsonl is the input file"):
         cli(["filter", str(generated), str(generated)])
     with pytest.raises(SystemExit, match="--per-problem must be at least 1, not 0"):
@@ -144,7 +162,7 @@ def test_a_token_id_outside_the_vocabulary_is_one_line_naming_the_line_field_and
     bad = row(synth, parallel())
     bad["token_ids"][3] = token
     generated = tmp_path / "gen.jsonl"
-    generated.write_text(json.dumps(row(synth, parallel())) + "\n" + json.dumps(bad) + "\n")
+    generated.write_text("\n" + json.dumps(bad) + "\n")  # the only row: where others can be read, it is dropped
     with pytest.raises(SystemExit) as exit_:
         cli(["filter", str(generated), str(tmp_path / "kept.jsonl")])
     message = str(exit_.value.code)

@@ -45,6 +45,8 @@ def test_bad_paths_and_settings_are_named_before_anything_loads(kit):
         (model, data, "--truncation_mode", "keep_end"): "--truncation_mode keep_end is not applied here: the collator",
         (model, data, "--completion_only_loss", "false"): "--completion_only_loss False is not applied here",
         (model, data, "--assistant_only_loss", "true"): "--assistant_only_loss True is not applied here",
+        (model, data, "--resume_from_checkpoint", "last"): "--resume_from_checkpoint last: no checkpoint-N folder",
+        (model, data, "--resume_from_checkpoint", model): f"--resume_from_checkpoint {model}: not a checkpoint",
     }
     out = ["--output_dir", str(kit / "out")]
     for argv, message in cases.items():

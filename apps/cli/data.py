@@ -116,15 +116,14 @@ def _stats_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _stats(args: argparse.Namespace) -> None:
-    from tqdm import tqdm
-
     from threadweaver.jsonl import RowError
+    from threadweaver.progress import progress_bar
     from threadweaver.report import file_stats, format_summary, format_table, summary
 
     reader, explained = row_reader(args.tokenizer, [args.file], "stats")
     rows = file_stats(args.file, reader, strict=args.strict)
     try:
-        rows = list(tqdm(rows, desc="stats", unit=" rows", disable=args.json or not sys.stderr.isatty()))
+        rows = list(rows if args.json else progress_bar(rows, desc="stats", unit=" rows"))
     except RowError as err:
         sys.exit(f"threadweaver stats: {args.file}: {explained(err)}")
     except OSError as err:
@@ -149,9 +148,8 @@ def _filter_arguments(p: argparse.ArgumentParser) -> None:
 
 def _filter(args: argparse.Namespace) -> None:
 
-    from tqdm import tqdm
-
     from threadweaver.jsonl import RowError, check_outputs, not_a_file_of_rows, write_json, write_jsonl
+    from threadweaver.progress import progress_bar
     from threadweaver.selection import FilterConfig, format_report, select
 
     if problem := not_a_file_of_rows(args.generated):
@@ -163,7 +161,7 @@ def _filter(args: argparse.Namespace) -> None:
         sys.exit(f"threadweaver filter: {err}")
 
     def bar(rows):
-        return tqdm(rows, desc="filter", unit=" rows", disable=not sys.stderr.isatty())
+        return progress_bar(rows, desc="filter", unit=" rows")
 
     reader, explained = row_reader(args.tokenizer, [args.generated], "filter")
     try:
@@ -174,6 +172,14 @@ def _filter(args: argparse.Namespace) -> None:
         sys.exit(f"threadweaver filter: {args.generated}: {err}")
     if not report["rows"]:
         sys.exit(f"threadweaver filter: {args.generated}: no rows to filter{_left_as_it_was(args.out)}")
+    if unreadable := [d for d in report["dropped_rows"] if d["reason"] == "unreadable"]:
+        first = unreadable[0]
+        print(
+            f"threadweaver filter: {args.generated}: {len(unreadable)} unreadable line"
+            f"{'s' if len(unreadable) > 1 else ''} dropped "
+            f"(the first: line {first['line']}: {first['detail']})",
+            file=sys.stderr,
+        )
     write_jsonl(args.out, kept)
     write_json(args.out + ".report.json", report)
     print(format_report(report))
@@ -192,12 +198,11 @@ def _convert_arguments(p: argparse.ArgumentParser) -> None:
 
 def _convert(args: argparse.Namespace) -> None:
 
-    from tqdm import tqdm
-
     from threadweaver.convert import ConvertConfig, NothingConverted, convert_file, format_report
     from threadweaver.format import Format
     from threadweaver.jsonl import check_outputs, not_a_file_of_rows
     from threadweaver.kit.tokenizers import load_tokenizer
+    from threadweaver.progress import progress_bar
 
     def fail(message: str):
         sys.exit(f"threadweaver convert: {' '.join(message.split())}")
@@ -212,7 +217,7 @@ def _convert(args: argparse.Namespace) -> None:
         fail(str(err))
 
     def bar(rows):
-        return tqdm(rows, desc="convert", unit=" rows", disable=not sys.stderr.isatty())
+        return progress_bar(rows, desc="convert", unit=" rows")
 
     try:
         report = convert_file(args.input, args.out, args.source, fmt, config, bar)
@@ -308,13 +313,12 @@ def _view_arguments(p: argparse.ArgumentParser) -> None:
 
 def _view(args: argparse.Namespace) -> None:
 
-    from tqdm import tqdm
-
     from threadweaver.jsonl import check_outputs
+    from threadweaver.progress import progress_bar
     from threadweaver.view import file_page
 
     def bar(rows, path):
-        return tqdm(rows, desc=f"reading {path}", unit=" rows", disable=not sys.stderr.isatty())
+        return progress_bar(rows, desc=f"reading {path}", unit=" rows")
 
     if len(args.files) > 2:
         sys.exit("threadweaver view: one file, or two side by side")
@@ -434,7 +438,9 @@ DATA_COMMANDS = (
         _self_train,
         _self_train_arguments,
         epilog="Every other flag goes to `threadweaver sft` (`threadweaver sft --help` lists them), e.g. "
-        "--max-steps 400 --learning-rate 1e-5; --seed here is the sampling seed. The model goes to OUT/model.",
+        "--max-steps 400 --learning-rate 1e-5; --seed here is the sampling seed. --max-tokens is each trajectory's "
+        "decoding budget as well as the filter's limit. The model goes to OUT/model; with --save-strategy steps "
+        "--save-steps N, a rerun after a stop goes on from its last checkpoint.",
         own_flags=True,
     ),
     Command(

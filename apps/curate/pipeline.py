@@ -307,7 +307,7 @@ def format_report(stats: dict) -> str:
     return "\n".join(lines)
 
 
-def tally(outcomes: Iterable[Outcome]) -> dict[str, int]:
-    """For a progress bar: kept, and dropped per stage."""
+def tally(outcomes: Iterable[Outcome]) -> str:
+    """For a progress bar: kept, and dropped per stage (``kept=3, segment=1``)."""
     counts = Counter("kept" if o.row is not None else o.drops[-1]["stage"] for o in outcomes)
-    return dict(counts)
+    return ", ".join(f"{name}={count}" for name, count in counts.items())

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from collections import Counter
 
 from threadweaver.batch import run_sync
@@ -65,7 +64,7 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     resumes), :class:`ConnectionError` where the server answered no trace (the outputs of an earlier run
     stay as they were), and :class:`NothingCurated` where no trace was kept.
     """
-    from tqdm import tqdm
+    from threadweaver.progress import progress_bar
 
     reader = target_reader(args.tokenizer)
     fmt = reader.fmt
@@ -79,15 +78,15 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     if not traces:
         raise NothingCurated(report(dropped, {}, config), dropped, args.out_dir, kept_earlier)
     cache = CallCache(os.path.join(args.out_dir, "calls.sqlite"))
-    bar = tqdm(total=len(traces), desc="curate", unit=" traces", disable=not sys.stderr.isatty())
+    bar = progress_bar(total=len(traces), desc="curate", unit=" traces")
     done: list[Outcome] = list(dropped)
     running: list[asyncio.Task] = []
     base_url = llm_args.base_url
 
     def on_done(outcome: Outcome) -> None:
         done.append(outcome)
+        bar.set_postfix_str(tally(done))
         bar.update()
-        bar.set_postfix(tally(done), refresh=False)
 
     async def main() -> tuple[list[Outcome], dict]:
         nonlocal base_url

@@ -10,6 +10,10 @@ is, in this order of checks:
 4. parallel: it has a block (unless sequential ones are kept too);
 5. no longer than ``max_tokens``.
 
+A line that cannot be read (not a JSON object, or a field that is not what ``generate`` writes) is
+dropped as ``unreadable``, naming why, and the rest are judged; where no line can be read, the first
+one's :class:`~threadweaver.jsonl.RowError` is raised.
+
 Then at most ``per_problem`` trajectories per problem (the rows' ``id``; rows without one, by prompt) stay, best speedup
 first. A dropped row has one reason: the first check it fails. Kept rows pass through as they
 are: their token ids are what the model sampled, so nothing is re-tokenised, and
@@ -25,13 +29,15 @@ from statistics import mean
 from typing import Literal, get_args
 
 from threadweaver.cli_args import SettingError, option
-from threadweaver.jsonl import read_jsonl
+from threadweaver.jsonl import RowError, read_rows
 from threadweaver.report import row_stats
 from threadweaver.reward import grade
 from threadweaver.rows import RowReader
 from threadweaver.tree import TrajectoryFormatError
 
-Reason = Literal["no_answer", "malformed", "degraded", "truncated", "wrong", "sequential", "too_long", "per_problem"]
+Reason = Literal[
+    "unreadable", "no_answer", "malformed", "degraded", "truncated", "wrong", "sequential", "too_long", "per_problem"
+]
 REASONS: tuple[Reason, ...] = get_args(Reason)
 
 
@@ -94,10 +100,19 @@ def select(
 ) -> tuple[list[dict], list[Verdict], dict]:
     """(the kept rows in file order, every row's verdict, the report). ``progress`` wraps the row
     iterator (a progress bar)."""
-    rows, verdicts = {}, []
+    rows, verdicts, first_unreadable = {}, [], None
     named_by_prompt: dict[tuple[int, ...], str] = {}  # rows without an id: one problem a prompt
-    for line, row in progress(read_jsonl(path)):
-        verdict = judge(row, line, reader, config)
+    for line, row in progress(read_rows(path)):
+        if not isinstance(row, RowError):
+            try:
+                verdict = judge(row, line, reader, config)
+            except RowError as err:
+                row = err
+        if isinstance(row, RowError):
+            first_unreadable = first_unreadable or row
+            detail = str(row).removeprefix(f"line {line}: ")  # the report names the line
+            verdicts.append(Verdict(line, f"line-{line}", "unreadable", False, False, False, 0.0, detail))
+            continue
         if row.get("id") is None:  # named as its prompt's first row is (line-N)
             verdict = replace(verdict, problem=named_by_prompt.setdefault(tuple(reader.prompt(row)), verdict.problem))
         verdicts.append(verdict)
@@ -112,22 +127,26 @@ def select(
         best = sorted(group, key=lambda v: (-v.speedup, v.line))
         kept.update(v.line for v in best[: config.per_problem])
     verdicts = [v if v.reason is not None or v.line in kept else replace(v, reason="per_problem") for v in verdicts]
+    if first_unreadable and all(v.reason == "unreadable" for v in verdicts):
+        raise first_unreadable
     return [rows[line] for line in sorted(kept)], verdicts, report(verdicts, config)
 
 
 def report(verdicts: list[Verdict], config: FilterConfig) -> dict:
-    graded = [v for v in verdicts if v.reason != "no_answer"]
+    """The counts; the shares are of the rows that could be read."""
+    read = [v for v in verdicts if v.reason != "unreadable"]
+    graded = [v for v in read if v.reason != "no_answer"]
     kept = [v for v in verdicts if v.reason is None]
     dropped = Counter(v.reason for v in verdicts if v.reason is not None)
     return {
         "rows": len(verdicts),
-        "problems": len({v.problem for v in verdicts}),
+        "problems": len({v.problem for v in read}),
         "kept": len(kept),
         "problems_kept": len({v.problem for v in kept}),
         "dropped": {reason: dropped[reason] for reason in REASONS if dropped[reason]},
         "pass_at_1": mean(v.correct for v in graded) if graded else None,
-        "well_formed_ratio": mean(v.well_formed for v in verdicts) if verdicts else None,
-        "parallel_activation_ratio": mean(v.parallel for v in verdicts) if verdicts else None,
+        "well_formed_ratio": mean(v.well_formed for v in read) if read else None,
+        "parallel_activation_ratio": mean(v.parallel for v in read) if read else None,
         "mean_speedup_kept": mean(v.speedup for v in kept) if kept else None,
         "config": config.__dict__,
         "dropped_rows": [

@@ -17,10 +17,8 @@ from threadweaver.cli_args import check_counts, check_url, option
 from threadweaver.engine import Sampling
 from threadweaver.jsonl import not_a_file_of_rows
 from threadweaver.model_dirs import check_model_dir
+from threadweaver.orchestrator import Limits
 from threadweaver.selection import FilterConfig
-
-OWN_FLAGS = ("--output-dir", "--output_dir")
-"""sft flags self-train sets itself: the model goes to OUT/model, the next round's MODEL."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +61,8 @@ def check_sft_flags(sft_argv: list[str]) -> None:
     unknown = sft.parser().parse_known_args(["MODEL", "DATA", *sft_argv])[1]
     if unknown:
         raise ValueError(f"sft takes no {' '.join(unknown)} (`threadweaver sft --help` lists its flags)")
-    if given := [flag for flag in sft_argv if flag.split("=")[0] in OWN_FLAGS]:
-        raise ValueError(f"{given[0].split('=')[0]}: self-train trains into OUT/model (--out names OUT)")
+    if own := [arg for arg in sft_argv if given([arg], "--output_dir")]:
+        raise ValueError(f"{own[0].split('=')[0]}: self-train trains into OUT/model (--out names OUT)")
 
 
 def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_argv: list[str]) -> dict:
@@ -80,18 +78,20 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
     os.makedirs(args.out, exist_ok=True)
     recipe = Recipe(os.path.join(args.out, "recipe.json"))
     generated, done = os.path.join(args.out, "generated.jsonl"), os.path.join(args.out, "generated.done")
+    limits = Limits() if filtering.max_tokens is None else Limits(max_tokens=filtering.max_tokens)
     samples = {
         "model": os.path.realpath(args.model),
         "problems": file_digest(args.problems),
         "n": args.n,
         "sampling": dataclasses.asdict(sampling),
+        "max_tokens": limits.max_tokens,
     }
     if os.path.exists(generated):
         recipe.check("sample", samples, generated)
     recipe.keep("sample", samples)
     if not os.path.exists(done):
         print(f"[self-train] sampling {args.n} trajectories per problem with {args.model}", flush=True)
-        sample(args, sampling, generated)
+        sample(args, sampling, generated, limits)
         open(done, "w").close()
     print("[self-train] keeping the correct, well-formed, parallel samples", flush=True)
     kept, _, report = select(generated, RowReader(load_tokenizer(args.model)), filtering)
@@ -105,15 +105,32 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
     if summary["model"] is None:
         write_json(summary_path, summary)
         raise ValueError(f"nothing to train on: no sample of {generated} passed the filter (why: {summary_path})")
-    if os.path.exists(os.path.join(model_dir, "trainer_state.json")):
+    trained, checkpoint = os.path.exists(os.path.join(model_dir, "trainer_state.json")), last_checkpoint(model_dir)
+    if trained or checkpoint:
         recipe.check("train", training, model_dir)
     write_jsonl(train, [*kept, *mixed])
     write_json(summary_path, summary)
-    if not os.path.exists(os.path.join(model_dir, "trainer_state.json")):
+    if not trained:
         recipe.keep("train", training)
         print(f"[self-train] fine-tuning {start} on {len(kept)} kept + {len(mixed)} mixed rows", flush=True)
-        sft.main([start, train, "--output-dir", model_dir, *sft_argv])
+        resume = []
+        if checkpoint and not given(sft_argv, "--resume_from_checkpoint"):
+            print(f"[self-train] going on from {checkpoint}", flush=True)
+            resume = ["--resume_from_checkpoint", checkpoint]
+        sft.main([start, train, "--output-dir", model_dir, *sft_argv, *resume])
     return summary
+
+
+def last_checkpoint(model_dir: str) -> str | None:
+    """The newest ``checkpoint-N`` folder a stopped ``sft`` left in ``model_dir`` (with ``--save_strategy steps``)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(model_dir) if os.path.isdir(model_dir) else None
+
+
+def given(argv: list[str], name: str) -> bool:
+    """Whether ``argv`` sets the flag ``name`` (``--a_b``), spelt with dashes or underscores, with or without ``=``."""
+    return any(arg.split("=")[0].replace("-", "_") == name.replace("-", "_") for arg in argv)
 
 
 def read_mix(path: str, model: str) -> list[dict]:
@@ -192,13 +209,12 @@ def rows_digest(rows: list[dict]) -> str:
     return digest.hexdigest()
 
 
-def sample(args: SelfTrainArgs, sampling: Sampling, out: str, limits=None) -> None:
+def sample(args: SelfTrainArgs, sampling: Sampling, out: str, limits: Limits) -> None:
     """``generate`` ``args.n`` trajectories per problem into ``out`` (resumable), on ``--base-url`` or a
     vLLM server started for the model and stopped after."""
     from contextlib import nullcontext
 
     from threadweaver.jsonl import RowError
-    from threadweaver.orchestrator import Limits
     from threadweaver.vllm_orchestrator.engines import EngineArgs
     from threadweaver.vllm_orchestrator.generate import GenerateArgs, checked_problems
     from threadweaver.vllm_orchestrator.generate import run as generate
@@ -218,4 +234,4 @@ def sample(args: SelfTrainArgs, sampling: Sampling, out: str, limits=None) -> No
         )
     )
     with server as started:
-        generate(jobs, EngineArgs(base_url=args.base_url or started.url), limits or Limits(), sampling)
+        generate(jobs, EngineArgs(base_url=args.base_url or started.url), limits, sampling)

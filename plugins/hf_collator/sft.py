@@ -14,14 +14,13 @@ import dataclasses
 import logging
 import os
 
-from tqdm import tqdm
-
 from threadweaver.cli_args import add_arguments
 from threadweaver.format import missing_tags
 from threadweaver.hf_collator.attention import flash_attention_4_missing, use_tree_attention
 from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
 from threadweaver.hf_collator.malloc import keep_freed_memory
 from threadweaver.jsonl import RowError, not_a_file_of_rows, read_jsonl
+from threadweaver.progress import progress_bar
 from threadweaver.rows import FIELDS
 from threadweaver.trie import IGNORE_INDEX
 
@@ -117,7 +116,7 @@ def load_rows(path: str, collator: TrieCollator) -> list[dict]:
     With ``collator.skip_malformed`` bad rows are dropped and counted instead.
     """
     rows, cut, untrained, longest = [], 0, 0, 0
-    for line, row in tqdm(read_jsonl(path), desc="checking rows", unit=" rows"):
+    for line, row in progress_bar(read_jsonl(path), desc="checking rows", unit=" rows"):
         name = f"{line}" + (f" (id {row['id']})" if "id" in row else "")
         if (flat := collator.flatten_or_skip(row, name)) is not None:
             rows.append({**{field: row[field] for field in FIELDS if field in row}, "_row": name})
@@ -219,6 +218,36 @@ def check_paths(model_dir: str, data: str, output_dir: str) -> None:
         raise ValueError(f"--output_dir {output_dir} is MODEL: saving there would overwrite it; name another folder")
 
 
+RESUME_LAST = ("true", "last")
+"""``--resume_from_checkpoint`` values that mean the newest ``checkpoint-N`` folder in ``--output_dir``."""
+
+
+def resume_point(config) -> str | None:
+    """The checkpoint ``config.resume_from_checkpoint`` names, checked before anything loads.
+
+    transformers' ``Trainer`` leaves that flag to the script that runs it (``train()`` reads an argument
+    instead), so without this it was taken and ignored: the run trained from the first step."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    given = config.resume_from_checkpoint
+    if given is None:
+        return None
+    if given.lower() in RESUME_LAST:
+        last = get_last_checkpoint(config.output_dir) if os.path.isdir(config.output_dir) else None
+        if last is None:
+            raise ValueError(
+                f"--resume_from_checkpoint {given}: no checkpoint-N folder in --output_dir {config.output_dir} "
+                "(a run saves them with --save_strategy steps --save_steps N)"
+            )
+        return last
+    if not os.path.isfile(os.path.join(given, "trainer_state.json")):
+        raise ValueError(
+            f"--resume_from_checkpoint {given}: not a checkpoint (a checkpoint-N folder with trainer_state.json; "
+            f"'last' takes the newest in --output_dir)"
+        )
+    return given
+
+
 IGNORED_TRL_SETTINGS = (
     ("truncation_mode", ("keep_start",), "the collator keeps each row's first --max_length tokens in pre-order"),
     ("completion_only_loss", (None, True), "the collator trains the trajectory only, never the prompt"),
@@ -269,6 +298,7 @@ def train(
     if flex_backend == "FLASH" and (missing := flash_attention_4_missing()):
         raise ValueError(f"--flex_backend FLASH: {missing}")
     check_paths(model_dir, data, config.output_dir)  # after the flags' refusals, which read flags only
+    resume = resume_point(config)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     check_prepared(model_dir, tokenizer)
     check_row_tokenizer(data, model_dir, tokenizer)
@@ -300,7 +330,7 @@ def train(
         model=model, args=config, train_dataset=_table(rows), processing_class=tokenizer, data_collator=collator
     )
     with keep_freed_memory() if not cuda else contextlib.nullcontext():
-        trainer.train()
+        trainer.train(resume_from_checkpoint=resume)
     if collator.skipped:
         logger.warning("%d malformed rows skipped in all", collator.skipped)
     model.set_attn_implementation("sdpa")

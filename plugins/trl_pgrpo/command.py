@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from threadweaver.cli_args import SettingError, flag
-from threadweaver.hf_collator.sft import RUN_DEFAULTS
+from threadweaver.hf_collator.sft import RUN_DEFAULTS, resume_point
 from threadweaver.jsonl import RowError, read_jsonl, write_json
 from threadweaver.reward import answer_text
 from threadweaver.rows import RowReader, prompt_messages
@@ -105,13 +105,14 @@ def train(model_dir: str, data: str, config) -> str:
 
     from threadweaver.trl_pgrpo import PGRPOTrainer
 
+    resume = resume_point(config)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = problem_rows(data, RowReader(tokenizer))
     # float32 weights, under autocast where --bf16 (as sft trains): AdamW's steps of about the learning rate
     # (the paper's 1e-6) round away on bf16 weights, so a bf16 policy would barely move
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
     trainer = PGRPOTrainer(model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     model.set_attn_implementation("sdpa")
     trainer.save_model(config.output_dir)
     tokenizer.save_pretrained(config.output_dir)

@@ -44,11 +44,11 @@ def checked_problems(args: GenerateArgs) -> list[tuple[int, str, dict]]:
 
 async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, sampling: Sampling):
     """Decode every unfinished (row, sample); returns the :class:`BatchProgress` of this run."""
-    from tqdm import tqdm
     from transformers import AutoTokenizer
 
     from threadweaver.format import Format
     from threadweaver.orchestrator import Orchestrator
+    from threadweaver.progress import progress_bar
 
     problems = checked_problems(args)
     engine_args.check_model(args.model)
@@ -70,11 +70,11 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
         if done:
             print(f"resuming: {len(done)} trajectories already in {args.out}, {len(jobs)} to go", file=sys.stderr)
         orchestrator = Orchestrator(engine, Format.from_tokenizer(tokenizer), limits, sampling)
-        bar = tqdm(total=len(jobs), unit=" traj", desc="generate", dynamic_ncols=True)
+        bar = progress_bar(total=len(jobs), desc="generate", unit=" traj")
 
         def report(progress) -> None:
-            bar.update(1)
             bar.set_postfix_str(progress.postfix())
+            bar.update(1)
 
         try:
             return await run_batch(
