@@ -174,12 +174,13 @@ class Recipe:
             raise ValueError(f"{path}: not JSON ({err}); move it away to go on without its record") from None
 
     def check(self, step: str, made_of: dict, output: str) -> None:
-        before = self.steps.get(step)
-        if before is None or before == made_of:
+        before = self.steps.get(step) or {}
+        # a key the record lacks was not recorded yet (an older self-train): not a change
+        changed = ", ".join(key for key, value in made_of.items() if before.get(key, value) != value)
+        if not changed:
             return
-        changed = ", ".join(key for key in made_of if before.get(key) != made_of[key])
         raise ValueError(
-            f"{output} was made with other {changed or 'settings'} than this run's (recorded in {self.path}), so "
+            f"{output} was made with other {changed} than this run's (recorded in {self.path}), so "
             f"this run would reuse it: give a new --out, or move {output} away to make it again"
         )
 

@@ -25,6 +25,10 @@ from threadweaver.engine import EngineError, RequestRefused
 logger = logging.getLogger(__name__)
 
 
+class Unreachable(EngineError):
+    """No answer at all from the server, after every retry (not an answer that refused or failed)."""
+
+
 @dataclass(frozen=True)
 class HTTPOptions:
     concurrency: int = option(256, "Most requests in flight to the server.")
@@ -271,7 +275,7 @@ class JSONClient:
 
     def _unreachable(self, err: Exception, attempt: int) -> str:
         if attempt >= self.options.retries:
-            raise EngineError(
+            raise Unreachable(
                 f"cannot reach the {self.what} at {self.base_url} ({type(err).__name__}: {err}) "
                 f"after {attempt + 1} tries; is it running?{START_ONE.get(self.what, '')}"
             ) from err

@@ -61,6 +61,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
     from aiohttp import web
 
     from .engines import EngineArgs, make_engine, model_context, served_models, tokenizer_source
+    from .http import Unreachable
 
     state: dict = {"settings": ServerSettings(args.branching_default, limits, args.max_trajectories)}
     admission = Admission(args.max_trajectories)
@@ -112,8 +113,10 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         if model and (served is None or model not in [*served[0], *served[1]]):  # SGLang's None costs no request
             try:
                 served = state["served"] = await served_models(state["engine"])
+            except Unreachable as err:
+                raise APIError(str(err), status=502) from None
             except EngineError:
-                return  # the backend is unreachable: the trajectory's first request says so
+                return  # an answer that is no list of models: the trajectory's first request says what is wrong
         if served is not None:
             check_model(model, *served)
 
@@ -122,8 +125,10 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         SGLang's router, which does not list it) once a refusal has said it."""
         try:
             return await model_context(state["engine"])
+        except Unreachable as err:  # one round of retries, not one more for each of the trajectory's requests
+            raise APIError(str(err), status=502) from None
         except EngineError:
-            return None  # the backend is unreachable, or serves several models: the trajectory's requests say so
+            return None  # it serves several models, say: the trajectory's requests say so
 
     async def openai_route(request: web.Request) -> web.StreamResponse:
         raw = await request.read()
