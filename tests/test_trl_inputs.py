@@ -137,3 +137,16 @@ def test_a_policy_in_bf16_is_warned_of(tmp_path):
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*round away")
         _trainer(tmp_path, rows)
+
+
+def test_a_checkpoint_to_resume_from_is_checked_before_anything_loads(tmp_path):
+    """transformers' Trainer leaves --resume_from_checkpoint to the script; the command passes it on, and names a
+    missing checkpoint before it loads the model (the flag was taken and ignored: training began again)."""
+    from threadweaver.trl_pgrpo.command import main
+
+    model, data = str(embedded_models()["parallel"]), str(tmp_path / "problems.jsonl")
+    out = ["--output_dir", str(tmp_path / "out"), "--report_to", "none"]
+    with pytest.raises(ValueError, match="^--resume_from_checkpoint last: no checkpoint-N folder in --output_dir"):
+        main([model, data, *out, "--resume_from_checkpoint", "last"])
+    with pytest.raises(ValueError, match=f"^--resume_from_checkpoint {re.escape(model)}: not a checkpoint"):
+        main([model, data, *out, "--resume_from_checkpoint", model])
