@@ -163,3 +163,15 @@ def test_reward_config_keeps_valid_values_as_given():
     config = RewardConfig(factor=0, clip=1, form="ratio", timeout_s=0.5)
     assert (config.factor, config.clip, config.form, config.timeout_s) == (0, 1, "ratio", 0.5)
     assert RewardConfig() == RewardConfig(factor=0.5, clip=0.2, form="reduction", timeout_s=5.0)
+
+
+def test_numpys_numbers_are_gold_answers_as_pythons_are():
+    """A parquet column reads as numpy's numbers: an int64 was refused where a float64 was read."""
+    import numpy as np
+
+    from threadweaver.reward import answer_text
+
+    assert [answer_text(v) for v in (np.int64(4), np.float64(0.5), np.float32(2.0))] == ["4", "0.5", "2.0"]
+    for bad, said in ((np.float64("nan"), "is nan, not a number"), (np.bool_(True), "is a bool, not a string")):
+        with pytest.raises(ValueError, match=said):
+            answer_text(bad)

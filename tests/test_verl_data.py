@@ -114,3 +114,21 @@ def test_too_few_problems_and_a_missing_file(tmp_path, capsys):
     )
     missing = str(tmp_path / "missing.jsonl")
     assert refused(capsys, str(tmp_path / "out"), "--problems", missing) == f"{missing}: No such file or directory"
+
+
+def test_an_integer_longer_than_python_reads_is_named_by_its_line(tmp_path, capsys):
+    source = problems(
+        tmp_path, raw=b'{"prompt": "1+1?", "answer": "2"}\n{"prompt": "x", "answer": 9' + b"9" * 5000 + b"}\n"
+    )
+    assert refused(capsys, str(tmp_path / "out"), "--problems", source, "--test", "1").startswith(
+        f"{source}: line 2: a number too long to read (Exceeds the limit"
+    )
+
+
+@pytest.mark.parametrize("flags", [["--train", "5"], ["--seed", "3"]])
+def test_the_synthetic_tasks_settings_are_refused_with_problems(tmp_path, capsys, flags):
+    """They were taken and ignored: every row but the first --test trained, whatever --train said."""
+    source = problems(tmp_path, {"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": "2"})
+    message = refused(capsys, str(tmp_path / "out"), "--problems", source, "--test", "1", *flags, status=2)
+    assert message == f"{flags[0]} set the synthetic problems; from --problems, every row but the first --test trains"
+    assert not (tmp_path / "out").exists()

@@ -64,6 +64,8 @@ def parse_line(raw: bytes, line_no: int) -> dict | None:
         row = json.loads(line)
     except json.JSONDecodeError as err:
         raise RowError(line_no, f"not JSON ({err})", shape=True) from None
+    except ValueError as err:  # an integer of more digits than Python reads (4,300)
+        raise RowError(line_no, f"a number too long to read ({err})", shape=True) from None
     except RecursionError:
         raise RowError(line_no, "JSON nested too deep to read", shape=True) from None
     if not isinstance(row, dict):
@@ -84,7 +86,7 @@ def read_rows(path: str) -> Iterator[tuple[int, dict | RowError]]:
         with open(path, encoding="utf-8") as f:
             try:
                 rows = json.load(f)
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            except ValueError as err:  # not JSON, not UTF-8, or an integer of more digits than Python reads
                 raise InputError(f"not a JSON file ({err})") from None
             except RecursionError:
                 raise InputError("JSON nested too deep to read") from None

@@ -115,10 +115,10 @@ def answer_text(value) -> str:
     """A row's gold answer as the text the correctness reward grades against: a string, or a finite number as
     its text. Anything else (null, a boolean, a list, NaN, an empty string) is a ValueError saying what it is:
     as text, ``None`` or ``nan`` would be matched by ``\\boxed{None}`` or ``\\boxed{nan}``."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"is {value}, not a number an answer can be")
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+    if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):  # numpy's numbers too (parquet)
         raise ValueError(f"is {json_kind(value)}, not a string or a number")
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and not math.isfinite(value):
+        raise ValueError(f"is {value}, not a number an answer can be")
     text = str(value)
     if not text.strip():
         raise ValueError("is empty")

@@ -20,7 +20,19 @@ if [ -z "${NGPUS:-}" ]; then
     exit 1
   }
 fi
-[[ $NGPUS =~ ^[1-9][0-9]*$ ]] || { echo "run_pgrpo.sh: NGPUS must be a whole number above 0, not '$NGPUS'" >&2; exit 1; }
+[[ $NGPUS =~ ^[0-9]+$ ]] && (( 10#$NGPUS > 0 )) || {
+  echo "run_pgrpo.sh: NGPUS must be a whole number above 0, not '$NGPUS'" >&2
+  exit 1
+}
+NGPUS=$(( 10#$NGPUS ))
+if [[ $MODEL == /* || $MODEL == .* ]] && [ ! -d "$MODEL" ]; then  # a hub id (org/name) is verl's to fetch
+  echo "run_pgrpo.sh: MODEL $MODEL: no such directory" >&2
+  exit 1
+fi
+python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('verl') is None)" || {
+  echo "run_pgrpo.sh: $(command -v python) has no verl: run this in the environment where verl and threadweaver[verl] are installed" >&2
+  exit 1
+}
 
 if [ ! -e "$DATA/train.parquet" ] && [ ! -e "$DATA/test.parquet" ]; then
   python -m threadweaver.verl_rollout.data "$DATA"

@@ -28,15 +28,18 @@ def tool(folder: Path, name: str, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def run(tmp_path: Path, *args: str, nvidia_smi: str | None = None, **env: str) -> subprocess.CompletedProcess:
-    tools = tmp_path / "bin"
+def run(
+    tmp_path: Path, *args: str, nvidia_smi: str | None = None, python: str = sys.executable, **env: str
+) -> subprocess.CompletedProcess:
+    tools, model = tmp_path / "bin", tmp_path / "model"
     tools.mkdir(exist_ok=True)
-    tool(tools, "python", f'exec {sys.executable} "$@"')
+    model.mkdir(exist_ok=True)
+    tool(tools, "python", f'exec {python} "$@"')
     if not (tools / "grep").exists():
         os.symlink(shutil.which("grep"), tools / "grep")
     if nvidia_smi is not None:
         tool(tools, "nvidia-smi", nvidia_smi)
-    env = {"PATH": str(tools), "HOME": str(tmp_path), "MODEL": "/models/sft", **env}
+    env = {"PATH": str(tools), "HOME": str(tmp_path), "MODEL": str(model), **env}
     return subprocess.run(["/bin/bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -51,6 +54,15 @@ def test_no_gpu_count_stops_with_what_to_set(tmp_path, nvidia_smi):
 def test_ngpus_must_be_a_positive_count(tmp_path, ngpus):
     done = run(tmp_path, nvidia_smi=TWO_GPUS, NGPUS=ngpus)
     assert (done.returncode, done.stderr) == (1, f"run_pgrpo.sh: NGPUS must be a whole number above 0, not '{ngpus}'\n")
+
+
+def test_a_missing_model_folder_or_a_python_without_verl_stops_before_the_data_is_made(tmp_path):
+    data = tmp_path / "data"
+    done = run(tmp_path, nvidia_smi=TWO_GPUS, DATA=str(data), MODEL=str(tmp_path / "nope"))
+    assert (done.returncode, done.stderr) == (1, f"run_pgrpo.sh: MODEL {tmp_path / 'nope'}: no such directory\n")
+    done = run(tmp_path, nvidia_smi=TWO_GPUS, DATA=str(data), python=f"{sys.executable} -S")  # no site-packages
+    assert done.returncode == 1 and done.stderr.startswith("run_pgrpo.sh: ") and " has no verl: " in done.stderr
+    assert not data.exists()
 
 
 @pytest.mark.parametrize("present", ["train.parquet", "test.parquet"])
@@ -71,6 +83,6 @@ def test_the_trainer_gets_the_counted_gpus_and_the_data_it_made(tmp_path):
     assert "n_gpus_per_node: 2\n" in done.stdout and "default_agent_loop: threadweaver\n" in done.stdout
     assert f"train_files: {data}/train.parquet\n" in done.stdout
     made = {name: (data / name).stat().st_mtime_ns for name in os.listdir(data)}
-    again = run(tmp_path, "--cfg", "job", NGPUS="3", DATA=str(data))  # both present: kept as they are
+    again = run(tmp_path, "--cfg", "job", NGPUS="03", DATA=str(data))  # both present: kept as they are
     assert again.returncode == 0 and "n_gpus_per_node: 3\n" in again.stdout
     assert {name: (data / name).stat().st_mtime_ns for name in os.listdir(data)} == made

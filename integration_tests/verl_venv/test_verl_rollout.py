@@ -153,6 +153,28 @@ def test_a_reward_manager_that_drops_the_rows_extra_fields_is_refused(worker, ag
     assert "use one that does: naive, rate_limited, remote" in str(caught.value)
 
 
+def test_a_reward_manager_verl_does_not_have_is_named_as_such(worker):
+    config = verl_config("reward.reward_manager.name=naiv")
+    with pytest.raises(Exception, match="reward.reward_manager.name=naiv: verl has no reward manager of that name"):
+        build_loop(worker, None, config=config)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("+reward.custom_reward_function.reward_kwargs.form=bogus", "reward_kwargs: RewardConfig.form must be 'reduc"),
+        ("+reward.custom_reward_function.reward_kwargs.factor=null", "reward_kwargs: RewardConfig.factor must be a nu"),
+        ("+reward.custom_reward_function.reward_kwargs.fctor=1", r"unknown reward.custom_reward_function.reward_kwar"),
+    ],
+)
+def test_bad_reward_kwargs_are_refused_as_the_loop_is_built_not_at_the_first_reward(worker, override, message):
+    """They were refused only once the first batch of rollouts reached the reward."""
+    with pytest.raises(Exception, match=message):
+        build_loop(worker, None, config=verl_config(override))
+    own = verl_config(override, "reward.custom_reward_function.path=/tmp/my_reward.py")
+    build_loop(worker, None, config=own)  # another reward function's kwargs are its own
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

@@ -17,6 +17,7 @@ the rows say so in ``extra_fields``.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 from uuid import uuid4
 
@@ -44,15 +45,36 @@ text nor its stats, and would pay no acceleration without a word."""
 
 
 def check_reward_manager(config) -> None:
-    """Refuse a registered reward manager that drops the rows' extra fields. A manager of the user's own
-    (``reward.reward_manager.source=importlib``) is theirs to vouch for."""
+    """Refuse a registered reward manager that drops the rows' extra fields, or that verl does not have. A
+    manager of the user's own (``reward.reward_manager.source=importlib``) is theirs to vouch for."""
+    from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+
     manager = config.reward.reward_manager
-    if manager.source == "register" and manager.name not in REWARD_MANAGERS:
+    if manager.source != "register" or manager.name in REWARD_MANAGERS:
+        return
+    if manager.name not in REWARD_MANAGER:
         raise ValueError(
-            f"reward.reward_manager.name={manager.name}: verl's {manager.name} reward manager does not pass the "
-            "threadweaver rows' extra fields (the trajectory's text and stats) to the reward, which would then pay no "
-            f"acceleration and log no trajectory stats; use one that does: {', '.join(REWARD_MANAGERS)}"
+            f"reward.reward_manager.name={manager.name}: verl has no reward manager of that name (it has "
+            f"{', '.join(sorted(REWARD_MANAGER))}); use one that passes the threadweaver rows' extra fields to the "
+            f"reward: {', '.join(REWARD_MANAGERS)}"
         )
+    raise ValueError(
+        f"reward.reward_manager.name={manager.name}: verl's {manager.name} reward manager does not pass the "
+        "threadweaver rows' extra fields (the trajectory's text and stats) to the reward, which would then pay no "
+        f"acceleration and log no trajectory stats; use one that does: {', '.join(REWARD_MANAGERS)}"
+    )
+
+
+def check_reward_kwargs(config) -> None:
+    """Refuse, as the loop is built, ``reward_kwargs`` that threadweaver's reward would refuse only at its first
+    call, after the first batch of rollouts. Another reward function's kwargs are its own."""
+    from threadweaver.verl_rollout import reward
+
+    function = config.reward.get("custom_reward_function") or {}
+    path = str(function.get("path") or "")
+    ours = path == "pkg://" + reward.__name__ or (os.path.isfile(path) and os.path.samefile(path, reward.__file__))
+    if ours:
+        reward.reward_config(dict(function.get("reward_kwargs") or {}))
 
 
 @functools.lru_cache(maxsize=8)
@@ -74,6 +96,7 @@ class ThreadWeaverAgentLoop(AgentLoopBase):
         if not self.config.trainer.get("use_v1", False):
             raise ValueError(V1_REQUIRED)
         check_reward_manager(self.config)
+        check_reward_kwargs(self.config)
         response_length = self.rollout_config.response_length
         self.limits = Limits(
             branching=branching,

@@ -70,6 +70,10 @@ def _field(row: dict, name: str, line: int) -> str:
     return value
 
 
+SYNTH_TRAIN, SYNTH_SEED = 2048, 0
+"""The synthetic task's training problems and seed, where --train and --seed do not say."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """A usage error as one line, as every other error here (argparse's exit status 2)."""
@@ -111,13 +115,21 @@ def problem_splits(path: str, test: int) -> dict[str, list[dict]]:
 def main(argv: list[str] | None = None) -> None:
     parser = _Parser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("out", help="directory for train.parquet and test.parquet (neither may exist yet)")
-    parser.add_argument("--train", type=positive, default=2048, help="synthetic training problems")
-    parser.add_argument("--test", type=positive, default=128, help="held-out problems")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--problems", help="a JSONL file of {prompt, answer} rows instead of the synthetic task")
+    parser.add_argument(
+        "--train", type=positive, default=None, help=f"synthetic training problems (default: {SYNTH_TRAIN})"
+    )
+    parser.add_argument("--test", type=positive, default=128, help="held-out problems: with --problems, the first rows")
+    parser.add_argument("--seed", type=int, default=None, help=f"the synthetic problems' seed (default: {SYNTH_SEED})")
+    parser.add_argument(
+        "--problems", help="a JSONL file of {prompt, answer} rows instead of the synthetic task: all but --test train"
+    )
     parser.add_argument("--data-source", default=None, help="the data_source column (default: the file's name)")
     parser.add_argument("--agent", choices=AGENT_LOOPS, default=None, help="an agent_name column for every row")
     args = parser.parse_args(argv)
+    if args.problems and (given := [f for f, v in (("--train", args.train), ("--seed", args.seed)) if v is not None]):
+        parser.error(
+            f"{' and '.join(given)} set the synthetic problems; from --problems, every row but the first --test trains"
+        )
 
     try:
         check_out(args.out)
@@ -132,7 +144,12 @@ def main(argv: list[str] | None = None) -> None:
             fail(f"{args.problems}: {err}")
         source = args.data_source or os.path.splitext(os.path.basename(args.problems))[0]
     else:
-        synth = synth_splits(SynthConfig(), args.train, args.test, args.seed)
+        synth = synth_splits(
+            SynthConfig(),
+            SYNTH_TRAIN if args.train is None else args.train,
+            args.test,
+            SYNTH_SEED if args.seed is None else args.seed,
+        )
         splits = {"train": synth["train"], "test": synth["validation"]}
         source = args.data_source or DATA_SOURCE
     write(args.out, splits, source, args.agent)

@@ -30,13 +30,7 @@ _FROM_VERL = {"reward_router_address", "reward_model_tokenizer"}
 def compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None, **reward_kwargs: Any
 ) -> dict[str, float]:
-    unknown = set(reward_kwargs) - _FROM_VERL - set(RewardConfig.__dataclass_fields__)
-    if unknown:
-        raise TypeError(
-            f"unknown reward_kwargs {sorted(unknown)}; the threadweaver reward takes "
-            f"{sorted(RewardConfig.__dataclass_fields__)}"
-        )
-    config = RewardConfig(**{k: v for k, v in reward_kwargs.items() if k not in _FROM_VERL})
+    config = reward_config(reward_kwargs)
     gold = _gold(ground_truth)
     info = extra_info or {}
     text = info.get(PREFIX + "text", solution_str) or ""  # no response at all is no answer
@@ -55,6 +49,21 @@ def compute_score(
         "well_formed": float(info.get(PREFIX + "well_formed", True)),
         **{f"degraded_{kind}": float(kind in kinds) for kind in DEGRADATION_KINDS},
     }
+
+
+def reward_config(reward_kwargs: dict[str, Any]) -> RewardConfig:
+    """The reward's knobs from verl's ``reward_kwargs`` (and what verl adds to them); an unknown or bad one is
+    refused, naming it as the config does."""
+    unknown = set(reward_kwargs) - _FROM_VERL - set(RewardConfig.__dataclass_fields__)
+    if unknown:
+        raise TypeError(
+            f"unknown reward.custom_reward_function.reward_kwargs {sorted(unknown)}; the threadweaver reward takes "
+            f"{sorted(RewardConfig.__dataclass_fields__)}"
+        )
+    try:
+        return RewardConfig(**{k: v for k, v in reward_kwargs.items() if k not in _FROM_VERL})
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"reward.custom_reward_function.reward_kwargs: {err}") from None
 
 
 def _gold(ground_truth: Any) -> str:
