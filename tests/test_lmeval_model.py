@@ -54,6 +54,19 @@ def test_an_unwritable_trajectories_path_is_refused(tmp_path):
         ThreadWeaverLM.create_from_arg_string(f"trajectories={tmp_path}/new/t.jsonl")
 
 
+def test_a_trajectories_path_where_no_file_can_be_made_is_refused_even_as_root():
+    """os.access passes root anywhere, /proc included, where the first trajectory's write then failed."""
+    with pytest.raises(ValueError, match="^trajectories=/proc/t.jsonl: /proc is not writable$"):
+        ThreadWeaverLM.create_from_arg_string("trajectories=/proc/t.jsonl")
+
+
+def test_a_tokenizer_that_cannot_load_is_one_line_naming_the_model_arg(tmp_path):
+    missing = str(tmp_path / "nope")
+    for arg in ("tokenizer", "model"):
+        with pytest.raises(ValueError, match=f"^cannot load the tokenizer '{missing}' \\({arg}= in --model_args\\): "):
+            ThreadWeaverLM.create_from_arg_string(f"base_url=http://127.0.0.1:9,{arg}={missing}")
+
+
 def test_trajectories_path_expands_the_home_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
@@ -73,6 +86,31 @@ def test_a_temperature_under_do_sample_false_warns_once(caplog, monkeypatch):
     assert "do_sample=false overrides temperature=1.5" in record.message
     assert "--gen_kwargs do_sample=true,temperature=1.5" in record.message
     assert sampling_from({**tw_synth, "do_sample": True, "temperature": 1.5}, 0)[0].temperature == 1.5
+
+
+@pytest.mark.parametrize(
+    "gen_kwargs, message",
+    [
+        ({"max_gen_toks": "abc"}, "generation kwarg max_gen_toks must be a whole number, not 'abc'"),
+        ({"top_k": "abc"}, "generation kwarg top_k must be a whole number, not 'abc'"),
+        ({"temperature": "hot"}, "generation kwarg temperature must be a number, not 'hot'"),
+        ({"max_gen_toks": 0}, "generation kwarg max_gen_toks must be at least 1, not 0"),
+    ],
+)
+def test_a_bad_generation_kwarg_is_named_as_typed(gen_kwargs, message):
+    """--gen_kwargs max_gen_toks=abc said "invalid literal for int() with base 10", and 0 said max_tokens."""
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        sampling_from({"until": [], **gen_kwargs}, 0)
+    assert sampling_from({"max_gen_toks": "64", "top_k": 5.0, "temperature": "0.5"}, 0)[:2] == (
+        model.Sampling(temperature=0.5, top_k=5, seed=0),
+        64,
+    )
+
+
+def test_none_in_any_case_is_none():
+    """lm-eval reads only None as None; "seed must be a whole number (or none)" refused seed=none."""
+    args, _, limits = split_model_args(simple_parse_args_string("seed=none,timeout_s=NULL,max_request_tokens=None"))
+    assert (args.seed, limits.timeout_s, limits.max_request_tokens) == (None, None, None)
 
 
 def test_resume_needs_a_trajectories_file():

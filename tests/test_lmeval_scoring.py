@@ -26,6 +26,7 @@ PARALLEL = (
 def fresh_side_channel(monkeypatch):
     monkeypatch.setattr(measured, "_tokenizer", None)
     monkeypatch.setattr(measured, "_tokenizer_hint", None)
+    monkeypatch.setattr(measured, "_unloadable", set())
     monkeypatch.delenv(measured.TOKENIZER_ENV, raising=False)
 
 
@@ -150,6 +151,16 @@ def test_without_any_tokenizer_token_metrics_are_nan_and_accuracy_still_counts()
     assert all(math.isnan(metrics[m]) for m in ("token_latency", "total_tokens", "speedup", "well_formed"))
 
 
+def test_a_tokenizer_that_cannot_load_leaves_the_token_metrics_nan_not_the_run_failed(monkeypatch, tmp_path):
+    """It loads at the first response scored, after every response was generated: a traceback lost them all."""
+    monkeypatch.setenv(measured.TOKENIZER_ENV, str(tmp_path / "nope"))
+    with pytest.warns(RuntimeWarning, match=f"cannot load the tokenizer '{re.escape(str(tmp_path / 'nope'))}'"):
+        first = scoring.process_results({"gold": "7"}, ["\\boxed{7}"])
+    second = scoring.process_results({"gold": "7"}, ["\\boxed{8}"])  # tried once
+    assert (first["acc"], second["acc"]) == (1.0, 0.0) and math.isnan(first["total_tokens"])
+    assert math.isnan(second["total_tokens"]) and str(tmp_path / "nope") in measured._unloadable
+
+
 def test_tokenizer_named_by_the_environment_wins_over_the_metadata_hint(monkeypatch, tmp_path, qwen):
     qwen.save_pretrained(tmp_path / "tok")
     measured.hint_tokenizer("no/such-tokenizer")
@@ -265,3 +276,30 @@ def test_an_unreachable_hub_names_the_offline_options(tmp_path):
         "THREADWEAVER_DATA_DIR",
     ):
         assert option in last
+
+
+@pytest.mark.parametrize(
+    "raw, said",
+    [
+        (b"", "no rows"),
+        (b'{"Problem": "a", "Answer": "1"}\n{"Problem": "b"}\n', "line 2 has no 'Answer'"),  # was "an empty"
+        (
+            b'{"Problem": "a", "Answer": 2}\n{"Problem": "b", "Answer": "5"}\n',
+            "the rows do not form one table (line 2: 'Answer' is a string where line 1's is a number; ArrowInvalid",
+        ),
+    ],
+    ids=["empty", "a row without the field", "a column of two types"],
+)
+def test_a_local_jsonl_file_says_what_is_wrong_where(tmp_path, raw, said):
+    path = tmp_path / "aime.jsonl"
+    path.write_bytes(raw)
+    with pytest.raises(ValueError) as refused:
+        data.load("tw_aime24", "Problem", "Answer", tw_aime24_file=str(path))
+    assert str(refused.value).startswith(f"{path}: {said}"), str(refused.value)
+
+
+def test_a_data_dir_that_does_not_exist_is_an_error_for_the_synthetic_tasks_too(tmp_path):
+    """A synthetic task without its file in data_dir takes its generated problems; a data_dir that is not there
+    is a typo, and the run went on without a word."""
+    with pytest.raises(FileNotFoundError, match=f"^data_dir {tmp_path / 'nope'}: no such folder$"):
+        data.load("tw_synth", "problem", "answer", synth={}, data_dir=str(tmp_path / "nope"))

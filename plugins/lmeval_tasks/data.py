@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from threadweaver.jsonl import RowError, read_jsonl
+from threadweaver.jsonl import RowError, json_kind, read_jsonl
 
 from . import measured
 from .discovery import TASKS_DIR
@@ -123,16 +123,36 @@ def _read_local(path: Path, fields: list[str]):
         lines, rows = zip(*read_jsonl(str(path))) if path.stat().st_size else ((), ())
     except RowError as err:
         raise ValueError(f"{path}: {err}") from None
+    if not rows:
+        raise ValueError(f"{path}: no rows")
     columns = list(dict.fromkeys(key for row in rows for key in row))
     _check_fields(columns, str(path), fields)
     for line, row in zip(lines, rows):
-        empty = next((f for f in fields if row.get(f) in (None, "", [])), None)
-        if empty:
+        if missing := next((f for f in fields if f not in row), None):
+            raise ValueError(f"{path}: line {line} has no {missing!r}")
+        if empty := next((f for f in fields if row.get(f) in (None, "", [])), None):
             raise ValueError(f"{path}: line {line} has an empty {empty!r}")
     try:
         return datasets.Dataset.from_list(list(rows)), None
-    except Exception as err:  # columns whose values do not share a type
-        raise ValueError(f"{path}: the rows do not form one table ({type(err).__name__}: {err})"[:500]) from None
+    except Exception as err:  # columns whose values do not share a type: name the first row that differs
+        raise ValueError(
+            f"{path}: the rows do not form one table ({_first_odd_row(lines, rows)}; {type(err).__name__}: {err})"[:500]
+        ) from None
+
+
+def _first_odd_row(lines, rows) -> str:
+    """Where a column's values first change JSON type, e.g. ``line 3: 'Answer' is a string where line 2's is a
+    number``."""
+    first: dict[str, tuple[int, str]] = {}
+    for line, row in zip(lines, rows):
+        for key, value in row.items():
+            kind = json_kind(value)
+            if value is None:
+                continue
+            seen = first.setdefault(key, (line, kind))
+            if seen[1] != kind:
+                return f"line {line}: {key!r} is {kind} where line {seen[0]}'s is {seen[1]}"
+    return "no column changes type"
 
 
 def _synth(synth: dict):
@@ -196,6 +216,8 @@ def load(
 
     measured.hint_tokenizer(metadata.get("tokenizer") or metadata.get("pretrained") or metadata.get("model"))
     _check_metadata(benchmark, metadata)
+    if (folder := data_dir(metadata)) and not os.path.isdir(folder):
+        raise FileNotFoundError(f"data_dir {folder}: no such folder")
     path, row_at = local_file(benchmark, metadata), None
     if path is not None:
         (rows, row_at), where = _read_local(path, [problem_field, answer_field]), str(path)

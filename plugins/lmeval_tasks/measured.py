@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from typing import Any, NamedTuple
 
 from threadweaver.stats import LatencyStats, latency_stats
@@ -55,6 +56,8 @@ def lookup(response: str) -> Measured | None:
 _lock = threading.Lock()
 _tokenizer: Any = None
 _tokenizer_hint: str | None = None
+_unloadable: set[str] = set()
+"""Tokenizer names that failed to load: tried once, and their responses' counts are NaN."""
 
 
 def use_tokenizer(tokenizer: Any) -> None:
@@ -83,7 +86,16 @@ def fallback_tokenizer() -> Any:
         return None
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(name)
+    if name in _unloadable:
+        return None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as err:  # after every response was generated: their scores are kept
+        _unloadable.add(name)
+        warnings.warn(
+            f"cannot load the tokenizer {name!r} to count the responses' tokens: {err}", RuntimeWarning, stacklevel=3
+        )
+        return None
     with _lock:
         _tokenizer = tokenizer
     return tokenizer

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import os
+import tempfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -83,8 +84,13 @@ def appendable(path: str) -> str:
     existing = next(p for p in (target, *target.parents) if p.exists())
     if existing != target and not existing.is_dir():
         raise ValueError(f"trajectories={path}: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK):
-        raise ValueError(f"trajectories={path}: {existing} is not writable")
+    try:  # by writing, not os.access: root passes that check for /proc, say, where no file can be made
+        if existing == target:
+            open(target, "ab").close()
+        else:
+            tempfile.TemporaryFile(dir=existing).close()
+    except OSError:
+        raise ValueError(f"trajectories={path}: {existing} is not writable") from None
     return str(target)
 
 
@@ -112,6 +118,8 @@ def split_model_args(kwargs: dict) -> tuple[ModelArgs, EngineArgs, Limits]:
             f"{', '.join(sorted(set().union(*groups.values())))} (max tokens come from the task's "
             f"max_gen_toks, override with --gen_kwargs max_gen_toks=N)"
         )
+    # lm-eval reads None as None; none and null, which the settings' messages and JSON say, are None too
+    kwargs = {k: None if isinstance(v, str) and v.strip().lower() in ("none", "null") else v for k, v in kwargs.items()}
     flags = {f.name for cls in groups for f in fields(cls) if f.type in (bool, "bool")}
     kwargs = {k: as_bool(k, v) if k in flags else v for k, v in kwargs.items()}
     args = {cls: cls(**{k: v for k, v in kwargs.items() if k in names}) for cls, names in groups.items()}
@@ -125,17 +133,38 @@ def sampling_from(gen_kwargs: dict, seed: int | None) -> tuple[Sampling, int | N
     if isinstance(until, str):
         until = [until]
     given = gen_kwargs.pop("temperature", None)
-    temperature = Sampling.temperature if given is None else float(given)
+    temperature = Sampling.temperature if given is None else _gen_kwarg("temperature", given, float)
     if gen_kwargs.pop("do_sample", None) is False:
         if temperature > 0 and given is not None:
             _warn_greedy(temperature)
         temperature = 0.0
     max_tokens = gen_kwargs.pop("max_gen_toks", None)
-    top_p, top_k = float(gen_kwargs.pop("top_p", Sampling.top_p)), int(gen_kwargs.pop("top_k", Sampling.top_k))
-    sampling = Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=gen_kwargs.pop("seed", seed))
+    if max_tokens is not None and (max_tokens := _gen_kwarg("max_gen_toks", max_tokens, int)) < 1:
+        raise ValueError(f"generation kwarg max_gen_toks must be at least 1, not {max_tokens}")
+    top_p = _gen_kwarg("top_p", gen_kwargs.pop("top_p", Sampling.top_p), float)
+    top_k = _gen_kwarg("top_k", gen_kwargs.pop("top_k", Sampling.top_k), int)
+    given_seed = gen_kwargs.pop("seed", seed)
+    sampling = Sampling(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=None if given_seed is None else _gen_kwarg("seed", given_seed, int),
+    )
     if gen_kwargs:
         log.warning("threadweaver ignores generation_kwargs %s", ", ".join(sorted(gen_kwargs)))
-    return sampling, None if max_tokens is None else int(max_tokens), list(until)
+    return sampling, max_tokens, list(until)
+
+
+def _gen_kwarg(name: str, value, kind: type):
+    """A generation kwarg (a task's, or ``--gen_kwargs``, which lm-eval passes on as text where it is no
+    number) as ``kind``; else a ValueError naming it."""
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or isinstance(value, bool) or (kind is int and isinstance(value, float) and value != number):
+        raise ValueError(f"generation kwarg {name} must be a {'whole ' if kind is int else ''}number, not {value!r}")
+    return number
 
 
 _warned_greedy = False
@@ -186,7 +215,11 @@ class ThreadWeaverLM(LM):
                 "the threadweaver model needs tokenizer=... or model=... in --model_args "
                 f"(the {self.engine_args.engine} engine does not say which model it serves)"
             )
-        return AutoTokenizer.from_pretrained(source)
+        try:
+            return AutoTokenizer.from_pretrained(source)
+        except (OSError, ValueError) as err:  # a missing folder, a hub id offline: one line, not a traceback
+            given = "tokenizer=" if self.args.tokenizer else "model=" if self.args.model else "what the server serves"
+            raise ValueError(f"cannot load the tokenizer {source!r} ({given} in --model_args): {err}") from None
 
     @property
     def tokenizer_name(self) -> str:
