@@ -206,7 +206,8 @@ def test_the_cli_says_a_threadweaver_error_in_one_line_and_a_script_keeps_its_tr
 
 def test_a_rerun_with_resume_decodes_only_what_the_trajectories_file_lacks(qwen_kit, tmp_path):
     """tw_math500 samples, so lm-eval's --use_cache would decode it all again; ``resume=true`` takes what
-    the first run wrote (a torn last line, as a crash leaves, is decoded again)."""
+    the first run wrote (a torn last line, as a crash leaves, is decoded again), with the model's folder
+    named another way (it was matched as a string: all was decoded again)."""
     trajectories = tmp_path / "t.jsonl"
     model_args = f"engine=transformers,model={qwen_kit},trajectories={trajectories},resume=true"
     args = ["--model", "threadweaver", "--model_args", model_args, "--tasks", "tw_math500"]
@@ -216,7 +217,8 @@ def test_a_rerun_with_resume_decodes_only_what_the_trajectories_file_lacks(qwen_
     [row] = [json.loads(line) for line in trajectories.read_text().splitlines()]
     with trajectories.open("a") as f:
         f.write('{"id": "tw_math500/1", "sam')  # torn
-    second = lm_eval_run(tmp_path / "second", *args, "--limit", "2", env=env)
+    again = [*args[:3], model_args.replace(f"model={qwen_kit}", f"model={qwen_kit}/"), *args[4:]]  # the same folder
+    second = lm_eval_run(tmp_path / "second", *again, "--limit", "2", env=env)
     rows = [json.loads(line) for line in trajectories.read_text().splitlines()]
     assert [r["id"] for r in rows] == ["tw_math500/0", "tw_math500/1"] and rows[0] == row  # only the new one
     was, now = first["samples"]["tw_math500"][0], second["samples"]["tw_math500"][0]

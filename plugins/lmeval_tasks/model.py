@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 import tempfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, fields
@@ -264,7 +265,9 @@ class ThreadWeaverLM(LM):
         if max_tokens is not None:  # max_gen_toks is the trajectory's budget
             limits = dataclasses.replace(limits, max_tokens=max_tokens)
         orchestrator = Orchestrator(self.engine, self.fmt, limits, sampling)
-        settings = {"model": self.tokenizer.name_or_path, "sampling": dataclasses.asdict(sampling)}
+        model = self.tokenizer.name_or_path  # a folder by its real path: ./m, m/ and /abs/m are one model
+        model = os.path.realpath(model) if os.path.isdir(model) else model
+        settings = {"model": model, "sampling": dataclasses.asdict(sampling)}
         # the cap in force, as files written before a None cap meant it
         settings["limits"] = {**dataclasses.asdict(limits), "max_request_tokens": limits.request_cap}
         decoded_with = _canonical(settings)
@@ -280,7 +283,12 @@ class ThreadWeaverLM(LM):
             out[indices[position]] = measured.Response(cut_at(generated_text(token_ids, self.fmt), until), counts)
             bar.update(1)
         if len(todo) < len(requests):
-            log.info("threadweaver: %d trajectories taken from %s", len(requests) - len(todo), self.args.trajectories)
+            print(
+                f"threadweaver: {len(requests) - len(todo)} of {len(requests)} trajectories taken from "
+                f"{self.args.trajectories}",
+                file=sys.stderr,
+                flush=True,
+            )
         prompts = [self._prompt_ids(contexts[position]) for position in todo]
         progress = BatchProgress()
         async for at, trajectory, wall_s in decode_many(
