@@ -116,3 +116,24 @@ def test_none_in_any_case_is_none():
 def test_resume_needs_a_trajectories_file():
     with pytest.raises(ValueError, match="^model_args resume=true needs trajectories=FILE, the file to resume from$"):
         split_model_args(simple_parse_args_string("resume=true"))
+
+
+def test_the_start_up_hook_installs_says_its_status_and_removes_once(tmp_path, monkeypatch, capsys):
+    """``remove`` said "removed" with nothing there."""
+    import runpy
+
+    from threadweaver.lmeval_tasks import discovery
+
+    monkeypatch.setattr(discovery, "pth_path", lambda: tmp_path / "threadweaver-lmeval.pth")
+
+    def run(action: str) -> tuple[int, str]:
+        monkeypatch.setattr("sys.argv", ["python -m threadweaver.lmeval_tasks", action])
+        with pytest.raises(SystemExit) as done:
+            runpy.run_module("threadweaver.lmeval_tasks", run_name="__main__")
+        return done.value.code, capsys.readouterr().out.strip()
+
+    pth = tmp_path / "threadweaver-lmeval.pth"
+    assert run("install") == (0, f"installed {pth}") and run("status") == (0, f"{pth}: installed")
+    assert run("remove") == (0, f"removed {pth}") and not pth.exists()
+    assert run("remove") == (0, f"{pth}: not installed, nothing to remove")
+    assert run("status") == (1, f"{pth}: not installed")

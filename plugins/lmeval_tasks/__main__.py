@@ -22,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
         help="install/remove the .pth start-up hook, show its status, print the tasks directory "
         "(for --include_path), or run the lm_eval CLI with the model and tasks found, hook or not",
     )
-    parser.add_argument("lm_eval_args", nargs=argparse.REMAINDER, help="(lm_eval) the lm_eval CLI's arguments")
+    parser.add_argument(
+        "lm_eval_args", nargs=argparse.REMAINDER, metavar="...", help="(lm_eval) the lm_eval CLI's arguments"
+    )
     args = parser.parse_args(argv)
     if args.lm_eval_args and args.action != "lm_eval":
         parser.error(f"{args.action} takes no arguments: {' '.join(args.lm_eval_args)}")
@@ -36,8 +38,11 @@ def main(argv: list[str] | None = None) -> int:
             target.write_text(PTH_LINE)
         print(f"installed {target}")
     elif args.action == "remove":
-        target.unlink(missing_ok=True)
-        print(f"removed {target}")
+        if target.exists():
+            target.unlink()
+            print(f"removed {target}")
+        else:
+            print(f"{target}: not installed, nothing to remove")
     else:
         state = "installed" if target.exists() and target.read_text() == PTH_LINE else "not installed"
         switched_off = os.environ.get("THREADWEAVER_LMEVAL_AUTOLOAD", "1") == "0"
