@@ -278,12 +278,26 @@ def test_two_files_side_by_side_give_the_differences_per_row(browser, data):
         ".map((tr) => [tr.cells[0].textContent, +tr.cells[4].textContent])"
     )
     assert {i: d for i, d in cells} == pytest.approx(expected, abs=0.011)
-    assert [d for _, d in cells] == sorted((d for _, d in cells), reverse=True)  # biggest change first
-    browser.find_element("css selector", '#pairs th[data-key="dspeedup"]').click()
+    differences = [d for _, d in cells]
+    assert max(differences) < 0 < max(differences) - min(differences)  # serial is B: every change a loss
+    assert [abs(d) for d in differences] == sorted((abs(d) for d in differences), reverse=True)  # biggest change first
+    order = browser.find_element("id", "pairs-order")
+    assert order.text.startswith("Sorted by the size of the change in speedup (B − A), biggest first")
+    header = browser.find_element("css selector", '#pairs th[data-key="dspeedup"]')
+    for signed in (sorted(differences, reverse=True), sorted(differences)):  # a click: by sign; again: reversed
+        header.click()
+        cells = browser.execute_script(
+            "return [...document.querySelectorAll('#pairs tbody tr')].map((tr) => +tr.cells[4].textContent)"
+        )
+        assert cells == signed
+    assert order.text.startswith("Sorted by the change in speedup (B − A), lowest first")
+    header.click()  # round to the size again
+    assert order.text.startswith("Sorted by the size of the change in speedup (B − A), biggest first")
+    browser.find_element("css selector", '#pairs th[data-key="speedup0"]').click()
     cells = browser.execute_script(
-        "return [...document.querySelectorAll('#pairs tbody tr')].map((tr) => +tr.cells[4].textContent)"
+        "return [...document.querySelectorAll('#pairs tbody tr')].map((tr) => +tr.cells[2].textContent.slice(0, -1))"
     )
-    assert cells == sorted(cells)
+    assert cells == sorted(cells, reverse=True) and order.text.startswith("Sorted by speedup A, highest first")
     first = browser.find_element("css selector", "#pairs tbody tr")
     a, b = int(first.get_attribute("data-index")), int(first.get_attribute("data-other"))
     first.click()

@@ -50,13 +50,13 @@ def test_trajectories_path_is_checked_when_the_model_is_made(tmp_path):
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
 def test_an_unwritable_trajectories_path_is_refused(tmp_path):
     tmp_path.chmod(0o500)
-    with pytest.raises(ValueError, match=f"{tmp_path} is not writable$"):
+    with pytest.raises(ValueError, match=f"cannot write a file in {tmp_path} \\("):
         ThreadWeaverLM.create_from_arg_string(f"trajectories={tmp_path}/new/t.jsonl")
 
 
 def test_a_trajectories_path_where_no_file_can_be_made_is_refused_even_as_root():
     """os.access passes root anywhere, /proc included, where the first trajectory's write then failed."""
-    with pytest.raises(ValueError, match="^trajectories=/proc/t.jsonl: /proc is not writable$"):
+    with pytest.raises(ValueError, match="^trajectories=/proc/t.jsonl: cannot write a file in /proc \\("):
         ThreadWeaverLM.create_from_arg_string("trajectories=/proc/t.jsonl")
 
 

@@ -253,3 +253,105 @@ def test_a_turn_the_chat_template_cannot_render_is_the_rows_fault_a_template_tha
     with pytest.raises(ValueError, match="field 'messages': the tokenizer's chat template does not compile") as err:
         reader.prompt({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "4"}]})
     assert not isinstance(err.value, FieldError)
+
+
+BAD_SECOND_ROW = json.dumps(GOOD_IDS) + "\n" + json.dumps({"id": "b", "prompt_ids": "abc"}) + "\n"
+"""Rows a command that reads them refuses at line 2: a refusal that names something else came before any row."""
+
+
+def view(*argv: str) -> str:
+    """What ``threadweaver view`` exits with (its one line, or argparse's status)."""
+    from threadweaver.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["view", *argv])
+    return exit_.value.code
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no file can be made")
+def test_view_refuses_an_out_where_no_file_can_be_made_before_reading_the_rows(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(BAD_SECOND_ROW)
+    said = view(str(path), "--out", "/proc/threadweaver-view.html")  # root may write anywhere else
+    assert said == "threadweaver view: --out /proc/threadweaver-view.html: cannot write a file in /proc " + (
+        "(No such file or directory)"
+    )
+    assert os.listdir(tmp_path) == ["rows.jsonl"]
+
+
+def test_view_refuses_a_port_in_use_before_reading_the_rows(tmp_path):
+    import socket
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text(BAD_SECOND_ROW)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        said = view(str(path), "--serve", "--port", str(port))
+    assert said == f"threadweaver view: port {port} is in use: give another --port, or none for a free one"
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [(["--port", "8000"], "--port is the port of --serve"), (["--serve", "--out", "p.html"], "--out writes the page")],
+    ids=["port without serve", "out with serve"],
+)
+def test_view_refuses_a_flag_it_would_ignore_as_a_usage_error(tmp_path, capsys, flags, message):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(GOOD_IDS) + "\n")
+    assert view(str(path), *flags) == 2
+    assert f"threadweaver view: error: {message}" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == ["rows.jsonl"]
+
+
+def test_view_says_a_missing_file_or_a_folder_in_one_line_as_filter_does(tmp_path):
+    missing = tmp_path / "nothing.jsonl"
+    assert view(str(missing)) == f"threadweaver view: {missing}: no such file"
+    assert view(str(tmp_path)) == f"threadweaver view: {tmp_path}: a folder, not a file of rows"
+
+
+def tokenizer_folder(folder, edit=None):
+    """A copy of the embedded models' tokenizer files (no model), its tokenizer.json changed by ``edit``."""
+    import shutil
+
+    source = os.path.join(os.path.dirname(__file__), "..", "apps", "quickstart", "models", "parallel")
+    folder.mkdir()
+    for name in os.listdir(source):
+        if name != "model.safetensors" and not name.startswith("config"):
+            shutil.copy(os.path.join(source, name), folder / name)
+    if edit:
+        data = json.loads((folder / "tokenizer.json").read_text())
+        edit(data)
+        (folder / "tokenizer.json").write_text(json.dumps(data))
+    return folder
+
+
+def swap_two_digits(data):
+    vocab = data["model"]["vocab"]
+    vocab["0"], vocab["1"] = vocab["1"], vocab["0"]
+
+
+def test_view_reads_two_files_whose_rows_name_one_tokenizer_in_two_folders_and_refuses_different_ones(tmp_path):
+    folders = [tokenizer_folder(tmp_path / name) for name in ("parallel", "sequential")]
+    files = []
+    for k, folder in enumerate([*folders, tokenizer_folder(tmp_path / "other", swap_two_digits)]):
+        files.append(tmp_path / f"rows{k}.jsonl")
+        files[-1].write_text(json.dumps({**GOOD_IDS, "tokenizer": str(folder)}) + "\n")
+    from threadweaver.cli import main
+
+    out = tmp_path / "page.html"
+    main(["view", str(files[0]), str(files[1]), "--out", str(out)])
+    assert len(payload(out.read_text())["rows"]) == 2
+    said = view(str(files[0]), str(files[2]), "--out", str(tmp_path / "other.html"))
+    assert said.startswith("threadweaver view: the files were written with different tokenizers (")
+    assert said.endswith("): pass --tokenizer")
+
+
+def test_view_names_the_file_and_line_that_record_a_tokenizer_that_is_gone(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    gone = str(tmp_path / "moved" / "model")
+    path.write_text("\n" + json.dumps({**GOOD_IDS, "tokenizer": gone}) + "\n")
+    said = view(str(path))
+    assert said.startswith(f"threadweaver view: {path}: line 2 records the tokenizer {gone!r}, which cannot be loaded")
+    assert "\n" not in said

@@ -149,6 +149,27 @@ def check_outputs(outputs: Iterable[str], inputs: Iterable[str], named: bool = T
                 raise ValueError(f"{out} is the input file {path}; name another")
 
 
+def check_writable(path: str) -> None:
+    """Refuse a file path where no file can be written, by writing: an existing file is opened to append
+    (which changes nothing), else a file is made and removed in its folder, or the nearest one there is (the
+    writer makes the rest). :func:`os.access` says yes to root anywhere, /proc included."""
+    import tempfile
+
+    if os.path.isfile(path):
+        try:
+            open(path, "ab").close()
+        except OSError as err:
+            raise ValueError(f"cannot write {path} ({err.strerror or err})") from None
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:
+        raise ValueError(f"cannot write a file in {folder} ({err.strerror or err})") from None
+
+
 _JSON_KINDS = {
     bool: "a boolean",
     int: "a number",

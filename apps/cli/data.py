@@ -304,63 +304,145 @@ def _view_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "files", nargs="+", metavar="FILE", help="JSONL trajectories or training rows; two files side by side"
     )
-    p.add_argument("--out", help="the page to write (default: FILE.html)")
+    p.add_argument("--out", help="the page to write (default: FILE.html; not with --serve)")
     p.add_argument("--tokenizer", help=TOKENIZER_HELP)
     p.add_argument("--title", help="the page's title (default: the file names)")
     p.add_argument("--serve", action="store_true", help="serve the page on loopback instead of writing it")
-    p.add_argument("--port", type=int, default=0, help="with --serve: the port (default: a free one)")
+    p.add_argument("--port", type=_port, help="with --serve: the port (default: a free one)")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535)")
+    return port
 
 
 def _view(args: argparse.Namespace) -> None:
-
-    from threadweaver.jsonl import check_outputs
+    """Everything that can be refused (the files, --out, the port, the tokenizer) is, before any row is read."""
+    from threadweaver.jsonl import check_outputs, check_writable, not_a_file_of_rows
     from threadweaver.progress import progress_bar
     from threadweaver.view import file_page
 
     def bar(rows, path):
         return progress_bar(rows, desc=f"reading {path}", unit=" rows")
 
+    if args.serve and args.out is not None:
+        args.command_parser.error("--out writes the page, --serve serves it: give one of them")
+    if not args.serve and args.port is not None:
+        args.command_parser.error("--port is the port of --serve: give --serve too")
     if len(args.files) > 2:
         sys.exit("threadweaver view: one file, or two side by side")
+    for path in args.files:
+        if problem := not_a_file_of_rows(path):
+            sys.exit(f"threadweaver view: {path}: {problem}")
     out = args.out or args.files[0] + ".html"
-    if not args.serve:
+    server = None
+    if args.serve:
+        server = _page_server(args.port or 0)
+    else:
         try:
             check_outputs([out], args.files)
         except ValueError as err:
             sys.exit(f"threadweaver view: {err}")
-    reader, explained = row_reader(args.tokenizer, args.files, "view")
+        try:
+            check_writable(out)
+        except ValueError as err:
+            sys.exit(f"threadweaver view: --out {out}: {err}")
+    reader, explained = _view_reader(args.tokenizer, args.files)
     try:
         html = file_page(args.files, reader, args.title, progress=bar)
     except OSError as err:
         sys.exit(f"threadweaver view: {err}")
     except ValueError as err:
         sys.exit(f"threadweaver view: {explained(err)}")
-    if args.serve:
-        return _serve_page(html, args.port)
+    if server is not None:
+        return _serve_page(server, html)
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         f.write(html)
     print(out)
 
 
-def _serve_page(html: str, port: int) -> None:
-    """Serve one page on loopback until Ctrl-C."""
+def _view_reader(spec: str | None, files: list[str]):
+    """:func:`row_reader`, but where the files record the tokenizer by different names (two model folders
+    that hold one tokenizer) it is refused only if the tokenizers differ; and a recorded tokenizer that
+    cannot be loaded is named with the file and line that record it."""
+    from threadweaver.jsonl import RowError, read_jsonl
+    from threadweaver.kit.tokenizers import load_tokenizer
+    from threadweaver.rows import RowReader, recorded_tokenizer
+
+    if spec is not None:
+        return row_reader(spec, files, "view")
+    loaded = []
+    for path in files:
+        try:
+            name = recorded_tokenizer(path)
+            line = next(read_jsonl(path))[0] if name is not None else 0
+        except (RowError, OSError, StopIteration):  # row_reader says what is wrong
+            return row_reader(spec, files, "view")
+        if name is None or any(name == other for other, _ in loaded):
+            continue
+        try:
+            loaded.append((name, load_tokenizer(name)))
+        except (OSError, ValueError) as err:
+            sys.exit(
+                f"threadweaver view: {path}: line {line} records the tokenizer {name!r}, which cannot be loaded: "
+                f"{err} (--tokenizer NAME reads the rows with another)"
+            )
+    if not loaded or any(_tokenizer_contents(t) != _tokenizer_contents(loaded[0][1]) for _, t in loaded[1:]):
+        return row_reader(spec, files, "view")  # none recorded (synth, with its hint), or different: refused
+    return RowReader(loaded[0][1]), str
+
+
+def _tokenizer_contents(tokenizer) -> tuple:
+    """What makes a tokenizer read ids as it does: its vocabulary, merges, added and special tokens (the whole
+    tokenizer.json, as the tokenizers library writes it) and its chat template."""
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    try:
+        contents = backend.to_str()
+    except AttributeError:  # a slow transformers tokenizer
+        contents = sorted(tokenizer.get_vocab().items())
+    special = getattr(tokenizer, "special_tokens_map", None)
+    return contents, getattr(tokenizer, "chat_template", None), json.dumps(special, sort_keys=True, default=str)
+
+
+def _page_server(port: int):
+    """A loopback server for one page, bound now (a port in use is refused before the page is built); its
+    page is set by :func:`_serve_page`."""
+    import errno
     import http.server
 
-    body = html.encode()
-
     class Page(http.server.BaseHTTPRequestHandler):
+        body = b""
+
         def do_GET(self):  # noqa: N802 (the standard library's name)
             self.send_response(200)
             self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(self.body)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(self.body)
 
         def log_message(self, *args):
             pass
 
-    with http.server.ThreadingHTTPServer(("127.0.0.1", port), Page) as server:
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Page)
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            sys.exit(f"threadweaver view: port {port} is in use: give another --port, or none for a free one")
+        sys.exit(f"threadweaver view: cannot serve on port {port}: {err.strerror or err}")
+    server.page = Page
+    return server
+
+
+def _serve_page(server, html: str) -> None:
+    """Serve one page on loopback until Ctrl-C."""
+    server.page.body = html.encode()
+    with server:
         print(f"http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C stops)", flush=True)
         try:
             server.serve_forever()

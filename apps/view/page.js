@@ -265,7 +265,22 @@ function renderRow(pane, index, d) {
 
 // Two files side by side ---------------------------------------------------------------
 
-const pairState = { key: "dspeedup", descending: true };
+/** The pairs' order: a column, highest first or not, and for a difference (B − A) by its size or its sign. At first:
+ * the biggest change in speedup first, whichever way it went. */
+const pairState = { key: "dspeedup", descending: true, size: true };
+const DIFFERENCES = new Set(["dspeedup", "dcorrect"]);
+
+function pairValue(pair) {
+  const v = pair[pairState.key];
+  return v === null || v === undefined ? -Infinity : pairState.size ? Math.abs(v) : v;
+}
+
+function pairOrderText() {
+  const th = document.querySelector(`#pairs th[data-key="${pairState.key}"]`);
+  const name = DIFFERENCES.has(pairState.key) ? `the change in ${pairState.key === "dspeedup" ? "speedup" : "correct"} (B − A)` : th.textContent;
+  if (pairState.size) return `Sorted by the size of ${name}, ${pairState.descending ? "biggest" : "smallest"} first; click a header to sort by it.`;
+  return `Sorted by ${name}, ${pairState.descending ? "highest" : "lowest"} first; click a header to sort by it.`;
+}
 
 function renderPairs() {
   if (DATA.files.length !== 2) return;
@@ -278,7 +293,13 @@ function renderPairs() {
       dspeedup: b.row.speedup - a.row.speedup, correct0: correct(a.row), correct1: correct(b.row),
       dcorrect: correct(a.row) === null || correct(b.row) === null ? null : correct(b.row) - correct(a.row) };
   });
-  pairs.sort((x, y) => compare(x[pairState.key] ?? -Infinity, y[pairState.key] ?? -Infinity) * (pairState.descending ? -1 : 1));
+  pairs.sort((x, y) => compare(pairValue(x), pairValue(y)) * (pairState.descending ? -1 : 1));
+  document.querySelectorAll("#pairs th").forEach((th) => {
+    th.classList.toggle("sorted-desc", th.dataset.key === pairState.key && pairState.descending);
+    th.classList.toggle("sorted-asc", th.dataset.key === pairState.key && !pairState.descending);
+    th.classList.toggle("sorted-size", th.dataset.key === pairState.key && pairState.size);
+  });
+  $("pairs-order").textContent = pairOrderText();
   $("pairs-view").hidden = false;
   const fmt = (v, digits) => (v === null ? "–" : v.toFixed(digits));
   document.querySelector("#pairs tbody").innerHTML = pairs.map((p) => `<tr data-index="${p.a.index}" data-other="${p.b.index}">` +
@@ -289,9 +310,14 @@ function renderPairs() {
 
 function setUpPairs() {
   if (DATA.files.length !== 2) return;
+  // A click sorts by the column, highest first; again, lowest first. A difference goes round three orders: by
+  // size (biggest change first), then by sign (B − A highest first, then lowest first).
   document.querySelectorAll("#pairs th").forEach((th) => th.addEventListener("click", () => {
-    pairState.descending = pairState.key === th.dataset.key ? !pairState.descending : true;
-    pairState.key = th.dataset.key;
+    const key = th.dataset.key;
+    if (key !== pairState.key) Object.assign(pairState, { key, descending: true, size: DIFFERENCES.has(key) });
+    else if (pairState.size) Object.assign(pairState, { descending: true, size: false });
+    else if (pairState.descending) pairState.descending = false;
+    else Object.assign(pairState, { descending: true, size: DIFFERENCES.has(key) });
     renderPairs();
   }));
   document.querySelector("#pairs tbody").addEventListener("click", (event) => {

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 from threadweaver.batch import BatchProgress, decode_many, run_sync, trajectory_row
 from threadweaver.cli_args import check_counts, option
 from threadweaver.hosts import check_host
-from threadweaver.jsonl import appending
+from threadweaver.jsonl import appending, check_writable
 from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, generated_text, trajectory_text
 from threadweaver.reward import is_correct
 from threadweaver.rows import RowReader, plain_ids
@@ -85,13 +84,10 @@ def appendable(path: str) -> str:
     existing = next(p for p in (target, *target.parents) if p.exists())
     if existing != target and not existing.is_dir():
         raise ValueError(f"trajectories={path}: {existing} is a file, not a folder")
-    try:  # by writing, not os.access: root passes that check for /proc, say, where no file can be made
-        if existing == target:
-            open(target, "ab").close()
-        else:
-            tempfile.TemporaryFile(dir=existing).close()
-    except OSError:
-        raise ValueError(f"trajectories={path}: {existing} is not writable") from None
+    try:
+        check_writable(str(target))
+    except ValueError as err:
+        raise ValueError(f"trajectories={path}: {err}") from None
     return str(target)
 
 
