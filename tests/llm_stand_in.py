@@ -34,6 +34,9 @@ FAULTS = (
     "429_once",
     "500",
     "timeout",
+    "web_page",
+    "refusal",
+    "no_usage",
 )
 
 
@@ -74,8 +77,8 @@ class StandIn:
         problem = user.split("\n\n", 1)[0].removeprefix("Problem:\n")
         return self.faults.get(problem)
 
-    def reply(self, body: dict) -> tuple[int, dict, dict]:
-        """(status, headers, JSON body) for one chat completion request."""
+    def reply(self, body: dict) -> tuple[int, dict, dict | bytes]:
+        """(status, headers, JSON body, or the bytes of another) for one chat completion request."""
         stage = body["response_format"]["json_schema"]["name"]
         user = body["messages"][1]["content"]
         fault = self.fault_for(user)
@@ -89,6 +92,8 @@ class StandIn:
             return 500, {}, {"error": {"message": "engine died", "type": "server_error"}}
         if fault == "timeout" and stage == "segment":
             time.sleep(self.timeout_sleep_s)
+        if fault == "web_page" and stage == "segment":  # a web server at the address: 200, HTML
+            return 200, {"Content-Type": "text/html"}, b"<!doctype html><title>Welcome</title><p>It works!"
         content, finish = answer(stage, user, fault), "stop"
         if fault == "bad_json" and stage == "segment":
             content = content.replace('"blocks"', "blocks")
@@ -97,9 +102,12 @@ class StandIn:
         with self.lock:
             self.answered[stage] += 1
         usage = {"prompt_tokens": len(user) // 4, "completion_tokens": len(content) // 4, "total_tokens": 0}
-        choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}
+        message = {"role": "assistant", "content": content}
+        if fault == "refusal" and stage == "segment":  # OpenAI's structured outputs: a refusal, no content
+            message = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
+        choice = {"index": 0, "message": message, "finish_reason": finish}
         completion = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"], "choices": [choice]}
-        return 200, {}, {**completion, "usage": usage}
+        return 200, {}, completion if fault == "no_usage" else {**completion, "usage": usage}
 
 
 @contextmanager
@@ -110,7 +118,7 @@ def stand_in_server(stand_in: StandIn):
         def do_POST(self):  # noqa: N802 (the standard library's name)
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             status, headers, payload = stand_in.reply(body)
-            data = json.dumps(payload).encode()
+            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
             try:
                 self.send_response(status)
                 for k, v in {"Content-Type": "application/json", "Content-Length": str(len(data)), **headers}.items():

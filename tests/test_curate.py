@@ -93,6 +93,8 @@ def test_curate_rebuilds_the_parallel_form_of_200_problems_token_for_token(tmp_p
         ("429", "segment", {"rate_limited"}),
         ("500", "segment", {"server_error"}),
         ("timeout", "segment", {"timeout"}),
+        ("web_page", "segment", {"server_error"}),  # was an AttributeError, as an unexpected fault
+        ("refusal", "segment", {"refused"}),  # was invalid_json, the refusal's text lost
     ],
 )
 def test_each_fault_ends_in_its_reason_and_the_other_traces_go_on(tmp_path, fault, stage, reasons):
@@ -173,6 +175,42 @@ def test_an_unexpected_fault_ends_its_trace_not_the_run(tmp_path, monkeypatch):
     assert [(d["stage"], d["reason"], d["detail"]) for d in dropped] == [("verify", "error", "KeyError: 'boom'")]
 
 
+def test_replies_that_are_no_completion_or_a_refusal_say_what_they_are(tmp_path):
+    rows, sequential = sequential_rows(3)
+    stand_in = StandIn({rows[0]["prompt"]: "web_page", rows[1]["prompt"]: "refusal"})
+    _, _, dropped = curate(tmp_path, sequential, stand_in)
+    page, refusal = (next(d["detail"] for d in dropped if d["id"] == rows[i]["id"]) for i in (0, 1))
+    assert page.endswith(
+        "/v1/: the reply is not a chat completion: '<!doctype html><title>Welcome</title><p>It works!'"
+    )
+    assert refusal == "the model refused: I can't help with that."
+
+
+def test_a_server_that_reports_no_usage_is_warned_of(tmp_path, capsys):
+    """Its calls count no tokens, so --max-cost never stopped a run, without a word."""
+    rows, sequential = sequential_rows(2)
+    stats, kept, _ = curate(tmp_path, sequential, StandIn({rows[0]["prompt"]: "no_usage"}))
+    assert len(kept) == 2 and stats["tokens"]["segment"]["unreported"] == 1
+    assert capsys.readouterr().err.count("reports no token usage: its calls count no tokens") == 1
+
+
+def test_generate_rows_end_without_their_end_of_turn_token(tmp_path):
+    """A `generate` row's text ends with <|im_end|>; kept, the trainer added its own and trained two."""
+    _, sequential = sequential_rows(2)
+    for row in sequential:
+        row["messages"][-1]["content"] += "<|im_end|>"
+    _, kept, _ = curate(tmp_path, sequential, StandIn())
+    assert len(kept) == 2 and not any(r["messages"][-1]["content"].endswith("<|im_end|>") for r in kept.values())
+
+
+def test_a_call_cache_that_is_not_sqlite_is_one_line(tmp_path):
+    _, sequential = sequential_rows(1)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "calls.sqlite").write_text("garbage")
+    with pytest.raises(ValueError, match=r"calls\.sqlite is not a call cache \(file is not a database\); move it"):
+        curate(tmp_path, sequential, StandIn())
+
+
 def test_max_cost_stops_starting_traces(tmp_path):
     _, sequential = sequential_rows(12)
     llm = replace(FAST, concurrency=1)
@@ -226,6 +264,11 @@ def test_the_command_writes_rows_sft_reads_and_says_what_it_did(tmp_path, capsys
         (["t.jsonl", "out", "--model", "m", "--max-units", "5001"], "--max-units must be 2..4096"),
         (["t.jsonl", "out", "--model", "m", "--extra-body", "[1]"], "--extra-body must be a JSON object"),
         (["t.jsonl", "out", "--model", "m", "--reasks", "-1"], "--reasks must be a whole number of at least 0, not -1"),
+        (["t.jsonl", "out", "--model", "m", "--max-cost", "5"], "--max-cost needs the prices it counts"),
+        (["t.jsonl", "out", "--model", "m", "--price-prompt", "-1"], "--price-prompt must be 0 or more USD, not -1"),
+        (["t.jsonl", "out", "--model", "m", "--limit", "-1"], "--limit must be a whole number of at least 1"),
+        (["t.jsonl", "out", "--model", "m", "--timeout-s", "0"], "--timeout-s must be more than 0 seconds"),
+        (["t.jsonl", "out", "--model", "m", "--temperature", "-3"], "--temperature must be 0 to 2"),
     ],
 )
 def test_bad_commands_say_what_is_wrong_in_one_line(tmp_path, monkeypatch, argv, message):
@@ -522,3 +565,15 @@ def test_deepseek_r1_responses_without_an_opening_think_are_curated(tmp_path):
     assert not r1[0]["messages"][1]["content"].startswith("<think>")
     _, kept, dropped = curate(tmp_path, r1, StandIn())
     assert not dropped and [kept[r["id"]]["messages"][1]["content"] for r in rows] == [r["parallel"] for r in rows]
+
+
+def test_traces_all_dropped_at_ingest_name_no_file_that_was_not_written(tmp_path):
+    """It pointed at OUT/dropped.jsonl, which a run that called nothing does not write."""
+    rows = tmp_path / "t.jsonl"
+    rows.write_text(json.dumps({"problem": "1+1?", "response": "2", "answer": "2"}) + "\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["curate", str(rows), str(tmp_path / "out"), "--model", "m", "--base-url", "http://127.0.0.1:9/v1"])
+    said = str(exit_.value)
+    assert "the response has no <think>...</think> reasoning" in said and "dropped.jsonl" not in said
+    assert said.endswith("; nothing was written: every trace was dropped before any call")
+    assert not (tmp_path / "out").exists()

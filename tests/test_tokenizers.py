@@ -122,3 +122,15 @@ def test_add_tags_grows_the_model_and_initialises_new_rows_from_the_mean():
     assert parse(
         fmt.encode("ab<Parallel><Outlines><Outline>1:a</Outline></Outlines><Thread>1:b</Thread></Parallel>"), fmt
     ).well_formed
+
+
+def test_rows_record_the_embedded_tokenizers_by_name_beside_a_folder_of_that_name(tmp_path, monkeypatch):
+    """A folder ./synth (what `threadweaver synth --out synth` makes) turned the recorded name into its path,
+    which no tokenizer loads from: every reader takes 'synth' for the embedded one."""
+    from threadweaver.format import Format
+    from threadweaver.kit.tokenizers import load_tokenizer
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("synth", "qwen"):
+        (tmp_path / name).mkdir()
+        assert Format.from_tokenizer(load_tokenizer(name)).tokenizer_name == name

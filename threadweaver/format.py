@@ -17,6 +17,10 @@ from dataclasses import astuple, dataclass, fields
 from functools import cached_property, lru_cache
 from typing import Any, Protocol
 
+KIT_TOKENIZERS = ("synth", "qwen")
+"""The embedded tokenizers' names: every reader takes them for these, before a folder of that name (a row
+that records ``synth`` is read with it, wherever it is read)."""
+
 THINK, THINK_END = "<think>", "</think>"
 PARALLEL, PARALLEL_END = "<Parallel>", "</Parallel>"
 OUTLINES, OUTLINES_END = "<Outlines>", "</Outlines>"
@@ -175,7 +179,7 @@ class Format:
         eos = [vocab[t] for t in eos_tokens if t in vocab]
         unk = getattr(tokenizer, "unk_token", None) or ("<unk>" if hasattr(tokenizer, "token_to_id") else None)
         name = getattr(tokenizer, "name_or_path", None) or None
-        if name is not None and os.path.isdir(name):
+        if name is not None and name not in KIT_TOKENIZERS and os.path.isdir(name):
             name = os.path.abspath(name)
         return cls(codec, tags, eos, vocab.get(unk) if unk else None, name)
 

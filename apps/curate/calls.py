@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import sys
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -47,9 +48,12 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0
     """Prompt tokens the server says it served from its cache (where it says)."""
+    unreported: int = 0
+    """Replies that came without ``usage``: their tokens count as none, in the costs and ``--max-cost`` too."""
 
     def add(self, usage: dict) -> None:
         self.calls += 1
+        self.unreported += usage.get("prompt_tokens") is None
         self.prompt_tokens += usage.get("prompt_tokens") or 0
         self.completion_tokens += usage.get("completion_tokens") or 0
         self.cached_tokens += usage.get("cached_tokens") or 0
@@ -62,8 +66,12 @@ class CallCache:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self.path = path
         self.db = sqlite3.connect(path)
-        self.db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, stage TEXT, reply TEXT)")
-        self.db.commit()
+        try:
+            self.db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, stage TEXT, reply TEXT)")
+            self.db.commit()
+        except sqlite3.DatabaseError as err:  # not SQLite (a file written over), or a broken one
+            self.db.close()
+            raise ValueError(f"{path} is not a call cache ({err}); move it away to ask every call again") from None
 
     def get(self, key: str) -> dict | None:
         row = self.db.execute("SELECT reply FROM replies WHERE key = ?", (key,)).fetchone()
@@ -98,6 +106,7 @@ class LLM:
         self.args, self.cache = args, cache
         self.slots = asyncio.Semaphore(args.concurrency)
         self.usage: dict[str, Usage] = defaultdict(Usage)
+        self.warned_unreported = False
 
     async def ask(
         self,
@@ -142,7 +151,7 @@ class LLM:
         """One reply (content, finish_reason, usage) from the cache, or from the server and then cached."""
         import openai
 
-        sampling = {"temperature": self.args.temperature, "max_tokens": max_tokens}
+        sampling = {"temperature": self.args.temperature, "max_tokens": max_tokens}  # as the cache keys it
         extra_body = json.loads(self.args.extra_body) if self.args.extra_body else None
         key = call_key(self.args.model, messages, schema, {**sampling, "extra_body": extra_body}, stage)
         cached = self.cache.get(key)
@@ -157,7 +166,8 @@ class LLM:
                     messages=messages,
                     response_format=response_format,
                     extra_body=extra_body,
-                    **sampling,
+                    temperature=self.args.temperature,
+                    max_completion_tokens=max_tokens,  # OpenAI's reasoning models refuse max_tokens; vLLM takes both
                 )
         except openai.APITimeoutError as err:
             raise self._failed(stage, "timeout", str(err)) from None
@@ -172,16 +182,32 @@ class LLM:
             raise self._failed(stage, "refused", f"{err.status_code}: {err.message}") from None
         except openai.APIError as err:  # a reply the client could not read
             raise self._failed(stage, "refused", str(err)) from None
+        except ValueError as err:  # a body sent as JSON that is not: a web page at the address, say
+            raise self._failed(stage, "server_error", f"{self.base_url}: the reply is not JSON ({err})") from None
+        if not hasattr(completion, "choices"):  # the client hands back a body that is not JSON as text
+            page = " ".join(str(completion).split())[:120]
+            raise self._failed(stage, "server_error", f"{self.base_url}: the reply is not a chat completion: {page!r}")
         if not completion.choices:
             raise self._failed(stage, "server_error", "the reply has no choices")
         choice = completion.choices[0]
+        refusal = getattr(choice.message, "refusal", None)
+        if refusal or choice.finish_reason == "content_filter":
+            raise self._failed(stage, "refused", f"the model refused: {refusal or 'finish_reason content_filter'}")
         usage = completion.usage
         details = getattr(usage, "prompt_tokens_details", None) if usage else None
         counted = {
-            "prompt_tokens": usage.prompt_tokens if usage else 0,
-            "completion_tokens": usage.completion_tokens if usage else 0,
+            "prompt_tokens": getattr(usage, "prompt_tokens", None),
+            "completion_tokens": getattr(usage, "completion_tokens", None),
             "cached_tokens": (getattr(details, "cached_tokens", None) or 0) if details else 0,
         }
+        if counted["prompt_tokens"] is None and not self.warned_unreported:
+            self.warned_unreported = True
+            print(
+                f"threadweaver curate: warning: {self.base_url} reports no token usage: its calls count no "
+                "tokens, so the costs in report.json and --max-cost count none of them",
+                file=sys.stderr,
+                flush=True,
+            )
         reply = {"content": choice.message.content, "finish_reason": choice.finish_reason, "usage": counted}
         self.cache.put(key, stage, reply)
         self.usage[stage].add(counted)

@@ -47,6 +47,10 @@ class LLMArgs:
     def __post_init__(self):
         check_counts(self, ("concurrency", "max_reply_tokens"))
         check_counts(self, ("max_retries", "reasks"), least=0)
+        if not 0 <= self.temperature <= 2:
+            raise SettingError("temperature", f"must be 0 to 2, as OpenAI's API takes it, not {self.temperature}")
+        if not self.timeout_s > 0:
+            raise SettingError("timeout_s", f"must be more than 0 seconds, not {self.timeout_s}")
         if self.extra_body is not None:
             try:
                 body = json.loads(self.extra_body)
@@ -83,6 +87,12 @@ class CurateConfig:
             )
         if not 0 <= self.max_change <= 1:
             raise SettingError("max_change", f"is a share (0..1), not {self.max_change}")
+        check_counts(self, ("limit", "max_tokens"), none_ok=True)
+        for name in ("price_prompt", "price_completion", "price_cached", "max_cost"):
+            if (value := getattr(self, name)) is not None and value < 0:
+                raise SettingError(name, f"must be 0 or more USD, not {value}")
+        if self.max_cost is not None and not (self.price_prompt or self.price_completion or self.price_cached):
+            raise SettingError("max_cost", "needs the prices it counts: give --price-prompt and --price-completion")
 
     def cost(self, usage: dict) -> float:
         cached = usage["cached_tokens"]

@@ -41,18 +41,24 @@ class NothingCurated(ValueError):
     output is written (``kept_earlier``); otherwise the three are, ``train.jsonl`` empty, ``dropped.jsonl``
     with every trace's reason."""
 
-    def __init__(self, report: dict, outcomes: list[Outcome], out_dir: str, kept_earlier: bool):
-        first = next((o.drops[-1] for o in outcomes if o.drops), None)
+    def __init__(self, report: dict, outcomes: list[Outcome], out_dir: str, kept_earlier: bool, written: bool = True):
+        drops = next((o.drops for o in outcomes if o.drops), None)
         message = "no trace to curate"
-        if first is not None:
+        if drops is not None:
+            first, cause = drops[-1], drops[0]  # the trace's drop, and its first block's where it has blocks
             detail = " ".join(first["detail"].split())
-            detail = detail if len(detail) <= 200 else detail[:200] + "..."
+            if cause is not first:
+                why = " ".join(cause["detail"].split())
+                detail = f"{detail}; its first block: {cause['stage']}, {cause['reason']}: {why}"
+            detail = detail if len(detail) <= 300 else detail[:300] + "..."
             where = f"line {first['line']}: {first['stage']}, {first['reason']}"
             message = f"nothing kept (the first dropped: {where}: {detail})"
         if kept_earlier:
             message += f"; the outputs in {out_dir} are left as they were"
-        elif report["traces"]:
+        elif report["traces"] and written:
             message += f"; why each trace was dropped: {os.path.join(out_dir, 'dropped.jsonl')}"
+        elif report["traces"]:
+            message += "; nothing was written: every trace was dropped before any call"
         super().__init__(message)
         self.report = report
 
@@ -76,7 +82,7 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     train = os.path.join(args.out_dir, "train.jsonl")
     kept_earlier = os.path.exists(train) and os.path.getsize(train) > 0  # rows a run with none must not replace
     if not traces:
-        raise NothingCurated(report(dropped, {}, config), dropped, args.out_dir, kept_earlier)
+        raise NothingCurated(report(dropped, {}, config), dropped, args.out_dir, kept_earlier, written=False)
     cache = CallCache(os.path.join(args.out_dir, "calls.sqlite"))
     bar = progress_bar(total=len(traces), desc="curate", unit=" traces")
     done: list[Outcome] = list(dropped)

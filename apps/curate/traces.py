@@ -90,12 +90,17 @@ def to_trace(row: dict, line: int, reader: RowReader | None = None) -> Trace:
         raise RowError(line, "no gold answer: give an 'answer' (or 'gold') field")
     start, end = response.find(THINK), response.rfind(THINK_END)
     if end < 0 or start > end:
+        cut = " (it was cut off: finish_reason length)" if row.get("finish_reason") == "length" else ""
         raise RowError(
             line,
-            f"the response has no {THINK}...{THINK_END} reasoning (nor reasoning ending in {THINK_END}) to rewrite",
+            f"the response has no {THINK}...{THINK_END} reasoning (nor reasoning ending in {THINK_END}) to rewrite"
+            + cut,
         )
     lead, units = split_units(response[0 if start < 0 else start + len(THINK) : end])
     final = response[end + len(THINK_END) :]
+    if reader is not None:  # `generate` text ends with the end-of-turn token, which the trainer adds again
+        for eos in reader.fmt.eos_ids:
+            final = final.removesuffix(reader.fmt.decode([eos]))
     problem = next(t["content"] for t in reversed(prompt) if t.get("role") == "user")
     taken = {"id", *PROBLEM_FIELDS, *RESPONSE_FIELDS, *ANSWER_FIELDS}
     fields = {k: v for k, v in row.items() if k not in taken}
