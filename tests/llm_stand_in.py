@@ -37,6 +37,7 @@ FAULTS = (
     "web_page",
     "refusal",
     "no_usage",
+    "401",
 )
 
 
@@ -88,6 +89,8 @@ class StandIn:
                 self.seen_429.add(user)
             if fault == "429" or first:
                 return 429, {"Retry-After": "0"}, {"error": {"message": "slow down", "type": "rate_limit"}}
+        if fault == "401":
+            return 401, {}, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}
         if fault == "500" and stage == "segment":
             return 500, {}, {"error": {"message": "engine died", "type": "server_error"}}
         if fault == "timeout" and stage == "segment":

@@ -186,6 +186,16 @@ def test_replies_that_are_no_completion_or_a_refusal_say_what_they_are(tmp_path)
     assert refusal == "the model refused: I can't help with that."
 
 
+def test_a_401_without_a_key_says_that_none_was_given(tmp_path, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    rows, sequential = sequential_rows(2)
+    _, _, dropped = curate(tmp_path, sequential, StandIn({rows[0]["prompt"]: "401"}))
+    (refused,) = [d for d in dropped if d["id"] == rows[0]["id"]]
+    assert refused["reason"] == "refused" and refused["detail"].endswith(
+        "Incorrect API key provided (no API key was given: set $OPENAI_API_KEY or --api-key)"
+    )
+
+
 def test_a_server_that_reports_no_usage_is_warned_of(tmp_path, capsys):
     """Its calls count no tokens, so --max-cost never stopped a run, without a word."""
     rows, sequential = sequential_rows(2)

@@ -99,7 +99,8 @@ class LLM:
     def __init__(self, args: LLMArgs, cache: CallCache):
         import openai
 
-        key = args.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        key = args.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"  # a local server needs none
+        self.keyless = key == "EMPTY"
         self.client = openai.AsyncOpenAI(
             base_url=args.base_url, api_key=key, timeout=args.timeout_s, max_retries=args.max_retries
         )
@@ -179,7 +180,8 @@ class LLM:
         except openai.InternalServerError as err:
             raise self._failed(stage, "server_error", f"{err.status_code}: {err.message}") from None
         except openai.APIStatusError as err:
-            raise self._failed(stage, "refused", f"{err.status_code}: {err.message}") from None
+            keyless = " (no API key was given: set $OPENAI_API_KEY or --api-key)" if self.keyless else ""
+            raise self._failed(stage, "refused", f"{err.status_code}: {err.message}{keyless}") from None
         except openai.APIError as err:  # a reply the client could not read
             raise self._failed(stage, "refused", str(err)) from None
         except ValueError as err:  # a body sent as JSON that is not: a web page at the address, say
