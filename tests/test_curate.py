@@ -23,7 +23,7 @@ from llm_stand_in import StandIn, stand_in_server
 
 from threadweaver.cli import main
 from threadweaver.curate import pipeline, prompts
-from threadweaver.curate.blocks import Block, Refused, apply_edits, assemble, extract
+from threadweaver.curate.blocks import Block, Refused, apply_edits, assemble, extract, with_outlines
 from threadweaver.curate.config import CurateArgs, CurateConfig, LLMArgs
 from threadweaver.curate.run import run, target_reader
 from threadweaver.curate.schemas import (
@@ -587,3 +587,10 @@ def test_traces_all_dropped_at_ingest_name_no_file_that_was_not_written(tmp_path
     assert "the response has no <think>...</think> reasoning" in said and "dropped.jsonl" not in said
     assert said.endswith("; nothing was written: every trace was dropped before any call")
     assert not (tmp_path / "out").exists()
+
+
+def test_an_outline_that_numbers_itself_is_not_numbered_twice():
+    """The prompt asks for none; "1: add A" was kept, and the block read <Outline>1:1: add A</Outline>."""
+    block = Block(((0, 1), (1, 2)), ("x", "y"))
+    assert with_outlines(block, ["1: add A", "2.add B"]).outlines == ("add A", "add B")
+    assert with_outlines(block, ["3 cases", "2) B"]).outlines == ("3 cases", "B")  # only its own number

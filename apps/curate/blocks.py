@@ -9,6 +9,7 @@ them, with nothing between tags where it never generates anything.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, replace
 
 from threadweaver.format import TAGS, THINK, THINK_END, block_text
@@ -144,6 +145,8 @@ def apply_edits(block: Block, edits: list[Edit], max_edit_chars: int, max_change
 def with_outlines(block: Block, outlines: list[str]) -> Block:
     if len(outlines) != len(block.threads):
         raise Refused("outline_count", f"{len(outlines)} outlines for {len(block.threads)} threads")
+    # an outline that numbers itself ("1: add A") would read "1:1: add A" once the block numbers it
+    outlines = [re.sub(rf"^\s*{k}\s*[:.)]\s*", "", text, count=1) for k, text in enumerate(outlines, 1)]
     for k, text in enumerate(outlines, 1):
         if not text.strip() or any(tag in text for tag in TAGS):
             raise Refused("outline_text", f"outline {k} is empty or holds a tag: {text!r}")
