@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from collections import Counter
 
 from threadweaver.batch import run_sync
@@ -83,6 +84,7 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     kept_earlier = os.path.exists(train) and os.path.getsize(train) > 0  # rows a run with none must not replace
     if not traces:
         raise NothingCurated(report(dropped, {}, config), dropped, args.out_dir, kept_earlier, written=False)
+    new_out_dir = not os.path.exists(args.out_dir)
     cache = CallCache(os.path.join(args.out_dir, "calls.sqlite"))
     bar = progress_bar(total=len(traces), desc="curate", unit=" traces")
     done: list[Outcome] = list(dropped)
@@ -116,9 +118,15 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
         ) from None
     finally:
         bar.close()
+        replies = len(cache)
         cache.close()
     outcomes = sorted([*dropped, *outcomes], key=lambda o: o.line)
-    _check_server(outcomes, len(traces), base_url, llm_args.model, args.out_dir)
+    try:
+        _check_server(outcomes, len(traces), base_url, llm_args.model, args.out_dir)
+    except ConnectionError:
+        if new_out_dir and not replies:  # the folder this run made holds nothing: gone, as it was
+            shutil.rmtree(args.out_dir, ignore_errors=True)
+        raise
     stats = report(outcomes, usage, config)
     stats["llm"] = {"base_url": base_url, "model": llm_args.model, "temperature": llm_args.temperature}
     if not stats["kept"] and kept_earlier:
