@@ -597,3 +597,14 @@ def test_an_outline_that_numbers_itself_is_not_numbered_twice():
     block = Block(((0, 1), (1, 2)), ("x", "y"))
     assert with_outlines(block, ["1: add A", "2.add B"]).outlines == ("add A", "add B")
     assert with_outlines(block, ["3 cases", "2) B"]).outlines == ("3 cases", "B")  # only its own number
+
+
+def test_a_trace_that_is_parallel_already_is_dropped_at_ingest_before_any_call(tmp_path):
+    """It reached the LLM, which was paid to rewrite it."""
+    rows = make_rows(2, 0)
+    sequential = [chat_row(rows[0], "sequential"), chat_row(rows[1], "parallel")]
+    stand_in = StandIn()
+    stats, kept, dropped = curate(tmp_path, sequential, stand_in)
+    assert list(kept) == [rows[0]["id"]] and stand_in.answered["segment"] == 1
+    (parallel,) = [d for d in dropped if d["id"] == rows[1]["id"]]
+    assert (parallel["stage"], parallel["reason"]) == ("ingest", "already_parallel")

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from statistics import mean, quantiles
 
-from threadweaver.format import Format
+from threadweaver.format import OUTLINES, PARALLEL, THREAD, Format
 from threadweaver.jsonl import RowError, row_name
 from threadweaver.reward import agrade, grade
 from threadweaver.rows import RowReader, tokenizer_field
@@ -89,6 +89,8 @@ def ingest(
 
 
 def _usable(trace: Trace, config: CurateConfig) -> None:
+    if tag := next((t for t in (PARALLEL, THREAD, OUTLINES) if t in trace.response), None):
+        raise Refused("already_parallel", f"the response holds {tag}: it is parallel already (train on it as it is)")
     if len(trace.units) < 2:
         raise Refused("too_few_units", f"{len(trace.units)} reasoning lines; a block needs 2")
     if len(trace.units) > config.max_units:
