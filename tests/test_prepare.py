@@ -338,6 +338,24 @@ def test_the_cli_names_a_missing_relative_model_in_one_line(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no file can be made")
+def test_an_out_where_nothing_can_be_written_is_refused_before_the_model_loads(tmp_path):
+    """It was refused after the model had loaded (minutes, for an 8B model)."""
+    model = tmp_path / "not-loaded"  # a model that would fail to load: OUT is refused first
+    model.mkdir()
+    with pytest.raises(PrepareError) as err:
+        prepare(PrepareArgs(model=str(model), out="/proc/nope/x", check_vllm=False))
+    assert str(err.value).startswith("/proc/nope/x: cannot write a file in /proc (")
+
+
+def test_a_missing_model_in_a_local_folder_is_named_not_looked_for_on_the_hub(tmp_path):
+    """`runs/tw8b` for `runs/tw-8b` read as a hub id: 27 s of retries, then "couldn't connect to huggingface.co"."""
+    (tmp_path / "runs").mkdir()
+    done = subprocess.run([CLI, "prepare", "runs/tw8b", "out"], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == "threadweaver prepare: runs/tw8b: no such directory (a hub id reads org/name)\n"
+
+
 @pytest.mark.parametrize("model", ["HuggingFaceTB/SmolLM2-135M-Instruct", "openai-community/gpt2"])
 def test_a_hub_id_not_here_still_goes_to_the_hub(tmp_path, monkeypatch, model):
     """Nothing is downloaded: the loader is replaced by one that says what it was given."""

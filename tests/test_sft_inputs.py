@@ -91,3 +91,13 @@ def test_max_length_that_cuts_rows_is_told_and_one_that_leaves_nothing_to_train_
         f"train (the longest row is {max(whole)} tokens)"
     )
     assert not (kit / "out").exists()
+
+
+def test_a_gguf_file_for_model_says_that_prepare_makes_a_model_of_it(kit, tmp_path):
+    gguf = tmp_path / "SmolLM2.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF")
+    data = str(kit / "s" / "parallel" / "train.jsonl")
+    with pytest.raises(
+        ValueError, match=r"a file, not a model directory \(sft takes MODEL, then DATA\): `threadweaver prepare` makes"
+    ):
+        sft.main([str(gguf), data, "--output_dir", str(tmp_path / "out")])

@@ -40,7 +40,8 @@ def check_model_dir(
     if not contents:
         return
     if not os.path.isdir(path):
-        raise ValueError(f"{model}: a file, not {what}")
+        advice = f": {gguf_advice.format(name=os.path.basename(path))}" if path.endswith(".gguf") else ""
+        raise ValueError(f"{model}: a file, not {what}{advice}")
     names = os.listdir(path)
     if weights and "config.json" not in names:
         ggufs = sorted(name for name in names if name.endswith(".gguf"))

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from threadweaver.cli_args import option
 from threadweaver.format import TAG_INITS, TAGS, split_tags
-from threadweaver.jsonl import check_folder
+from threadweaver.jsonl import check_folder, check_writable
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -118,6 +118,10 @@ def _check_out(out: str) -> None:
         check_folder(out)
     except ValueError as err:
         raise PrepareError(str(err)) from None
+    try:
+        check_writable(os.path.join(out, "config.json"))  # by writing: root passes os.access for /proc
+    except ValueError as err:
+        raise PrepareError(f"{out}: {err}") from None
 
 
 def _load(source: str, gguf_file: str | None, what: str, call):

@@ -88,12 +88,14 @@ def synth_tokenizer():
 
 def hub_id(name: str) -> bool:
     """Whether ``name``, where no such path exists, reads as a hub id (``org/name``) rather than a local
-    path: the one rule every command that takes either follows."""
+    path: the one rule every command that takes either follows. ``runs/tw8b`` where ``runs/`` is a folder
+    here is a local path (a typo of ``runs/tw-8b``), not an organisation's model on the hub."""
     return (
         not os.path.exists(name)
         and not os.path.isabs(name)
         and not name.startswith((".", "~"))
         and name.count("/") == 1
+        and not os.path.isdir(name.split("/")[0])
     )
 
 
