@@ -35,19 +35,19 @@ TOKENIZER_FIELD = "tokenizer"
 (:attr:`threadweaver.format.Format.tokenizer_name`); the commands that read rows load it by default."""
 
 
-def recorded_tokenizer(path: str) -> str | None:
-    """The tokenizer the first row of a JSONL file records (None: it records none, or cannot be read
-    here; the reader that follows names what is wrong with it). A field that is not a name raises
+def recorded_tokenizer(path: str) -> tuple[int, str | None]:
+    """(the line of the first row of a JSONL file, the tokenizer it records); None: it records none, or cannot
+    be read here (the reader that follows names what is wrong with it). A field that is not a name raises
     :class:`RowError`: read with the wrong tokenizer, the rows would be misread without a word."""
     try:
         line, row = next(read_jsonl(path), (0, {}))
     except (ValueError, OSError):
-        return None
+        return 0, None
     name = row.get(TOKENIZER_FIELD)
     if name is not None and not (isinstance(name, str) and name):
         why = f"field {TOKENIZER_FIELD!r}: must name the tokenizer the row was written with, not {name!r}"
         raise RowError(line, why, shape=True)
-    return name
+    return line, name
 
 
 def tokenizer_field(fmt: Format) -> dict:

@@ -22,8 +22,9 @@ TOKENIZER_HELP = (
 
 def row_reader(spec: str | None, files: list[str], command: str):
     """The reader of ``files`` and how to word its errors: ``--tokenizer`` where given, else the tokenizer
-    the rows record, else ``synth``; then an error the tokenizer may cause (not one of a row's shape)
-    names the other choices."""
+    the rows record (files that record two names for one tokenizer, two model folders that hold it, are read
+    together; two tokenizers are refused), else ``synth``; then an error the tokenizer may cause (not one of a
+    row's shape) names the other choices."""
     from threadweaver.jsonl import RowError
     from threadweaver.kit.tokenizers import load_tokenizer
     from threadweaver.rows import TOKENIZER_FIELD, RowReader, recorded_tokenizer
@@ -36,37 +37,56 @@ def row_reader(spec: str | None, files: list[str], command: str):
         except RowError as err:
             if spec is None:
                 sys.exit(f"threadweaver {command}: {path}: {err} (--tokenizer NAME reads the rows with another)")
+
+    def explained(err: ValueError) -> str:
+        return f"{err}{'' if getattr(err, 'shape', False) else hint}"
+
     if spec is not None:
-        for path, name in recorded.items():
+        for path, (_, name) in recorded.items():
             if name is not None and not _same_tokenizer(name, spec):  # two names may be one: a warning, not a refusal
                 print(
                     f"threadweaver {command}: warning: {path} records the tokenizer {name!r}; reading it with "
                     f"--tokenizer {spec!r}, whose ids must mean the same tokens",
                     file=sys.stderr,
                 )
-    else:
-        named = {name for name in recorded.values() if name is not None}
-        if len(named) > 1:
-            sides = "; ".join(f"{path} records {name!r}" for path, name in recorded.items())
-            sys.exit(
-                f"threadweaver {command}: the files were written with different tokenizers ({sides}): pass --tokenizer"
-            )
-        if named:
-            spec = named.pop()
-        else:
-            spec = "synth"
-            hint = (
-                f" ({', '.join(files)} records no '{TOKENIZER_FIELD}' and was read with 'synth', the embedded "
-                "models' tokenizer: pass --tokenizer qwen, a tokenizer directory or hub id)"
-            )
+        try:
+            return RowReader(load_tokenizer(spec)), explained
+        except (OSError, ValueError) as err:
+            sys.exit(f"threadweaver {command}: cannot load the tokenizer {spec!r}: {err}")
+    loaded = {}  # name: tokenizer, for each name the files record
+    for path, (line, name) in recorded.items():
+        if name is not None and name not in loaded:
+            try:
+                loaded[name] = load_tokenizer(name)
+            except (OSError, ValueError) as err:
+                sys.exit(
+                    f"threadweaver {command}: {path}: line {line} records the tokenizer {name!r}, which cannot be "
+                    f"loaded: {err} (--tokenizer NAME reads the rows with another)"
+                )
+    tokenizers = list(loaded.values())
+    if len({_tokenizer_contents(t) for t in tokenizers}) > 1:
+        sides = "; ".join(f"{path} records {name!r}" for path, (_, name) in recorded.items())
+        sys.exit(
+            f"threadweaver {command}: the files were written with different tokenizers ({sides}): pass --tokenizer"
+        )
+    if not tokenizers:
+        hint = (
+            f" ({', '.join(files)} records no '{TOKENIZER_FIELD}' and was read with 'synth', the embedded "
+            "models' tokenizer: pass --tokenizer qwen, a tokenizer directory or hub id)"
+        )
+    return RowReader(tokenizers[0] if tokenizers else load_tokenizer("synth")), explained
 
-    def explained(err: ValueError) -> str:
-        return f"{err}{'' if getattr(err, 'shape', False) else hint}"
 
+def _tokenizer_contents(tokenizer) -> tuple:
+    """What makes a tokenizer read ids as it does: its vocabulary, merges, added and special tokens (the whole
+    tokenizer.json, as the tokenizers library writes it) and its chat template."""
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     try:
-        return RowReader(load_tokenizer(spec)), explained
-    except (OSError, ValueError) as err:
-        sys.exit(f"threadweaver {command}: cannot load the tokenizer {spec!r}: {err}")
+        contents = backend.to_str()
+    except AttributeError:  # a slow transformers tokenizer
+        contents = tuple(sorted(tokenizer.get_vocab().items()))
+    special = getattr(tokenizer, "special_tokens_map", None)
+    return contents, getattr(tokenizer, "chat_template", None), json.dumps(special, sort_keys=True, default=str)
 
 
 def _same_tokenizer(recorded: str, given: str) -> bool:
@@ -352,7 +372,7 @@ def _view(args: argparse.Namespace) -> None:
             check_writable(out)
         except ValueError as err:
             sys.exit(f"threadweaver view: --out {out}: {err}")
-    reader, explained = _view_reader(args.tokenizer, args.files)
+    reader, explained = row_reader(args.tokenizer, args.files, "view")
     try:
         html = file_page(args.files, reader, args.title, progress=bar)
     except OSError as err:
@@ -365,49 +385,6 @@ def _view(args: argparse.Namespace) -> None:
     with open(out, "w", encoding="utf-8") as f:
         f.write(html)
     print(out)
-
-
-def _view_reader(spec: str | None, files: list[str]):
-    """:func:`row_reader`, but where the files record the tokenizer by different names (two model folders
-    that hold one tokenizer) it is refused only if the tokenizers differ; and a recorded tokenizer that
-    cannot be loaded is named with the file and line that record it."""
-    from threadweaver.jsonl import RowError, read_jsonl
-    from threadweaver.kit.tokenizers import load_tokenizer
-    from threadweaver.rows import RowReader, recorded_tokenizer
-
-    if spec is not None:
-        return row_reader(spec, files, "view")
-    loaded = []
-    for path in files:
-        try:
-            name = recorded_tokenizer(path)
-            line = next(read_jsonl(path))[0] if name is not None else 0
-        except (RowError, OSError, StopIteration):  # row_reader says what is wrong
-            return row_reader(spec, files, "view")
-        if name is None or any(name == other for other, _ in loaded):
-            continue
-        try:
-            loaded.append((name, load_tokenizer(name)))
-        except (OSError, ValueError) as err:
-            sys.exit(
-                f"threadweaver view: {path}: line {line} records the tokenizer {name!r}, which cannot be loaded: "
-                f"{err} (--tokenizer NAME reads the rows with another)"
-            )
-    if not loaded or any(_tokenizer_contents(t) != _tokenizer_contents(loaded[0][1]) for _, t in loaded[1:]):
-        return row_reader(spec, files, "view")  # none recorded (synth, with its hint), or different: refused
-    return RowReader(loaded[0][1]), str
-
-
-def _tokenizer_contents(tokenizer) -> tuple:
-    """What makes a tokenizer read ids as it does: its vocabulary, merges, added and special tokens (the whole
-    tokenizer.json, as the tokenizers library writes it) and its chat template."""
-    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    try:
-        contents = backend.to_str()
-    except AttributeError:  # a slow transformers tokenizer
-        contents = sorted(tokenizer.get_vocab().items())
-    special = getattr(tokenizer, "special_tokens_map", None)
-    return contents, getattr(tokenizer, "chat_template", None), json.dumps(special, sort_keys=True, default=str)
 
 
 def _page_server(port: int):
