@@ -161,9 +161,7 @@ def check_writable(path: str) -> None:
         except OSError as err:
             raise ValueError(f"cannot write {path} ({err.strerror or err})") from None
         return
-    folder = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(folder):
-        folder = os.path.dirname(folder)
+    folder = nearest_existing(os.path.dirname(os.path.abspath(path)))
     try:
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as err:
@@ -186,11 +184,17 @@ def json_kind(value) -> str:
     return "null" if value is None else _JSON_KINDS.get(type(value), f"a {type(value).__name__}")
 
 
-def check_folder(folder: str) -> None:
-    """Refuse a folder to write into that is a file or lies under one; a missing folder is fine."""
-    existing = os.path.abspath(folder)
+def nearest_existing(path: str) -> str:
+    """``path`` made absolute, or its nearest parent that exists: where a writer that makes folders starts."""
+    existing = os.path.abspath(path)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
+    return existing
+
+
+def check_folder(folder: str) -> None:
+    """Refuse a folder to write into that is a file or lies under one; a missing folder is fine."""
+    existing = nearest_existing(folder)
     if not os.path.isdir(existing):
         raise ValueError(f"cannot write into {folder}: {existing} is a file, not a folder")
 
