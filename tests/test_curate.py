@@ -161,6 +161,17 @@ def test_the_report_accounts_for_every_row_including_bad_ones(tmp_path):
     assert stats["cost_usd"] > 0
 
 
+def test_a_repeated_trace_is_rewritten_and_paid_for_once(tmp_path):
+    rows, sequential = sequential_rows(2)
+    stand_in = StandIn()
+    renamed = {**sequential[0], "id": "again"}  # another id, the same prompt and response
+    stats, kept, dropped = curate(tmp_path, [sequential[0], sequential[1], sequential[0], renamed], stand_in)
+    assert set(kept) == {rows[0]["id"], rows[1]["id"]} and stand_in.answered["segment"] == 2
+    assert [(d["line"], d["stage"], d["reason"], d["detail"]) for d in dropped] == [
+        (line, "ingest", "duplicate", "the same prompt and response as line 1") for line in (3, 4)
+    ]
+
+
 def test_an_unexpected_fault_ends_its_trace_not_the_run(tmp_path, monkeypatch):
     rows, sequential = sequential_rows(2)
 

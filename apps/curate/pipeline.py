@@ -20,6 +20,7 @@ Every trace ends as a training row or with a reason (and every dropped block has
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -69,6 +70,7 @@ def ingest(
     """The traces that pass ingest, and the outcomes of the rows that do not; ``reader`` reads
     ``prompt_ids`` (None: a row must give its problem as text)."""
     traces, dropped = [], []
+    first_line: dict[tuple[str, str], int] = {}  # (prompt, response) -> the line that gave it first
     for line, row in rows:
         if config.limit is not None and len(traces) + len(dropped) >= config.limit:
             break
@@ -84,6 +86,12 @@ def ingest(
         except Refused as err:
             dropped.append(outcome.drop("ingest", err.reason, str(err)))
         else:
+            key = (json.dumps(trace.prompt, sort_keys=True), trace.response)
+            if key in first_line:  # the same rewrite, paid for again and trained on twice
+                detail = f"the same prompt and response as line {first_line[key]}"
+                dropped.append(outcome.drop("ingest", "duplicate", detail))
+                continue
+            first_line[key] = line
             traces.append(trace)
     return traces, dropped
 

@@ -33,13 +33,20 @@ python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('verl')
   echo "run_pgrpo.sh: $(command -v python) has no verl: run this in the environment where verl and threadweaver[verl] are installed" >&2
   exit 1
 }
-
-if [ ! -e "$DATA/train.parquet" ] && [ ! -e "$DATA/test.parquet" ]; then
-  python -m threadweaver.verl_rollout.data "$DATA"
-elif [ ! -e "$DATA/train.parquet" ] || [ ! -e "$DATA/test.parquet" ]; then
+if [ -e "$DATA/train.parquet" ] && [ ! -e "$DATA/test.parquet" ] || { [ ! -e "$DATA/train.parquet" ] && [ -e "$DATA/test.parquet" ]; }; then
   echo "run_pgrpo.sh: $DATA has only one of train.parquet and test.parquet; add the other, or set DATA to another folder" >&2
   exit 1
 fi
+if [[ " $* " != *" --cfg "* ]]; then  # hydra's --cfg prints the config and trains nothing
+  # Ray waits without end for GPUs a node does not have: count the ones torch sees first.
+  seen=$(python -c "import torch; print(torch.cuda.device_count())" 2>/dev/null) || seen=0
+  (( seen >= NGPUS )) || {
+    echo "run_pgrpo.sh: NGPUS is $NGPUS but torch sees $seen CUDA device(s) here (verl's Ray start would wait for the rest without end)" >&2
+    exit 1
+  }
+fi
+
+[ -e "$DATA/train.parquet" ] || python -m threadweaver.verl_rollout.data "$DATA"
 exec python -m verl.trainer.main_ppo \
   --config-path="$(python -m threadweaver.verl_rollout.config)" --config-name="$CONFIG" \
   actor_rollout_ref.model.path="$MODEL" \

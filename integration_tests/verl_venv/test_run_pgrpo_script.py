@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.slow
 
@@ -63,6 +64,14 @@ def test_a_missing_model_folder_or_a_python_without_verl_stops_before_the_data_i
     done = run(tmp_path, nvidia_smi=TWO_GPUS, DATA=str(data), python=f"{sys.executable} -S")  # no site-packages
     assert done.returncode == 1 and done.stderr.startswith("run_pgrpo.sh: ") and " has no verl: " in done.stderr
     assert not data.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch sees no GPU")
+def test_more_gpus_than_torch_sees_stops_before_ray_waits_for_them(tmp_path):
+    data = tmp_path / "data"
+    done = run(tmp_path, NGPUS="1", DATA=str(data))
+    assert done.returncode == 1 and not data.exists()
+    assert done.stderr == "run_pgrpo.sh: NGPUS is 1 but torch sees 0 CUDA device(s) here (verl's Ray start would wait for the rest without end)\n"
 
 
 @pytest.mark.parametrize("present", ["train.parquet", "test.parquet"])
