@@ -71,7 +71,10 @@ def test_more_gpus_than_torch_sees_stops_before_ray_waits_for_them(tmp_path):
     data = tmp_path / "data"
     done = run(tmp_path, NGPUS="1", DATA=str(data))
     assert done.returncode == 1 and not data.exists()
-    assert done.stderr == "run_pgrpo.sh: NGPUS is 1 but torch sees 0 CUDA device(s) here (verl's Ray start would wait for the rest without end)\n"
+    assert done.stderr == (
+        "run_pgrpo.sh: NGPUS is 1 but torch sees 0 CUDA device(s) here "
+        "(verl's Ray start would wait for the rest without end)\n"
+    )
 
 
 @pytest.mark.parametrize("present", ["train.parquet", "test.parquet"])
