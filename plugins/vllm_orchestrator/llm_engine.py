@@ -1,16 +1,23 @@
 """vLLM's offline ``LLM`` as an engine: what TRL's colocate mode holds in every training process.
 
-Requests that arrive together (the threads of a block, the rollouts of a batch) go to
-``LLM.generate`` as one call, each with its own stop tokens, budget and seed, so vLLM
-schedules them side by side as it would over HTTP.
+Requests that arrive together (the threads of a block, the rollouts of a batch) go to the
+``LLM``'s engine as one batch, each with its own stop tokens, budget and seed, so vLLM
+schedules them side by side as it would over HTTP. The batch is stepped here, as
+``LLM.generate`` steps it, so that a batch nobody waits for any more (its trajectories timed
+out) is aborted at its next step instead of decoding to its budget.
 """
 
 from __future__ import annotations
 
+import itertools
+
+from threadweaver.engine import EngineError
 from threadweaver.orchestrator import Completion
 
 from .batching import BatchingEngine, Request
 from .wire import vllm_completion, vllm_sampling_params
+
+_request_ids = itertools.count()
 
 
 class LLMEngine(BatchingEngine):
@@ -22,10 +29,27 @@ class LLMEngine(BatchingEngine):
 
     def generate_batch(self, requests: list[Request]) -> list[Completion]:
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
-        params = [vllm_sampling_params(r.stop_ids, r.max_tokens, r.sampling, self.logprobs) for r in requests]
-        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        engine = self.llm.llm_engine
+        waiting: dict[str, int] = {}  # request id -> its place in the batch
+        for place, r in enumerate(requests):
+            params = vllm_sampling_params(r.stop_ids, r.max_tokens, r.sampling, self.logprobs)
+            params.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate asks: the finished output only
+            request_id = f"threadweaver-{next(_request_ids)}"
+            engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(r.prompt_ids)), params)
+            waiting[request_id] = place
+        outputs: list = [None] * len(requests)
+        try:
+            while waiting:
+                if self.abandoned():
+                    raise EngineError("vLLM LLM: the batch was given up")  # nobody reads it
+                for output in engine.step():
+                    if output.finished and output.request_id in waiting:
+                        outputs[waiting.pop(output.request_id)] = output
+        finally:
+            if waiting:  # given up, or a step failed: nothing of this batch is left in the engine
+                engine.abort_request(list(waiting))
         return [
             vllm_completion(output, r.stop_ids, self.logprobs, where="vLLM LLM") for output, r in zip(outputs, requests)
         ]
