@@ -63,9 +63,9 @@ class BatchingEngine:
         return bool(futures) and all(future.cancelled() for future in futures)
 
     async def aclose(self) -> None:
-        """Give up every request. A batch already in its worker thread finishes there, unawaited (at once,
-        where the engine stops an abandoned batch; ``LLMEngine`` cannot, and a process that exits waits for
-        it)."""
+        """Give up every request. A batch already in its worker thread finishes there, unawaited: at once
+        where the engine stops an abandoned batch (ours do; one that cannot runs to its end, and a process
+        that exits waits for it)."""
         self._give_up()
         if self._worker is not None and not self._worker.done():
             self._worker.cancel()
