@@ -126,13 +126,13 @@ def hostile_catalogue(model: str, messages: list[dict], context: int = CONTEXT) 
             "chat prompt over the context",
             chat,
             fork(messages=[{"role": "user", "content": "1+" * context}]),
-            ("the prompt is", f"the model's context is {context}"),
+            ("the prompt is", f"room to generate after at most {context - 1}"),
         ),
         Hostile(
             "token prompt over the context",
             completion,
             {"model": model, "prompt": [5] * context, "threadweaver": True},
-            (f"the model's context is {context}",),
+            (f"room to generate after at most {context - 1}",),
         ),
         Hostile(
             "token id outside the vocabulary",

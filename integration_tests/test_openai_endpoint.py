@@ -304,10 +304,11 @@ def test_the_proxy_in_front_of_sglang_asks_it_for_the_model_and_its_window(
     trained, trained_server, problems, generated, fmt, lists_window
 ):
     """No ``--model``: the tokenizer comes from where the SGLang server loaded the model (``/get_model_info``),
-    a stream shows the trajectory as SGLang's streams come, and a prompt over the window is a 400, as behind
-    vLLM: the window ``/v1/models`` lists, or, behind SGLang's router (which lists none), the one the first
-    refusal said (the prompt that met it got an empty reply that ended by length). SGLang has no CPU build:
-    the backend is :mod:`sglang_stand_in`, SGLang's wire over the vLLM server on loopback."""
+    a stream shows the trajectory as SGLang's streams come, and a prompt SGLang would refuse is a 400, as a
+    prompt over the window is behind vLLM: by the window ``/v1/models`` lists, or, behind SGLang's router
+    (which lists none), the one the first refusal said (the prompt that met it got an empty reply that ended
+    by length). SGLang has no CPU build: the backend is :mod:`sglang_stand_in`, SGLang's wire over the vLLM
+    server on loopback."""
     from sglang_stand_in import sglang_stand_in
 
     with sglang_stand_in(trained_server, str(trained[1])) as (server, backend):
@@ -326,7 +327,10 @@ def test_the_proxy_in_front_of_sglang_asks_it_for_the_model_and_its_window(
                 assert status == 200 and reply["choices"][0]["finish_reason"] == "length", reply
                 assert reply["choices"][0]["text"] == ""
             status, reply = post(url + "/v1/completions", over)
-            assert status == 400 and "the model's context is 2048" in reply["error"]["message"], reply
+            # SGLang refuses a prompt of max_req_len - 5 (2042) or more: so does the proxy (it replied empty)
+            assert status == 400 and "room to generate after at most 2041" in reply["error"]["message"], reply
+            status, reply = post(url + "/v1/completions", {**over, "prompt": [5] * 2042})
+            assert status == 400 and "room to generate after at most 2041" in reply["error"]["message"], reply
         finally:
             proxy.terminate()
             proxy.wait(timeout=30)

@@ -320,8 +320,10 @@ def test_a_one_token_prompt_is_a_prompt(fmt):
 
 
 def test_a_prompt_over_the_models_context_is_a_400(fmt):
-    short = replace(ServerSettings(), max_model_len=len(fmt.encode(PROMPT)))
-    with pytest.raises(APIError, match="the prompt is 2 tokens, and the model's context is 2") as caught:
+    short = replace(ServerSettings(), prompt_window=len(fmt.encode(PROMPT)))
+    with pytest.raises(
+        APIError, match="the prompt is 2 tokens: the server has room to generate after at most 1$"
+    ) as caught:
         request_with(fmt, short)
     assert caught.value.status == 400
 

@@ -120,7 +120,7 @@ class ThreadWeaverEndpoint:
         self.served = list(args.served_model_name or [args.model])
         self.model = self.served[0]
         self.engine = AsyncLLMEngine(engine_client)
-        self.settings = dataclasses.replace(self.settings, max_model_len=engine_client.model_config.max_model_len)
+        self.settings = dataclasses.replace(self.settings, prompt_window=engine_client.model_config.max_model_len)
 
 
 async def until_disconnected(work, raw_request):

@@ -86,9 +86,9 @@ def _server_engine(args: EngineArgs, url: str, options: HTTPOptions):
     return SGLangEngine(url, options=options)
 
 
-async def model_context(engine) -> int | None:
-    """The model's context in tokens where the server says, else None."""
-    return await engine.model_context() if hasattr(engine, "model_context") else None
+async def prompt_window(engine) -> int | None:
+    """The prompt length that leaves the server no room to generate, where it says, else None."""
+    return await engine.prompt_window() if hasattr(engine, "prompt_window") else None
 
 
 async def served_models(engine) -> tuple[list[str], list[str]] | None:

@@ -273,8 +273,9 @@ class ServerSettings:
     """The ceilings of every request's limits."""
     max_trajectories: int | None = None
     """The most fork-join trajectories decoded at once; beyond, a 429."""
-    max_model_len: int | None = None
-    """The model's context, where the server knows it: a longer prompt is a 400, as vLLM's own."""
+    prompt_window: int | None = None
+    """Where the server knows it, the prompt length that leaves it no room to generate (vLLM: the model's
+    context): a prompt of as many tokens or more is a 400, as vLLM's own."""
 
     def __post_init__(self):
         check_counts(self, ("max_trajectories",), none_ok=True)
@@ -354,10 +355,10 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
         prompt_ids = _prompt_ids(body.get("prompt"), tokenizer, special)
     if not prompt_ids:  # an empty string, where the tokenizer adds no BOS (vLLM: "The decoder prompt cannot be empty")
         raise APIError("the prompt is empty: there is nothing to continue")
-    if settings.max_model_len is not None and len(prompt_ids) >= settings.max_model_len:
+    if settings.prompt_window is not None and len(prompt_ids) >= settings.prompt_window:
         raise APIError(
-            f"the prompt is {len(prompt_ids)} tokens, and the model's context is {settings.max_model_len}: "
-            "no room to generate"
+            f"the prompt is {len(prompt_ids)} tokens: the server has room to generate after at most "
+            f"{settings.prompt_window - 1}"
         )
     value = body.get(FIELD)
     limits = capped_limits(value if isinstance(value, dict) else {}, settings.limits, FIELD)

@@ -60,7 +60,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
     import aiohttp
     from aiohttp import web
 
-    from .engines import EngineArgs, make_engine, model_context, served_models, tokenizer_source
+    from .engines import EngineArgs, make_engine, prompt_window, served_models, tokenizer_source
     from .http import Unreachable
 
     state: dict = {"settings": ServerSettings(args.branching_default, limits, args.max_trajectories)}
@@ -121,10 +121,10 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             check_model(model, *served)
 
     async def window() -> int | None:
-        """The backend's context as its engine knows it now: read at the first fork-join request, or (behind
-        SGLang's router, which does not list it) once a refusal has said it."""
+        """The backend's prompt window as its engine knows it now: read at the first fork-join request, or
+        (behind SGLang's router, which does not list the context) once a refusal has said it."""
         try:
-            return await model_context(state["engine"])
+            return await prompt_window(state["engine"])
         except Unreachable as err:  # one round of retries, not one more for each of the trajectory's requests
             raise APIError(str(err), status=502) from None
         except EngineError:
@@ -146,7 +146,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                 body,
                 ROUTES[request.path],
                 state["tokenizer"],
-                dataclasses.replace(settings, max_model_len=await window()),
+                dataclasses.replace(settings, prompt_window=await window()),
                 state["engine"],
                 state["fmt"],
                 model,

@@ -150,17 +150,26 @@ class SGLangEngine(SessionKeyed):
             if ids or not await self._fitted_otherwise(refusal, prompt_ids, max_tokens, room, attempt):
                 raise RequestRefused(f"{self.where} refused POST /generate in its stream: {refusal}")
 
-    async def _room(self, prompt_tokens: int, max_tokens: int) -> int:
-        """The most new tokens SGLang serves a request of ``prompt_tokens`` (0: it would refuse the prompt),
-        by what it has said of its limits; ``max_tokens`` where it has said none."""
-        context = await self.model_context()
-        cap = self._server.get("input_cap")
+    async def _longest(self) -> int | None:
+        """The scheduler's ``max_req_len`` by what the server has said of its limits, else None."""
+        context, cap = await self.model_context(), self._server.get("input_cap")
         limits = [
             n for n in (None if context is None else context - 1, None if cap is None else cap + 5) if n is not None
         ]
-        if not limits:
+        return min(limits) if limits else None
+
+    async def prompt_window(self) -> int | None:
+        """The prompt length from which SGLang serves no new token (it refuses the prompt, or the reserve takes
+        the room left), by what it has said of its limits, else None."""
+        longest = await self._longest()
+        return None if longest is None else min(longest - 5, longest - 1 - self._server.get("reserve", 0))
+
+    async def _room(self, prompt_tokens: int, max_tokens: int) -> int:
+        """The most new tokens SGLang serves a request of ``prompt_tokens`` (0 or less: none), by what it has
+        said of its limits; ``max_tokens`` where it has said none."""
+        longest = await self._longest()
+        if longest is None:
             return max_tokens
-        longest = min(limits)  # the scheduler's max_req_len
         if prompt_tokens >= longest - 5:
             return 0
         return min(max_tokens, longest - 1 - prompt_tokens - self._server.get("reserve", 0))

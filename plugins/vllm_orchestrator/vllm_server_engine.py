@@ -44,6 +44,10 @@ class VLLMServerEngine(SessionKeyed):
         """The model's context in tokens, as the server reports it (``max_model_len``)."""
         return (await self._model_card()).get("max_model_len")
 
+    async def prompt_window(self) -> int | None:
+        """The prompt length that leaves no room to generate: the context."""
+        return await self.model_context()
+
     async def served_models(self) -> tuple[list[str], list[str]]:
         """The names the server answers to: its models', then its LoRA adapters'."""
         models, adapters = await self._cards()
