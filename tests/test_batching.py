@@ -150,3 +150,31 @@ def test_the_transformers_engine_stops_a_batch_nobody_waits_for_at_its_next_toke
         assert engine._worker.done() and len(steps) < 300
 
     asyncio.run(run())
+
+
+def test_the_transformers_engine_refuses_a_prompt_id_without_an_embedding_row_alone():
+    """torch's "index out of range in self" failed the whole batch the request joined."""
+    import os
+
+    from transformers import AutoModelForCausalLM
+
+    from threadweaver.engine import RequestRefused
+    from threadweaver.vllm_orchestrator import TransformersEngine
+
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.join(os.path.dirname(__file__), "..", "apps", "quickstart", "models", "parallel")
+    )
+    rows = model.get_input_embeddings().num_embeddings
+
+    async def run():
+        engine = TransformersEngine(model)
+        return await asyncio.gather(
+            engine.generate([1, 2, 3], (), 4, Sampling()),
+            engine.generate([1, rows], (), 4, Sampling()),
+            return_exceptions=True,
+        )
+
+    good, refused = asyncio.run(run())
+    assert not isinstance(good, BaseException) and good.token_ids  # the batch it shared decoded
+    assert isinstance(refused, RequestRefused)
+    assert str(refused) == f"transformers: token id {rows} is outside the model's vocabulary (0 to {rows - 1})"

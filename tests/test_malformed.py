@@ -117,3 +117,41 @@ def test_blocks_nested_past_the_recursion_limit_are_a_format_error_not_a_crash(f
         parse(ids, fmt, strict=strict, max_depth=depth)
     opening = len(fmt.encode(f"{HEAD1}<Thread>1:" * depth))
     assert 0 < caught.value.position < opening and caught.value.tag is not None  # where it gave up, going down
+
+
+def test_lenient_past_max_depth_reads_a_row_nested_a_thousand_deep_without_descending(fmt):
+    depth = 1000
+    ids = fmt.encode(f"{HEAD1}<Thread>1:" * depth + "x" + "</Thread></Parallel>" * depth)
+    parsed = parse(ids, fmt, strict=False, max_depth=3)
+    from threadweaver.layout import render
+
+    assert render(parsed.nodes, fmt) == ids
+    assert [str(f).split(": ", 1)[1] for f in parsed.faults] == [
+        "parallel block nested 4 deep; max_depth is 3: kept as sequential text"
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [f"{HEAD1}<Thread>1:x</Thread><Thread>2:y</Thread></Parallel>", "<Parallel><Outlines></Outlines></Parallel>"],
+    ids=["more threads", "no outline"],
+)
+def test_a_failed_block_names_its_fault_once_not_its_tag_again_as_stray(fmt, text):
+    faults = parse(fmt.encode(text), fmt, strict=False).faults
+    positions = [f.position for f in faults]
+    assert len(set(positions)) == len(positions) and "outside the place" not in faults[0].message
+
+
+@pytest.mark.parametrize("number", ["01", "\u0661", "\uff11"], ids=["leading zero", "arabic-indic", "fullwidth"])
+def test_a_number_not_written_as_the_orchestrator_writes_it_is_kept_as_written_and_judged(qwen, number):
+    """``Format.encode`` rewrote ``<Thread>01:`` as the seed ``1:``, and ``١:`` (int() reads any digit) too:
+    the training text silently changed, and the row passed as well-formed."""
+    from threadweaver.format import Format
+
+    fmt = Format.from_tokenizer(qwen)
+    text = f"<Parallel><Outlines><Outline>{number}:a</Outline></Outlines><Thread>{number}:x</Thread></Parallel>"
+    assert fmt.decode(fmt.encode(text)) == text
+    faults = parse(fmt.encode(text), fmt, strict=False).faults
+    assert faults[0].message == "outline 1 has no number; outlines are numbered 1, 2, ... in order"
+    with pytest.raises(TrajectoryFormatError, match="thread 1 does not start with its seed 1:"):
+        parse(fmt.encode(text.replace(f"<Outline>{number}:", "<Outline>1:")), fmt)  # the thread's seed: not 1:

@@ -284,3 +284,10 @@ def test_a_prompt_that_is_not_token_ids_is_refused_before_any_request(fmt, promp
     with pytest.raises(TypeError) as refused:
         asyncio.run(Orchestrator(engine, fmt).run(prompt))
     assert str(refused.value).startswith(message) and not engine.calls
+
+
+def test_a_negative_token_id_is_refused_naming_its_position(fmt):
+    engine = ScriptedEngine(fmt, GOOD)
+    with pytest.raises(ValueError, match=r"^prompt_ids holds -1 at position 1: token ids are 0 or more$"):
+        asyncio.run(Orchestrator(engine, fmt).run([5, -1]))
+    assert not engine.calls

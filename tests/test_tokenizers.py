@@ -134,3 +134,13 @@ def test_rows_record_the_embedded_tokenizers_by_name_beside_a_folder_of_that_nam
     for name in ("synth", "qwen"):
         (tmp_path / name).mkdir()
         assert Format.from_tokenizer(load_tokenizer(name)).tokenizer_name == name
+
+
+@pytest.mark.parametrize("given", ["qwen", "synth"], ids=["a name", "a tokenizers.Tokenizer"])
+def test_add_tags_refuses_what_is_not_a_transformers_tokenizer_by_its_type(given):
+    from threadweaver.format import add_tags
+    from threadweaver.kit.tokenizers import synth_tokenizer_object
+
+    tokenizer = synth_tokenizer_object() if given == "synth" else given
+    with pytest.raises(TypeError, match=f"^add_tags needs a transformers tokenizer, not {type(tokenizer).__name__}$"):
+        add_tags(tokenizer)

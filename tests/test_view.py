@@ -223,21 +223,35 @@ def test_view_names_the_line_and_field_of_bad_ids_and_requests(tmp_path, bad, me
     assert not (tmp_path / "page.html").exists()
 
 
-def test_view_and_filter_say_a_row_nested_too_deep_to_read_as_stats_does(tmp_path):
+def test_view_filter_and_stats_read_a_row_nested_a_thousand_deep_as_one_malformed_row(tmp_path, capsys):
+    """The lenient parse keeps a block past ``max_depth`` as text without descending into it: such a row stopped
+    all three at Python's recursion limit ("blocks nested too deep to read"), the rows after it unread."""
     from threadweaver.cli import main
 
-    deep = "<Parallel><Outlines><Outline>1:A</Outline></Outlines><Thread>1:" * 300 + "1" + "</Thread></Parallel>" * 300
+    deep = (
+        "<Parallel><Outlines><Outline>1:A</Outline></Outlines><Thread>1:" * 1000 + "1" + "</Thread></Parallel>" * 1000
+    )
+    good = "<Parallel><Outlines><Outline>1:A</Outline></Outlines><Thread>1:2</Thread></Parallel>1"
     path = tmp_path / "rows.jsonl"
-    path.write_text(json.dumps({"id": "a", "prompt": "1", "completion": deep, "answer": "1"}) + "\n")
-    said = []
-    commands = (["view", str(path), "--out", str(tmp_path / "page.html")], ["filter", str(path), str(tmp_path / "k")])
-    for command in (*commands, ["stats", str(path)]):
-        with pytest.raises(SystemExit) as exit_:
-            main(command)
-        said.append(str(exit_.value.code))
-    view, filtered, stats = (s.split(": ", 1)[1] for s in said)  # past "threadweaver <command>"
-    assert view == filtered == stats and view.startswith(f"{path}: line 1: ")
-    assert "blocks nested too deep to read" in view
+    rows = [
+        {"id": "deep", "prompt": "1", "completion": deep, "answer": "1"},
+        {"id": "good", "prompt": "1", "completion": good},
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    main(["stats", str(path), "--json"])
+    stats = json.loads(capsys.readouterr().out)["rows"]
+    assert [row["id"] for row in stats] == ["deep", "good"] and stats[1]["faults"] == []
+    assert stats[0]["faults"] == [
+        "token 33 (<Parallel>): parallel block nested 4 deep; max_depth is 3: kept as sequential text"
+    ]
+    main(["view", str(path), "--out", str(tmp_path / "page.html")])
+    assert [row["well_formed"] for row in payload((tmp_path / "page.html").read_text())["rows"]] == [False, True]
+    main(["filter", str(path), str(tmp_path / "kept.jsonl")])
+    report = json.loads((tmp_path / "kept.jsonl.report.json").read_text())
+    assert [(row["id"], row["reason"]) for row in report["dropped_rows"]] == [
+        ("deep", "malformed"),
+        ("good", "no_answer"),
+    ]
 
 
 def test_a_turn_the_chat_template_cannot_render_is_the_rows_fault_a_template_that_does_not_compile_the_tokenizers():

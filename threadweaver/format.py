@@ -45,8 +45,9 @@ EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 """The tokens that end a generation, where the tokenizer has them (the orchestrator stops on them)."""
 
 _TAG_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in TAGS) + ")")
-_NUMBER = re.compile(r"\s*(\d+)\s*:")
-"""The ``n:`` that starts an outline and a thread's seed."""
+_NUMBER = re.compile(r"\s*(0|[1-9][0-9]*)\s*:")
+"""The ``n:`` that starts an outline and a thread's seed, as the orchestrator writes it: ASCII digits, no
+leading zero (``01:`` or ``١:`` is text that the parse judges, not a number the encoder rewrites)."""
 _JOIN_BEFORE = (OUTLINES_END, THREAD_END)
 _JOIN_AFTER = (THREAD, PARALLEL_END)
 
@@ -281,6 +282,8 @@ def add_tags(tokenizer: Any, model: Any = None, init: str = "spelling") -> list[
 
     if init not in TAG_INITS:
         raise ValueError(f"init must be one of {', '.join(TAG_INITS)}, not {init!r}")
+    if not hasattr(tokenizer, "convert_tokens_to_ids"):  # a tokenizers.Tokenizer's encode gives no ids
+        raise TypeError(f"add_tags needs a transformers tokenizer, not {type(tokenizer).__name__}")
     spellings = split_tags(tokenizer)
     old_size = len(tokenizer)
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in spellings])

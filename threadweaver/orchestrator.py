@@ -77,6 +77,8 @@ def token_ids(prompt_ids) -> tuple[int, ...]:
             raise TypeError(f"prompt_ids must be a list of token ids (ints), but it holds {token!r}") from None
     if not ids:
         raise ValueError("prompt_ids is empty: an engine needs at least one token to continue")
+    if (negative := next((k for k, token in enumerate(ids) if token < 0), None)) is not None:
+        raise ValueError(f"prompt_ids holds {ids[negative]} at position {negative}: token ids are 0 or more")
     return tuple(ids)
 
 

@@ -194,8 +194,22 @@ class _Parser:
         nodes: list[Node] = []
         text: list[int] = []
         ids, tags = self.ids, self.tags
+        resumed = -1  # where a failed block's text ends: at its fault
         while self.pos < len(ids):
             token = ids[self.pos]
+            if token == tags.parallel and not self.strict and depth + 1 > self.max_depth:
+                # too deep to be a block: kept as text, found without descending into it (a hostile row
+                # nested a thousand deep would pass Python's recursion limit)
+                start, self.pos = self.pos, self._block_end(self.pos)
+                self.faults.append(
+                    self.fault_at(
+                        start,
+                        f"parallel block nested {depth + 1} deep; max_depth is {self.max_depth}: "
+                        "kept as sequential text",
+                    )
+                )
+                text.extend(ids[start : self.pos])
+                continue
             if token == tags.parallel:
                 start, recorded = self.pos, len(self.faults)
                 try:
@@ -205,18 +219,7 @@ class _Parser:
                         raise TrajectoryFormatError(err.fault) from None
                     del self.faults[recorded:]
                     self.faults.append(err.fault)
-                    self.pos = max(err.fault.position, start + 1)
-                    text.extend(ids[start : self.pos])
-                    continue
-                if depth + 1 > self.max_depth:
-                    del self.faults[recorded:]
-                    self.faults.append(
-                        self.fault_at(
-                            start,
-                            f"parallel block nested {depth + 1} deep; max_depth is {self.max_depth}: "
-                            "kept as sequential text",
-                        )
-                    )
+                    self.pos = resumed = max(err.fault.position, start + 1)
                     text.extend(ids[start : self.pos])
                     continue
                 if text:
@@ -228,7 +231,7 @@ class _Parser:
                 injected = self.injected
                 if injected is None or self.pos in injected or closes_thread(text, tags):
                     break
-            if token in self.structural:
+            if token in self.structural and self.pos != resumed:  # a failed block's fault names it already
                 self.fault(self.pos, "tag outside the place the format allows it (a parallel block)")
             elif thread is not None and token in self.fmt.eos_ids:
                 self.fault(self.pos, f"end-of-sequence token inside thread {thread}")
@@ -237,6 +240,17 @@ class _Parser:
         if text:
             nodes.append(Text(tuple(text)))
         return nodes
+
+    def _block_end(self, start: int) -> int:
+        """Past the ``</Parallel>`` that closes the ``<Parallel>`` at ``start`` (counting the ones between),
+        or the end of the output where none does."""
+        open_blocks = 0
+        for position in range(start, len(self.ids)):
+            token = self.ids[position]
+            open_blocks += (token == self.tags.parallel) - (token == self.tags.parallel_end)
+            if open_blocks == 0:
+                return position + 1
+        return len(self.ids)
 
     def malformed(self, position: int, message: str) -> _Malformed:
         return _Malformed(self.fault_at(position, message))
@@ -248,7 +262,7 @@ class _Parser:
 
     def block(self, depth: int) -> Block:
         start = self.pos
-        if depth > self.max_depth and self.strict:
+        if depth > self.max_depth:  # strict: a lenient parse keeps such a block as text before it gets here
             raise self.malformed(start, f"parallel block nested {depth} deep; max_depth is {self.max_depth}")
         outlines = self.head()
         head = tuple(self.ids[start : self.pos])

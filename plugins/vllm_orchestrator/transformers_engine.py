@@ -9,7 +9,9 @@ trajectory waits for any more (timed out, or the run stopped) stops at its next 
 
 from __future__ import annotations
 
-from threadweaver.engine import Completion, to_completion
+from collections.abc import Sequence
+
+from threadweaver.engine import Completion, RequestRefused, Sampling, to_completion
 
 from .batching import BatchingEngine, Request
 
@@ -23,6 +25,18 @@ class TransformersEngine(BatchingEngine):
         self.pad_token_id = pad_token_id if pad_token_id is not None else config_pad
         if self.pad_token_id is None:
             raise ValueError("TransformersEngine needs a pad_token_id")
+
+    async def generate(
+        self, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_tokens: int, sampling: Sampling
+    ) -> Completion:
+        """Refused, as a server refuses it, where a prompt id has no embedding row (torch's "index out of range
+        in self" otherwise, for the whole batch it joined)."""
+        rows = self.model.get_input_embeddings().num_embeddings
+        if (outside := next((token for token in prompt_ids if not 0 <= token < rows), None)) is not None:
+            raise RequestRefused(
+                f"transformers: token id {outside} is outside the model's vocabulary (0 to {rows - 1})"
+            )
+        return await super().generate(prompt_ids, stop_ids, max_tokens, sampling)
 
     def batch_key(self, request: Request):
         """One ``generate`` call takes one set of stop tokens and sampling settings."""
