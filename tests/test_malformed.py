@@ -1,5 +1,6 @@
 """Strict parsing names the position and tag of the first fault; lenient parsing never raises, but for
-blocks nested past Python's recursion limit, which both modes name as a format error."""
+blocks nested past Python's recursion limit under a max_depth as deep, which both modes name as a format
+error."""
 
 import pytest
 from chars import EOS

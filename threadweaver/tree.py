@@ -11,9 +11,11 @@ Blocks nest inside threads up to ``max_depth``. ``<think>``/``</think>`` are ord
 text here. Strict parsing (training data) raises :class:`TrajectoryFormatError` at the
 first fault. Lenient parsing (model outputs) never raises: a malformed block, a block
 nested deeper than ``max_depth`` and stray tags are kept as sequential text, and every
-fault is listed in ``faults`` (a failed block once, as text up to its fault); only blocks
-nested a few hundred deep, past Python's recursion limit, raise :class:`TrajectoryFormatError`
-in both modes. Both are lossless: :func:`threadweaver.layout.render` gives the ids back.
+fault is listed in ``faults`` (a failed block once, as text up to its fault; a block past
+``max_depth`` is found without descending into it). Only a ``max_depth`` of a few hundred, past
+Python's recursion limit, lets a row nested that deep raise :class:`TrajectoryFormatError` (as
+``injected`` does: the orchestrator's own output has no depth limit). Both are lossless:
+:func:`threadweaver.layout.render` gives the ids back.
 """
 
 from __future__ import annotations
