@@ -389,3 +389,23 @@ def test_a_folder_or_nothing_for_rows_is_one_line(tmp_path, command):
     for given, why in ((tmp_path, "a folder, not a file of rows"), (tmp_path / "nope.jsonl", "no such file")):
         done = run(name, str(given), str(tmp_path / "out.jsonl"), *flags, check=False)
         assert done.returncode == 1 and done.stderr == f"threadweaver {name}: {given}: {why}\n", done.stderr
+
+
+def test_view_of_more_than_two_files_is_a_usage_error(data):
+    rows = str(data / "parallel" / "validation.jsonl")
+    done = run("view", rows, rows, rows, "--out", "v.html", check=False)
+    assert done.returncode == 2 and "usage: threadweaver view" in done.stderr, done.stderr
+    assert done.stderr.endswith("threadweaver view: error: one file, or two side by side\n")
+    assert " FILE [FILE2]\n" in run("view", "--help").stdout
+
+
+@pytest.mark.parametrize(
+    "command, shown",
+    [
+        ("kit", "--model, --no-model also save a tiny model (default: True)"),
+        ("filter", "Keep correct trajectories with no parallel block too. (default: False)"),
+        ("generate", "sequential baseline. (default: True) --concurrent-threads"),
+    ],
+)
+def test_on_off_flags_show_their_default_in_help(command, shown):
+    assert shown in " ".join(run(command, "--help").stdout.split())

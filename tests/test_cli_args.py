@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from threadweaver.cli_args import SettingError, add_arguments, check_counts, from_args, option
+from threadweaver.cli_args import SettingError, add_arguments, check_counts, check_numbers, from_args, option
 
 
 @dataclass(frozen=True)
@@ -33,3 +33,30 @@ def test_a_refused_flag_is_named_by_the_flag_and_a_refused_field_by_its_name():
 def test_a_field_the_caller_set_rather_than_a_flag_keeps_its_name():
     with pytest.raises(SettingError, match="^n must be a whole number of at least 1, not 0$"):
         from_args(Settings, parsed(), n=0)
+
+
+@dataclass(frozen=True)
+class Switches:
+    fork: bool = option(True, "Fork.")
+    explained: bool = option(False, "Join (default: when asked).")
+    rate: float = option(0.5, "Rate.")
+
+
+def test_every_flag_shows_its_default_on_and_off_flags_too():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, Switches)
+    shown = " ".join(parser.format_help().split())
+    assert "--fork, --no-fork Fork. (default: True)" in shown
+    assert "--explained, --no-explained Join (default: when asked). --rate" in shown  # its help says it already
+    assert "--rate RATE Rate. (default: 0.5)" in shown
+
+
+def test_a_number_that_is_not_finite_or_below_the_least_is_refused():
+    @dataclass(frozen=True)
+    class Rates:
+        rate: float = 0.5
+
+    check_numbers(Rates(0), ("rate",))
+    for bad in (-1, float("nan"), float("inf"), "1", True):
+        with pytest.raises(SettingError, match="^rate must be a finite number of at least 0, not "):
+            check_numbers(Rates(bad), ("rate",))

@@ -40,7 +40,13 @@ def test_bad_paths_and_settings_are_named_before_anything_loads(kit):
         (model, data, "--output_dir", data): f"--output_dir {data}: a file, not a folder",
         (model, data, "--output_dir", ""): "--output_dir is empty",
         (model, data, "--output_dir", model): f"--output_dir {model} is MODEL: saving there would overwrite it",
-        (model, data, "--max_length", "0"): "--max_length must be a whole number of at least 1 (or none), not 0",
+        (model, data, "--max_length", "0"): "--max-length must be a whole number of at least 1 (or none), not 0",
+        (model, data, "--max-length", "-1"): "--max-length must be a whole number of at least 1 (or none), not -1",
+        (model, data, "--learning-rate", "-1"): "--learning-rate must be a finite number of at least 0, not -1.0",
+        (model, data, "--learning-rate", "nan"): "--learning-rate must be a finite number of at least 0, not nan",
+        (model, data, "--per-device-train-batch-size", "0"): "--per-device-train-batch-size must be a whole number",
+        (model, data, "--gradient-accumulation-steps", "0"): "--gradient-accumulation-steps must be a whole number",
+        (model, data, "--max-depth", "0"): "--max-depth must be a whole number of at least 1, not 0",
         (model, data, "--max_steps", "0", "--num_train_epochs", "0"): "--max_steps and --num_train_epochs are both 0",
         (model, data, "--truncation_mode", "keep_end"): "--truncation_mode keep_end is not applied here: the collator",
         (model, data, "--completion_only_loss", "false"): "--completion_only_loss False is not applied here",
@@ -81,13 +87,13 @@ def test_max_length_that_cuts_rows_is_told_and_one_that_leaves_nothing_to_train_
         sft.load_rows(data, TrieCollator(tokenizer, max_length=max(whole) - 1))
     cut = sum(n == max(whole) for n in whole)
     assert caplog.messages == [
-        f"--max_length {max(whole) - 1} cuts {cut} of 4 rows of {data} (the longest is {max(whole)} tokens): "
+        f"--max-length {max(whole) - 1} cuts {cut} of 4 rows of {data} (the longest is {max(whole)} tokens): "
         "their later tokens are not trained"
     ]
     with pytest.raises(ValueError) as refused:
         sft.main([str(kit / "k"), data, "--output_dir", str(kit / "out"), "--max_length", "3"])
     assert str(refused.value) == (
-        f"{data}: --max_length 3 cuts every row inside its prompt, so no row has a trajectory token left to "
+        f"{data}: --max-length 3 cuts every row inside its prompt, so no row has a trajectory token left to "
         f"train (the longest row is {max(whole)} tokens)"
     )
     assert not (kit / "out").exists()

@@ -145,6 +145,7 @@ def test_a_checkpoint_to_resume_from_is_checked_before_anything_loads(tmp_path):
     from threadweaver.trl_pgrpo.command import main
 
     model, data = str(embedded_models()["parallel"]), str(tmp_path / "problems.jsonl")
+    (tmp_path / "problems.jsonl").write_text('{"prompt": "1+1?", "answer": "2"}\n')
     out = ["--output_dir", str(tmp_path / "out"), "--report_to", "none"]
     with pytest.raises(ValueError, match="^--resume_from_checkpoint last: no checkpoint-N folder in --output_dir"):
         main([model, data, *out, "--resume_from_checkpoint", "last"])

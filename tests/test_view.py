@@ -162,7 +162,7 @@ def test_view_names_the_file_and_line_of_a_bad_row_and_writes_nothing(tmp_path):
     assert f"threadweaver view: {path}: line 2: no trajectory" in done.stderr
     assert "Traceback" not in done.stderr
     done = subprocess.run([CLI, "view", str(path), str(path), str(path)], capture_output=True, text=True)
-    assert done.returncode == 1 and "one file, or two side by side" in done.stderr
+    assert done.returncode == 2 and "one file, or two side by side" in done.stderr
     (tmp_path / "empty.jsonl").write_text("\n")
     done = subprocess.run(
         [CLI, "view", str(tmp_path / "empty.jsonl"), "--out", str(out)], capture_output=True, text=True

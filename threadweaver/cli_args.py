@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 import urllib.parse
@@ -58,6 +59,14 @@ def check_counts(config, names: typing.Iterable[str], least: int = 1, none_ok: b
             continue
         if not is_whole(value) or value < least:
             raise SettingError(name, f"must be a whole number of at least {least}, not {value!r}")
+
+
+def check_numbers(config, names: typing.Iterable[str], least: float = 0) -> None:
+    """Refuse a config whose fields ``names`` are not finite real numbers of at least ``least``, naming the field."""
+    for name in names:
+        value = getattr(config, name)
+        if not is_number(value) or not math.isfinite(value) or value < least:
+            raise SettingError(name, f"must be a finite number of at least {least}, not {value!r}")
 
 
 def url_problem(url) -> str | None:
@@ -112,15 +121,14 @@ def add_arguments(
         default = (defaults or {}).get(f.name, f.default)
         if f.default is dataclasses.MISSING:
             parser.add_argument(f.name, type=kind, help=help_text)
-        elif kind is bool:
+            continue
+        if not (shows_defaults or "default" in help_text):
+            help_text = f"{help_text} (default: {default})"
+        if kind is bool:
             parser.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
             parser.add_argument(
-                flag(f.name),
-                type=kind,
-                default=default,
-                choices=f.metadata.get("choices"),
-                help=help_text if shows_defaults or "default" in help_text else f"{help_text} (default: {default})",
+                flag(f.name), type=kind, default=default, choices=f.metadata.get("choices"), help=help_text
             )
 
 

@@ -321,9 +321,9 @@ def _go_on_hint(out: str) -> str:
 
 
 def _view_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "files", nargs="+", metavar="FILE", help="JSONL trajectories or training rows; two files side by side"
-    )
+    p.add_argument("file", metavar="FILE", help="JSONL trajectories or training rows")
+    p.add_argument("file2", nargs="?", metavar="FILE2", help="a second such file, shown side by side with FILE")
+    p.add_argument("more", nargs="*", help=argparse.SUPPRESS)  # refused by _view, naming the choices
     p.add_argument("--out", help="the page to write (default: FILE.html; not with --serve)")
     p.add_argument("--tokenizer", help=TOKENIZER_HELP)
     p.add_argument("--title", help="the page's title (default: the file names)")
@@ -354,27 +354,28 @@ def _view(args: argparse.Namespace) -> None:
         args.command_parser.error("--out writes the page, --serve serves it: give one of them")
     if not args.serve and args.port is not None:
         args.command_parser.error("--port is the port of --serve: give --serve too")
-    if len(args.files) > 2:
-        sys.exit("threadweaver view: one file, or two side by side")
-    for path in args.files:
+    if args.more:
+        args.command_parser.error("one file, or two side by side")
+    files = [args.file] if args.file2 is None else [args.file, args.file2]
+    for path in files:
         if problem := not_a_file_of_rows(path):
             sys.exit(f"threadweaver view: {path}: {problem}")
-    out = args.out or args.files[0] + ".html"
+    out = args.out or files[0] + ".html"
     server = None
     if args.serve:
         server = _page_server(args.port or 0)
     else:
         try:
-            check_outputs([out], args.files)
+            check_outputs([out], files)
         except ValueError as err:
             sys.exit(f"threadweaver view: {err}")
         try:
             check_writable(out)
         except ValueError as err:
             sys.exit(f"threadweaver view: --out {out}: {err}")
-    reader, explained = row_reader(args.tokenizer, args.files, "view")
+    reader, explained = row_reader(args.tokenizer, files, "view")
     try:
-        html = file_page(args.files, reader, args.title, progress=bar)
+        html = file_page(files, reader, args.title, progress=bar)
     except OSError as err:
         sys.exit(f"threadweaver view: {err}")
     except ValueError as err:
@@ -432,7 +433,9 @@ def _kit_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--tokenizer", choices=("synth", "qwen"), default="synth", help="which tokenizer (default: synth)")
-    p.add_argument("--model", action=argparse.BooleanOptionalAction, default=True, help="also save a tiny model")
+    p.add_argument(
+        "--model", action=argparse.BooleanOptionalAction, default=True, help="also save a tiny model (default: True)"
+    )
     add_arguments(p, TinyQwen3Config)
 
 

@@ -13,8 +13,9 @@ import contextlib
 import dataclasses
 import logging
 import os
+import types
 
-from threadweaver.cli_args import add_arguments
+from threadweaver.cli_args import SettingError, add_arguments, check_counts, check_numbers, flag
 from threadweaver.format import missing_tags
 from threadweaver.hf_collator.attention import flash_attention_4_missing, use_tree_attention
 from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
@@ -104,6 +105,8 @@ def main(argv: list[str]) -> str:
     collator = {name: values.pop(name) for name in COLLATOR_FLAGS}
     try:
         return train(model, data, SFTConfig(**values), attention, flex_backend, **collator)
+    except SettingError as err:  # named as TRL's flags are
+        raise ValueError(f"{' and '.join(map(flag, err.names))} {err.reason}") from None
     except RowFormatError as err:  # load_rows names a row by its line
         raise ValueError(f"{data}: line {err.row}: {err.detail} (--skip-malformed skips such rows)") from None
     except RowError as err:
@@ -129,12 +132,12 @@ def load_rows(path: str, collator: TrieCollator) -> list[dict]:
         raise ValueError(f"{path}: no trainable rows")
     if untrained == len(rows):
         raise ValueError(
-            f"{path}: --max_length {collator.max_length} cuts every row inside its prompt, so no row has a "
+            f"{path}: --max-length {collator.max_length} cuts every row inside its prompt, so no row has a "
             f"trajectory token left to train (the longest row is {longest} tokens)"
         )
     if cut:
         logger.warning(
-            "--max_length %d cuts %d of %d rows of %s (the longest is %d tokens): their later tokens are not trained%s",
+            "--max-length %d cuts %d of %d rows of %s (the longest is %d tokens): their later tokens are not trained%s",
             collator.max_length,
             cut,
             len(rows),
@@ -249,7 +252,7 @@ def resume_point(config) -> str | None:
 
 
 IGNORED_TRL_SETTINGS = (
-    ("truncation_mode", ("keep_start",), "the collator keeps each row's first --max_length tokens in pre-order"),
+    ("truncation_mode", ("keep_start",), "the collator keeps each row's first --max-length tokens in pre-order"),
     ("completion_only_loss", (None, True), "the collator trains the trajectory only, never the prompt"),
     ("assistant_only_loss", (False,), "the collator trains the trajectory, the last assistant turn, only"),
 )
@@ -272,7 +275,12 @@ def train(
     from trl import SFTTrainer
 
     if config.max_length is not None and config.max_length < 1:
-        raise ValueError(f"--max_length must be a whole number of at least 1 (or none), not {config.max_length}")
+        raise ValueError(f"--max-length must be a whole number of at least 1 (or none), not {config.max_length}")
+    # torch and the Trainer refuse these only once the model has loaded (no accumulation: a ZeroDivisionError),
+    # and the collator takes a max_depth of 0, which refuses every parallel row
+    check_numbers(config, ("learning_rate",))
+    check_counts(config, ("per_device_train_batch_size", "gradient_accumulation_steps"))
+    check_counts(types.SimpleNamespace(max_depth=collator_settings.get("max_depth", 1)), ("max_depth",))
     if config.max_steps <= 0 and config.num_train_epochs <= 0:
         raise ValueError("--max_steps and --num_train_epochs are both 0 or less: nothing would be trained")
     if config.packing:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from threadweaver.cli_args import SettingError, flag
-from threadweaver.hf_collator.sft import RUN_DEFAULTS, resume_point
+from threadweaver.hf_collator.sft import RUN_DEFAULTS, check_paths, resume_point
 from threadweaver.jsonl import RowError, read_jsonl, write_json
 from threadweaver.reward import answer_text
 from threadweaver.rows import RowReader, prompt_messages
@@ -40,10 +40,7 @@ def parser():
     parser.add_argument("model", help="The SFT'd ThreadWeaver model (directory or hub id).")
     parser.add_argument("data", help="JSONL problems: 'messages' or 'prompt' (see threadweaver.rows), and 'answer'.")
     parser.add_argument(
-        "--prompts-per-step",
-        type=int,
-        default=1,
-        help="Problems per step, each rolled out --num-generations times (default: 1).",
+        "--prompts-per-step", type=int, default=1, help="Problems per step, each rolled out --num-generations times."
     )
     parser.set_defaults(**DEFAULTS, use_cpu=not cuda, bf16=cuda and torch.cuda.is_bf16_supported())
     return parser
@@ -105,6 +102,7 @@ def train(model_dir: str, data: str, config) -> str:
 
     from threadweaver.trl_pgrpo import PGRPOTrainer
 
+    check_paths(model_dir, data, config.output_dir)
     resume = resume_point(config)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = problem_rows(data, RowReader(tokenizer))

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from threadweaver.cli_args import SettingError, check_counts
+from threadweaver.cli_args import SettingError, check_counts, check_numbers
 from threadweaver.engine import Sampling
 from threadweaver.orchestrator import Limits
 from threadweaver.pgrpo import PAPER
@@ -77,8 +77,10 @@ class PGRPOConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         # before TRL's own checks: num_generations 0 is a ZeroDivisionError there, and the others would
-        # be found only once the model has loaded and the first rollout starts
+        # be found only once the model has loaded (by torch, the Trainer) and the first rollout starts
         check_counts(self, ("num_generations", "max_threads", "max_depth"))
+        check_counts(self, ("per_device_train_batch_size", "gradient_accumulation_steps"))
+        check_numbers(self, ("learning_rate", "acceleration_factor", "acceleration_clip"))
         Sampling(temperature=self.temperature, top_p=self.top_p)
         if self.scale_rewards is False:
             self.scale_rewards = "none"

@@ -1,0 +1,38 @@
+"""``threadweaver pgrpo`` refuses a bad setting in one line, naming the flag as typed, before any model loads."""
+
+import pytest
+
+from threadweaver.trl_pgrpo import command
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--learning-rate", "-1"], "--learning-rate must be a finite number of at least 0, not -1.0"),
+        (["--learning-rate", "inf"], "--learning-rate must be a finite number of at least 0, not inf"),
+        (["--gradient-accumulation-steps", "0"], "--gradient-accumulation-steps must be a whole number of at least 1"),
+        (["--acceleration-clip", "-1"], "--acceleration-clip must be a finite number of at least 0, not -1.0"),
+        (["--acceleration-factor", "nan"], "--acceleration-factor must be a finite number of at least 0, not nan"),
+    ],
+)
+def test_a_bad_setting_is_named_by_its_flag_before_the_model_loads(tmp_path, argv, message):
+    model = str(tmp_path / "no-model")  # loading it would fail: the refusal comes first
+    with pytest.raises(ValueError) as refused:
+        command.main([model, str(tmp_path / "problems.jsonl"), "--output-dir", str(tmp_path / "out"), *argv])
+    assert str(refused.value).startswith(message), str(refused.value)
+
+
+def test_prompts_per_step_shows_its_default_once():
+    shown = " ".join(command.parser().format_help().split())
+    assert "each rolled out --num-generations times. (default: 1)" in shown
+    assert "(default: 1). (default: 1)" not in shown
+
+
+def test_a_missing_model_folder_is_named_before_anything_loads(tmp_path):
+    """It was transformers' "Repo id must be in the form 'repo_name'..." OSError, as a traceback."""
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text('{"prompt": "1+1?", "answer": "2"}\n')
+    missing = str(tmp_path / "runs" / "sft")
+    with pytest.raises(ValueError) as refused:
+        command.main([missing, str(problems), "--output-dir", str(tmp_path / "out")])
+    assert str(refused.value).startswith(f"{missing}: ") and not (tmp_path / "out").exists()
