@@ -36,6 +36,14 @@ def main(model: str, out_path: str) -> None:
         batch = await asyncio.gather(
             *(engine.generate(p, (), n, Sampling(temperature=0.0)) for p, n in zip(prompts, budgets))
         )
+        # a request vLLM refuses as it is added (a prompt over the context): it fails its batch, and the one
+        # added before it is aborted, not left to decode inside later batches
+        refused = await asyncio.gather(
+            engine.generate([1, 2], (), 20, Sampling()),
+            engine.generate([5] * (MAX_TOKENS + 100), (), 20, Sampling()),
+            return_exceptions=True,
+        )
+        left_after_refusal = llm.llm_engine.has_unfinished_requests()
         steps.clear()
         request = asyncio.ensure_future(engine.generate([7, 8, 9], (), MAX_TOKENS, Sampling(temperature=0.0)))
         while len(steps) < 3:
@@ -49,6 +57,8 @@ def main(model: str, out_path: str) -> None:
             "worker_done": engine._worker.done(),
             "steps_after": sum(t > given_up for t in steps),
             "unfinished": llm.llm_engine.has_unfinished_requests(),
+            "refused": [type(r).__name__ for r in refused],
+            "left_after_refusal": left_after_refusal,
         }
 
     measured = asyncio.run(run())

@@ -157,13 +157,15 @@ def test_a_client_that_leaves_frees_the_engine(servers, route, stream):
     )
 
 
-def test_the_proxy_logs_a_client_that_left_in_one_line(servers):
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
+def test_the_proxy_logs_a_client_that_left_in_one_line(servers, stream):
     urls, vllm_url, model, log = servers
     assert idle(vllm_url), "an earlier request still decodes"
     before = log.read_text()
-    leave_mid_trajectory(urls["proxy"], vllm_url, model, stream=True)
+    leave_mid_trajectory(urls["proxy"], vllm_url, model, stream=stream)
+    said = "a client left before its reply ended"
     deadline = time.monotonic() + STOPPED_WITHIN_S
-    while "a client left mid-stream" not in log.read_text()[len(before) :] and time.monotonic() < deadline:
+    while said not in log.read_text()[len(before) :] and time.monotonic() < deadline:
         time.sleep(0.2)
     added = log.read_text()[len(before) :]
-    assert added.count("a client left mid-stream") == 1 and "Traceback" not in added, added
+    assert added.count(said) == 1 and "Traceback" not in added, added

@@ -48,3 +48,7 @@ def test_a_batch_gives_what_llm_generate_gives_each_request_in_its_place(measure
 def test_a_batch_nobody_waits_for_is_aborted_at_its_next_step(measured):
     assert measured["worker_done"] and not measured["unfinished"]
     assert measured["steps_after"] < 1000  # of 30,000: each step decodes one token of it
+
+
+def test_a_request_vllm_refuses_fails_its_batch_and_leaves_nothing_decoding(measured):
+    assert measured["refused"] == ["VLLMValidationError"] * 2 and not measured["left_after_refusal"]

@@ -16,6 +16,7 @@ import time
 import urllib.request
 
 import pytest
+from vllm_server import start_proxy
 
 from threadweaver.format import Format
 from threadweaver.rows import plain_ids
@@ -219,6 +220,14 @@ def test_a_model_without_the_tags_serves_plain_requests_and_refuses_fork_join(tm
         unknown = {**chat, "model": "nope"}
         plain = post(url + "/v1/chat/completions", unknown)
         assert plain[0] == 404 and post(url + "/v1/chat/completions", {**unknown, "threadweaver": True}) == plain
+        proxy, proxy_url = start_proxy("--backend", url)  # it refused to start, with advice for Python callers
+        try:
+            assert post(proxy_url + "/v1/chat/completions", chat)[0] == 200
+            status, reply = post(proxy_url + "/v1/chat/completions", {**chat, "threadweaver": True})
+            assert status == 400 and reply["error"]["message"] == message, reply
+        finally:
+            proxy.terminate()
+            proxy.wait(timeout=30)
 
 
 def post(url: str, payload: dict | bytes) -> tuple[int, dict]:
@@ -238,28 +247,6 @@ def sse(url: str, payload: dict) -> list:
         lines = response.read().decode().split("\n\n")
     data = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
     return [d if d == "[DONE]" else json.loads(d) for d in data]
-
-
-def start_proxy(*args: str) -> tuple[subprocess.Popen, str]:
-    from threadweaver.vllm_orchestrator.serve import free_port
-
-    port = free_port()
-    process = subprocess.Popen(
-        [CLI, "proxy", "--port", str(port), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(process.stderr.read())
-        try:
-            urllib.request.urlopen(url + "/threadweaver-probe", timeout=2)
-        except urllib.error.HTTPError:
-            return process, url  # answering (the backend's 404, or our 502)
-        except OSError:
-            time.sleep(0.3)
-    process.kill()
-    raise AssertionError("the proxy did not start")
 
 
 def test_the_proxy_gives_the_same_replies_over_http(trained, trained_server, problems, generated, fmt):

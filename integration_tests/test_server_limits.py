@@ -2,7 +2,8 @@
 
 The operator's limits are ceilings (a request may ask for less, never more), every flag serve
 does not know goes to vLLM (``--api-key`` here, which then guards the fork-join routes too),
-and hostile bodies get a 400 that names the field, with no traceback in the server's log.
+and hostile bodies get a 400 that names the field, with no traceback in the server's log. The
+server forks by default (``--branching-default``), as an operator's for clients that send no field.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def server(trained, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     command = [CLI, "serve", str(trained[1]), "--port", str(free_port()), "--device", "cpu"]
     command += ["--cpu-kv-cache-gib", "1", "--max-model-len", str(CONTEXT), "--max-tokens", "40"]
-    command += ["--max-trajectories", "2", "--api-key", KEY]  # --api-key: not serve's, so vLLM's
+    command += ["--max-trajectories", "2", "--branching-default", "--api-key", KEY]  # --api-key: vLLM's
     with open(log, "w") as err:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
         try:
@@ -105,3 +106,36 @@ def test_prompts_of_token_ids_are_checked_as_vllm_checks_them(server, trained):
     time.sleep(1)  # the log is written by another process
     text = log.read_text()
     assert "Traceback" not in text and "Exception in ASGI application" not in text
+
+
+def test_fork_join_by_default_for_clients_and_plain_for_threadweavers_own_engine(server, trained, tmp_path):
+    """``generate --base-url`` against such a server failed every request: its engine's own token requests were
+    taken for fork-join ones (a 400: fork-join does not take 'stop_token_ids')."""
+    url, _ = server
+    status, reply = post(url + "/v1/completions", {"model": str(trained[1]), "prompt": "A=1+2\nA=?"})
+    assert status == 200 and reply["threadweaver"]["requests"], reply  # no field: fork-join
+    problems, out = tmp_path / "problems.jsonl", tmp_path / "out.jsonl"
+    problems.write_text(json.dumps({"id": "p", "messages": [{"role": "user", "content": "A=12+34\nA=?"}]}) + "\n")
+    command = [CLI, "generate", str(problems), str(out), "--base-url", url, "--api-key", KEY, "--max-tokens", "60"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["requests"] and not row["degradations"], row
+
+
+def test_the_proxy_in_front_asks_its_clients_for_the_backends_key(server, trained):
+    """It sent the operator's key on for any client: a key-guarded backend was open through it."""
+    from vllm_server import start_proxy
+
+    url, _ = server
+    proxy, proxy_url = start_proxy("--backend", url, "--api-key", KEY)
+    try:
+        payload = {"prompt": "A=1+2\nA=?", "threadweaver": True}  # no model: the reply names the backend's
+        for key in (None, "wrong"):
+            assert post(proxy_url + "/v1/completions", payload, key=key) == (401, {"error": "Unauthorized"})
+            assert post(proxy_url + "/v1/completions", {**payload, "threadweaver": False}, key=key)[0] == 401
+        status, reply = post(proxy_url + "/v1/completions", payload)  # over a backend that forks by default
+        assert status == 200 and reply["model"] == str(trained[1]) and reply["threadweaver"]["requests"], reply
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=30)

@@ -156,3 +156,16 @@ def test_a_number_not_written_as_the_orchestrator_writes_it_is_kept_as_written_a
     assert faults[0].message == "outline 1 has no number; outlines are numbered 1, 2, ... in order"
     with pytest.raises(TrajectoryFormatError, match="thread 1 does not start with its seed 1:"):
         parse(fmt.encode(text.replace(f"<Outline>{number}:", "<Outline>1:")), fmt)  # the thread's seed: not 1:
+
+
+def test_an_unclosed_block_past_max_depth_ends_at_its_threads_close_and_keeps_the_outer_block(fmt):
+    """Found by review: the text of a too-deep block that never closes ran past the ``</Thread>`` of the thread
+    it stood in, so that thread never closed and the whole outer block became text."""
+    from threadweaver.layout import render
+
+    ids = fmt.encode(f"{HEAD1}<Thread>1:x<Parallel>y</Thread></Parallel>tail")
+    parsed = parse(ids, fmt, strict=False, max_depth=1)
+    assert [type(n).__name__ for n in parsed.nodes] == ["Block", "Text"] and render(parsed.nodes, fmt) == ids
+    assert [f.message for f in parsed.faults] == [
+        "parallel block nested 2 deep; max_depth is 1: kept as sequential text"
+    ]

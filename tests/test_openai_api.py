@@ -79,6 +79,34 @@ def test_which_requests_are_fork_join():
         on_request.wants_fork_join({"threadweaver": "yes"})
 
 
+def test_the_http_engines_own_requests_are_plain_on_a_server_that_forks_by_default():
+    """Their token requests were taken for fork-join ones there, and refused (they ask for 'stop_token_ids')."""
+    from threadweaver.vllm_orchestrator import VLLMServerEngine
+
+    default = ServerSettings(branching_default=True)
+    engine = VLLMServerEngine("http://127.0.0.1:1")
+    for headers in (engine.headers, engine.pinned().headers):
+        assert not default.wants_fork_join({}, headers)
+        assert default.wants_fork_join({"threadweaver": True}, headers)  # the body's field still says
+    assert default.wants_fork_join({}, {"X-Session-ID": "k"})
+
+
+def test_a_bad_threadweaver_variable_stops_the_server_at_start_naming_it(monkeypatch):
+    """vLLM logs what a plugin's constructor raises and serves on without the plugin: fork-join was silently off."""
+    from fastapi import FastAPI
+    from vllm.plugins.endpoint_plugins.interface import attach_endpoint_plugins
+
+    monkeypatch.setenv("VLLM_PLUGINS", "threadweaver")
+    bad = {
+        '{"max_thread": 8}': "unknown THREADWEAVER_LIMITS field.* max_thread; known",
+        "[1]": "THREADWEAVER_LIMITS must be",
+    }
+    for value, message in bad.items():
+        monkeypatch.setenv("THREADWEAVER_LIMITS", value)
+        with pytest.raises(ValueError, match=f"^{message}"):
+            attach_endpoint_plugins(FastAPI(), ("generate",))
+
+
 def test_the_server_settings_travel_to_the_server_process_through_its_environment():
     settings = ServerSettings(True, Limits(max_threads=4, timeout_s=30.0, concurrent_threads=False))
     assert ServerSettings.from_env(settings.env()) == settings
@@ -625,3 +653,31 @@ def test_vllms_own_switch_to_skip_the_model_name_check_skips_it_for_fork_join_to
     endpoint = endpoint_on(str(tmp_path), served=["tw"])
     monkeypatch.setenv("VLLM_SKIP_MODEL_NAME_VALIDATION", "1")
     endpoint.check({"model": "gateway-name", "threadweaver": True})
+
+
+def test_the_smaller_of_a_requests_two_token_budgets_holds(fmt):
+    """The body's max_tokens replaced the request's own threadweaver.max_tokens, even where it was larger."""
+    for own, body in ((30, 20), (20, 30)):  # under the operator's ceiling of 40
+        assert request_with(fmt, threadweaver={"max_tokens": own}, max_tokens=body).limits.max_tokens == 20
+
+
+@pytest.mark.parametrize("value, streams", [("false", False), ("no", False), (0, False), ("true", True), (1, True)])
+def test_stream_is_read_as_vllm_reads_a_switch(fmt, value, streams):
+    """``"stream": "false"`` streamed, where vLLM answers the same body with JSON."""
+    assert request_with(fmt, stream=value).stream is streams
+    with pytest.raises(APIError, match="'stream' must be true or false, not 'maybe'"):
+        request_with(fmt, stream="maybe")
+
+
+@pytest.mark.parametrize("body", [{"echo": 0}, {"echo": "false"}, {"ignore_eos": 0}, {"use_beam_search": "off"}])
+def test_a_switch_left_off_in_vllms_other_spellings_asks_for_nothing(fmt, body):
+    request_with(fmt, **body)
+    with pytest.raises(APIError, match="do not support"):
+        request_with(fmt, **{name: 1 for name in body})
+
+
+def test_a_huge_number_is_quoted_in_at_most_80_characters(fmt):
+    for body in ({"threadweaver": {"max_threads": 10**400}}, {"max_tokens": 10**400}):
+        with pytest.raises(APIError) as caught:
+            request_with(fmt, **body)
+        assert "above this server's ceiling" in str(caught.value) and len(str(caught.value)) < 200

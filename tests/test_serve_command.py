@@ -37,6 +37,7 @@ def test_gpu_keeps_vllm_defaults_and_explicit_choices_win():
         (["serve", "{kit}", "--gpu-memory-utilization", "7"], "--gpu-memory-utilization is a share"),
         (["serve", "{kit}", "--startup-timeout-s", "-1"], "--startup-timeout-s must be more than 0 seconds"),
         (["serve", "{tmp}/nomodel"], "{tmp}/nomodel: no such directory (a hub id reads org/name)"),
+        (["serve", "--api-key", "KEY", "{kit}"], "KEY was read as MODEL: give MODEL first, then vLLM's flags"),
         (["proxy", "--backend", "notaurl"], "--backend must be an http:// or https:// URL, not 'notaurl'"),
         (["proxy", "--port", "-5"], "--port must be a port number (0 to 65535), not -5"),
         (["proxy", "--max-trajectories", "0"], "--max-trajectories must be a whole number of at least 1, not 0"),

@@ -122,14 +122,16 @@ def add_arguments(
         if f.default is dataclasses.MISSING:
             parser.add_argument(f.name, type=kind, help=help_text)
             continue
-        if not (shows_defaults or "default" in help_text):
-            help_text = f"{help_text} (default: {default})"
         if kind is bool:
-            parser.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            action = parser.add_argument(
+                flag(f.name), action=argparse.BooleanOptionalAction, default=default, help=help_text
+            )
         else:
-            parser.add_argument(
+            action = parser.add_argument(
                 flag(f.name), type=kind, default=default, choices=f.metadata.get("choices"), help=help_text
             )
+        if not (shows_defaults or "default" in action.help):  # Python 3.10's BooleanOptionalAction adds its own
+            action.help = f"{action.help} (default: {default})"
 
 
 def from_args(config_cls: type, args: argparse.Namespace, **overrides):

@@ -202,7 +202,7 @@ class _Parser:
             if token == tags.parallel and not self.strict and depth + 1 > self.max_depth:
                 # too deep to be a block: kept as text, found without descending into it (a hostile row
                 # nested a thousand deep would pass Python's recursion limit)
-                start, self.pos = self.pos, self._block_end(self.pos)
+                start, self.pos = self.pos, self._block_end(self.pos, inside_thread=thread is not None)
                 self.faults.append(
                     self.fault_at(
                         start,
@@ -243,13 +243,17 @@ class _Parser:
             nodes.append(Text(tuple(text)))
         return nodes
 
-    def _block_end(self, start: int) -> int:
-        """Past the ``</Parallel>`` that closes the ``<Parallel>`` at ``start`` (counting the ones between),
-        or the end of the output where none does."""
-        open_blocks = 0
+    def _block_end(self, start: int, inside_thread: bool) -> int:
+        """Past the ``</Parallel>`` that closes the ``<Parallel>`` at ``start`` (counting the blocks and threads
+        between); else at the ``</Thread>`` that closes the thread it stands in (kept for that thread), or the
+        end of the output."""
+        tags, open_blocks, open_threads = self.tags, 0, 0
         for position in range(start, len(self.ids)):
             token = self.ids[position]
-            open_blocks += (token == self.tags.parallel) - (token == self.tags.parallel_end)
+            if token == tags.thread_end and open_threads == 0 and inside_thread:
+                return position
+            open_blocks += (token == tags.parallel) - (token == tags.parallel_end)
+            open_threads += (token == tags.thread) - (token == tags.thread_end)
             if open_blocks == 0:
                 return position + 1
         return len(self.ids)

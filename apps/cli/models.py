@@ -59,9 +59,17 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> None:
+    from threadweaver.kit.tokenizers import hub_id
     from threadweaver.orchestrator import Limits
     from threadweaver.vllm_orchestrator.serve import ServeArgs, serve_until_stopped
 
+    folder = next((a for a in args.rest if os.path.isdir(a)), None)
+    if folder and not os.path.isdir(args.model) and not hub_id(args.model):
+        # `serve --api-key KEY runs/m`: argparse reads KEY, the value of a flag it does not know, as MODEL
+        sys.exit(
+            f"threadweaver serve: {args.model} was read as MODEL: give MODEL first, then vLLM's flags "
+            f"(threadweaver serve {folder} ...)"
+        )
     try:
         limits = from_args(Limits, args, branching=True)
         serve_until_stopped(from_args(ServeArgs, args), [*args.rest, *args.vllm_args], limits)

@@ -37,9 +37,14 @@ if [ -e "$DATA/train.parquet" ] && [ ! -e "$DATA/test.parquet" ] || { [ ! -e "$D
   echo "run_pgrpo.sh: $DATA has only one of train.parquet and test.parquet; add the other, or set DATA to another folder" >&2
   exit 1
 fi
-if [[ " $* " != *" --cfg "* ]]; then  # hydra's --cfg prints the config and trains nothing
+printing_config=
+for arg in "$@"; do [[ $arg == --cfg || $arg == --cfg=* || $arg == -c ]] && printing_config=1; done
+if [ -z "$printing_config" ]; then  # hydra's --cfg (-c) prints the config and trains nothing
   # Ray waits without end for GPUs a node does not have: count the ones torch sees first.
-  seen=$(python -c "import torch; print(torch.cuda.device_count())" 2>/dev/null) || seen=0
+  seen=$(python -c "import torch; print(torch.cuda.device_count())") || {
+    echo "run_pgrpo.sh: $(command -v python) cannot import torch to count the GPUs" >&2
+    exit 1
+  }
   (( seen >= NGPUS )) || {
     echo "run_pgrpo.sh: NGPUS is $NGPUS but torch sees $seen CUDA device(s) here (verl's Ray start would wait for the rest without end)" >&2
     exit 1

@@ -205,12 +205,12 @@ def check_row_tokenizer(data: str, model_dir: str, tokenizer) -> None:
         )
 
 
-def check_paths(model_dir: str, data: str, output_dir: str) -> None:
+def check_paths(model_dir: str, data: str, output_dir: str, command: str = "sft") -> None:
     """Refuse, before anything loads, a MODEL, DATA or --output_dir that cannot be one (the two swapped,
     say), and an --output_dir that is MODEL: training would overwrite the model it starts from."""
     from threadweaver.model_dirs import check_model_dir
 
-    check_model_dir(model_dir, what="a model directory (sft takes MODEL, then DATA)")
+    check_model_dir(model_dir, what=f"a model directory ({command} takes MODEL, then DATA)")
     if problem := not_a_file_of_rows(data):
         raise ValueError(f"{data}: {problem}")
     if not output_dir:

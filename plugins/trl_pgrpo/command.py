@@ -102,7 +102,7 @@ def train(model_dir: str, data: str, config) -> str:
 
     from threadweaver.trl_pgrpo import PGRPOTrainer
 
-    check_paths(model_dir, data, config.output_dir)
+    check_paths(model_dir, data, config.output_dir, "pgrpo")
     resume = resume_point(config)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = problem_rows(data, RowReader(tokenizer))

@@ -26,12 +26,17 @@ class ThreadWeaverEndpoint:
     required_tasks = ("generate",)
 
     def __init__(self) -> None:
-        self.settings = ServerSettings.from_env()
+        try:
+            self.settings, self.settings_error = ServerSettings.from_env(), None
+        except ValueError as err:  # vLLM logs what a plugin's constructor raises and serves on without it
+            self.settings, self.settings_error = ServerSettings(), err
         self.admission = Admission(self.settings.max_trajectories)
         self.engine = self.tokenizer = self.fmt = self.model = self.unprepared = None
         self.served: list[str] = []
 
     def attach_router(self, app) -> None:
+        if self.settings_error is not None:  # the server does not start, naming the variable
+            raise self.settings_error
         from fastapi import Request
         from fastapi.responses import JSONResponse, Response, StreamingResponse
         from fastapi.routing import APIRoute
@@ -48,7 +53,7 @@ class ThreadWeaverEndpoint:
         async def respond(path: str, request, raw_request: Request):
             body = await raw_request.json()
             try:
-                if not self.settings.wants_fork_join(body):
+                if not self.settings.wants_fork_join(body, raw_request.headers):
                     return await plain[path](request, raw_request)
                 self.check(body, raw_request.app.state)
                 model = body.get("model") or self.model

@@ -63,6 +63,11 @@ ROUTING_HEADERS = ("X-Session-ID", "X-SMG-Routing-Key")
 ``consistent_hash`` policy hashes ``X-Session-ID``, SGLang's router (``--policy manual``)
 ``X-SMG-Routing-Key``. Servers ignore both."""
 
+PLAIN_HEADER = "X-ThreadWeaver-Branching"
+"""Sent ``false`` with every request of the HTTP engines: a server of ours that forks by default
+(``--branching-default``) serves the engine's own requests plain, as ``"threadweaver": false`` in the body
+would ask (vLLM logs a warning for each body field it does not know, so the engines send no such field)."""
+
 
 class SessionKeyed:
     """Mixin of the HTTP engines: each trajectory's requests carry one session key.
@@ -72,12 +77,12 @@ class SessionKeyed:
     server whose prefix cache holds its prompt and threads; a lone server ignores the key.
     """
 
-    headers: Mapping[str, str] = {}
+    headers: Mapping[str, str] = {PLAIN_HEADER: "false"}
 
     def pinned(self):
         """This engine (its connections shared) with a fresh session key on every request."""
         view = copy.copy(self)
-        view.headers = dict.fromkeys(ROUTING_HEADERS, uuid.uuid4().hex)
+        view.headers = {**SessionKeyed.headers, **dict.fromkeys(ROUTING_HEADERS, uuid.uuid4().hex)}
         return view
 
 

@@ -33,14 +33,14 @@ class LLMEngine(BatchingEngine):
 
         engine = self.llm.llm_engine
         waiting: dict[str, int] = {}  # request id -> its place in the batch
-        for place, r in enumerate(requests):
-            params = vllm_sampling_params(r.stop_ids, r.max_tokens, r.sampling, self.logprobs)
-            params.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate asks: the finished output only
-            request_id = f"threadweaver-{next(_request_ids)}"
-            engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(r.prompt_ids)), params)
-            waiting[request_id] = place
         outputs: list = [None] * len(requests)
         try:
+            for place, r in enumerate(requests):
+                params = vllm_sampling_params(r.stop_ids, r.max_tokens, r.sampling, self.logprobs)
+                params.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate asks: the finished output only
+                request_id = f"threadweaver-{next(_request_ids)}"
+                waiting[request_id] = place  # before it is added: aborting an id never added does nothing
+                engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(r.prompt_ids)), params)
             while waiting:
                 if self.abandoned():
                     raise EngineError("vLLM LLM: the batch was given up")  # nobody reads it
@@ -48,7 +48,7 @@ class LLMEngine(BatchingEngine):
                     if output.finished and output.request_id in waiting:
                         outputs[waiting.pop(output.request_id)] = output
         finally:
-            if waiting:  # given up, or a step failed: nothing of this batch is left in the engine
+            if waiting:  # given up, or a request refused or a step failed: nothing of the batch stays in the engine
                 engine.abort_request(list(waiting))
         return [
             vllm_completion(output, r.stop_ids, self.logprobs, where="vLLM LLM") for output, r in zip(outputs, requests)

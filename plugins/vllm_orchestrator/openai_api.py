@@ -21,6 +21,7 @@ the server does not serve is vLLM's own 404 (:func:`check_model`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -37,6 +38,7 @@ from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory
 from threadweaver.rows import chat_prompt_ids, plain_ids
 from threadweaver.wall_clock import wall_clock
 
+from .http import PLAIN_HEADER
 from .streamed_text import StreamedText
 
 FIELD = "threadweaver"
@@ -241,7 +243,7 @@ def capped_limits(values: dict, ceilings: Limits, where: str) -> Limits:
             if value and not ceiling:
                 raise APIError(f"{where}.{name}: this server has it off, and a request may not turn it on")
         elif ceiling is not None and (value is None or value > ceiling):
-            asked_for = "no limit" if value is None else repr(value)
+            asked_for = "no limit" if value is None else shown(value)
             raise APIError(f"{where}.{name}: {asked_for} is above this server's ceiling of {ceiling}")
     return _limits(ceilings, asked, where)
 
@@ -289,6 +291,8 @@ class ServerSettings:
             values = json.loads(environ.get(LIMITS_ENV) or "{}")
         except json.JSONDecodeError as err:
             raise ValueError(f"{LIMITS_ENV} is not a JSON object: {err}") from None
+        if not isinstance(values, dict):
+            raise ValueError(f"{LIMITS_ENV} must be a JSON object of Limits fields, not {shown(values)}")
         most = environ.get(MAX_TRAJECTORIES_ENV) or None
         if most is not None and not (most.isdigit() and int(most) >= 1):
             raise ValueError(f"{MAX_TRAJECTORIES_ENV} must be a whole number of at least 1, not {most!r}")
@@ -308,10 +312,12 @@ class ServerSettings:
             MAX_TRAJECTORIES_ENV: most,
         }
 
-    def wants_fork_join(self, body: dict) -> bool:
+    def wants_fork_join(self, body: dict, headers: typing.Mapping[str, str] | None = None) -> bool:
+        """What the body's field asks, else the server's default, but for an engine's own request (its
+        ``PLAIN_HEADER``, case-insensitive ``headers``): plain."""
         value = body.get(FIELD)
         if value is None:
-            return self.branching_default
+            return self.branching_default and (headers or {}).get(PLAIN_HEADER, "").lower() != "false"
         if isinstance(value, bool):
             return value
         if isinstance(value, dict):
@@ -328,6 +334,8 @@ class ForkJoinRequest:
     """Stop strings: the reply's text ends before the first, as vLLM's would."""
     usage_chunk: bool = False
     """``stream_options.include_usage``: a stream ends with a chunk of ``usage`` and no choices, as vLLM's."""
+    stream: bool = False
+    """The reply as server-sent events."""
 
     def cut(self, text: str) -> tuple[str, bool]:
         """``text`` up to the first stop string, and whether one was found."""
@@ -366,8 +374,9 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
     if body.get(name) is not None:
         budget, ceiling = _typed(f"'{name}'", body[name], int), settings.limits.max_tokens
         if budget > ceiling:
-            raise APIError(f"'{name}': {budget} is above this server's ceiling of {ceiling}")
-        limits = _limits(limits, {"max_tokens": budget}, f"'{name}'")
+            raise APIError(f"'{name}': {shown(budget)} is above this server's ceiling of {ceiling}")
+        # the smaller of the two, where the request's own limits ask for a max_tokens too
+        limits = _limits(limits, {"max_tokens": min(budget, limits.max_tokens)}, f"'{name}'")
     try:  # checked before a stream starts: vLLM would refuse a bad one only after a stream's 200
         sampling = Sampling(
             temperature=_number(body, "temperature", Sampling.temperature),
@@ -381,17 +390,20 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
     stop = (stop,) if isinstance(stop, str) else stop
     if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
         raise APIError(f"'stop' must be a string or a list of strings, not {shown(body.get('stop'))}")
-    return ForkJoinRequest(prompt_ids, limits, sampling, tuple(s for s in stop if s), _usage_chunk(body))
+    stream = body.get("stream") is not None and _switch("'stream'", body["stream"])  # "false" is false, as vLLM's
+    return ForkJoinRequest(
+        prompt_ids, limits, sampling, tuple(s for s in stop if s), _usage_chunk(body, stream), stream
+    )
 
 
-def _usage_chunk(body: dict) -> bool:
+def _usage_chunk(body: dict, stream: bool) -> bool:
     """Whether a stream asks for its ``usage`` (``stream_options``, checked as vLLM's schema checks it)."""
     options = body.get("stream_options")
     if options is None:
         return False
     if not isinstance(options, dict):
         raise APIError(f"'stream_options' must be an object, not {shown(options)}", param="stream_options")
-    if options and not body.get("stream"):
+    if options and not stream:
         raise APIError("'stream_options' can only be given with stream: true", param="stream_options")
     if _switch("'stream_options.continuous_usage_stats'", options.get("continuous_usage_stats") or False):
         raise APIError(
@@ -414,7 +426,7 @@ def _switch(name: str, value) -> bool:
 
 def _refuse_unsupported(body: dict) -> None:
     """A 400 naming each :data:`UNSUPPORTED` field set to more than its default."""
-    asked = [name for name, defaults in UNSUPPORTED.items() if name in body and _asks(body[name], defaults)]
+    asked = [name for name, defaults in UNSUPPORTED.items() if name in body and _asks(name, body[name], defaults)]
     if asked:
         names = ", ".join(f"'{name}'" for name in asked)
         raise APIError(
@@ -423,8 +435,12 @@ def _refuse_unsupported(body: dict) -> None:
         )
 
 
-def _asks(value, defaults: tuple) -> bool:
-    """Whether ``value`` is none of ``defaults``, type and all (``logprobs: 0`` asks for the sampled token's)."""
+def _asks(name: str, value, defaults: tuple) -> bool:
+    """Whether ``value`` is none of ``defaults``, type and all (``logprobs: 0`` asks for the sampled token's); a
+    switch is read as vLLM's schemas read it (``echo: 0`` or ``"false"`` asks for nothing)."""
+    if name != "logprobs" and any(isinstance(default, bool) for default in defaults):  # logprobs: a count
+        with contextlib.suppress(APIError):
+            value = _switch(name, value)
     return not any(type(value) is type(default) and value == default for default in defaults)
 
 
@@ -522,7 +538,7 @@ async def answer(
     request = parse_request(body, route, tokenizer, settings)
     admission = admission or Admission(None)
     admission.enter()
-    if body.get("stream"):
+    if request.stream:
         return _Held(stream_reply(route, request, engine, fmt, model, sanitize), admission)
     try:
         return reply(route, request, await decode(request, engine, fmt), fmt, model)

@@ -8,8 +8,10 @@ and every other path, is passed to the backend as it is, streamed back as it com
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+import secrets
 import sys
 from dataclasses import dataclass
 
@@ -29,6 +31,7 @@ from .openai_api import (
     branching_default_option,
     check_model,
     max_trajectories_option,
+    unprepared,
 )
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"}
@@ -44,7 +47,9 @@ class ProxyArgs:
     host: str = option("127.0.0.1", "Address to listen on.")
     port: int = option(8001, "Port to listen on.")
     branching_default: bool = branching_default_option()
-    api_key: str | None = option(None, "Bearer token for the backend.")
+    api_key: str | None = option(
+        None, "Bearer token for the backend; the proxy asks its clients for it on /v1 paths, as vLLM's --api-key does."
+    )
     max_trajectories: int | None = max_trajectories_option()
 
     def __post_init__(self):
@@ -70,14 +75,24 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
     async def start(app) -> None:
         from transformers import AutoTokenizer
 
-        from threadweaver.format import Format
+        from threadweaver.format import Format, missing_tags
 
         engine = make_engine(EngineArgs(engine=args.engine, base_url=backend, api_key=args.api_key))
-        source = await tokenizer_source(engine, args.model)
-        if source is None:
-            raise ValueError("--model is needed to load the tokenizer (the backend does not say which model it serves)")
-        state["tokenizer"] = AutoTokenizer.from_pretrained(source)
-        state["fmt"] = Format.from_tokenizer(state["tokenizer"])
+        try:
+            source = await tokenizer_source(engine, args.model)
+            if source is None:
+                raise ValueError("--model is needed to load the tokenizer (the backend does not say which model)")
+            state["tokenizer"], state["source"] = AutoTokenizer.from_pretrained(source), source
+            if missing := missing_tags(state["tokenizer"]):  # plain requests pass; fork-join ones get a 400
+                if args.branching_default:  # every request would be fork-join
+                    raise ValueError(unprepared(missing, source))
+                state["unprepared"] = unprepared(missing)
+                print(f"threadweaver proxy: {unprepared(missing, source)}; plain requests pass", file=sys.stderr)
+            else:
+                state["fmt"] = Format.from_tokenizer(state["tokenizer"])
+        except BaseException:  # the proxy does not start: its engine's connections are closed
+            await engine.aclose()
+            raise
         state["engine"] = engine
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
         state["session"] = aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=None))
@@ -120,6 +135,15 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         if served is not None:
             check_model(model, *served)
 
+    async def default_model() -> str:
+        """A reply's model where its request names none: the first name the backend serves, as vLLM's own replies
+        say (read once), else the tokenizer's source."""
+        if "served" not in state:
+            with contextlib.suppress(EngineError):  # Unreachable too: the trajectory's requests say it
+                state["served"] = await served_models(state["engine"])
+        served = state.get("served")
+        return served[0][0] if served and served[0] else state["source"]
+
     async def window() -> int | None:
         """The backend's prompt window as its engine knows it now: read at the first fork-join request, or
         (behind SGLang's router, which does not list the context) once a refusal has said it."""
@@ -138,20 +162,26 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, a number or nesting too large
                 raise APIError(f"the request body is not JSON: {err}") from None
             settings = state["settings"]
-            if not isinstance(body, dict) or not settings.wants_fork_join(body):
+            if not isinstance(body, dict) or not settings.wants_fork_join(body, request.headers):
                 return await forward(request, raw)
-            model = body.get("model", "")
+            model = body.get("model") or ""
             await check_served(model)
-            out = await answer(
-                body,
-                ROUTES[request.path],
-                state["tokenizer"],
-                dataclasses.replace(settings, prompt_window=await window()),
-                state["engine"],
-                state["fmt"],
-                model,
-                admission,
-            )
+            if "unprepared" in state:
+                raise APIError(state["unprepared"])
+            try:
+                out = await answer(
+                    body,
+                    ROUTES[request.path],
+                    state["tokenizer"],
+                    dataclasses.replace(settings, prompt_window=await window()),
+                    state["engine"],
+                    state["fmt"],
+                    model or await default_model(),
+                    admission,
+                )
+            except asyncio.CancelledError:  # the client left before its reply, and aiohttp cancelled this handler
+                client_left()
+                raise
             if isinstance(out, dict):
                 return web.json_response(out)
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -174,7 +204,17 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
     async def other(request: web.Request) -> web.StreamResponse:
         return await forward(request, await request.read())
 
-    app = web.Application(client_max_size=64 * 2**20)
+    @web.middleware
+    async def guarded(request: web.Request, handler):
+        """The backend's own ``--api-key`` rule, with its key (which the proxy sends on): vLLM guards the /v1 paths,
+        SGLang every path but its health and metrics."""
+        if args.api_key and request.method != "OPTIONS" and _guarded_path(args.engine, request.path):
+            scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not secrets.compare_digest(key.encode(), args.api_key.encode()):
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    app = web.Application(client_max_size=64 * 2**20, middlewares=[guarded])
     app.on_startup.append(start)
     app.on_cleanup.append(stop)
     for path in ROUTES:
@@ -183,8 +223,18 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
     return app
 
 
+def _guarded_path(engine: str, path: str) -> bool:
+    if engine == "sglang":
+        return not path.startswith(("/health", "/metrics"))
+    return path.startswith("/v1")
+
+
 def client_left() -> None:
-    print("threadweaver proxy: a client left mid-stream; its trajectory was stopped", file=sys.stderr, flush=True)
+    print(
+        "threadweaver proxy: a client left before its reply ended; its trajectory was stopped",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def serve_proxy(args: ProxyArgs, limits: Limits = Limits()) -> None:

@@ -167,10 +167,10 @@ class SGLangEngine(SessionKeyed):
     async def _room(self, prompt_tokens: int, max_tokens: int) -> int:
         """The most new tokens SGLang serves a request of ``prompt_tokens`` (0 or less: none), by what it has
         said of its limits; ``max_tokens`` where it has said none."""
-        longest = await self._longest()
+        longest, window = await self._longest(), await self.prompt_window()
         if longest is None:
             return max_tokens
-        if prompt_tokens >= longest - 5:
+        if prompt_tokens >= window:
             return 0
         return min(max_tokens, longest - 1 - prompt_tokens - self._server.get("reserve", 0))
 
