@@ -36,8 +36,8 @@ def main(model: str, out_path: str) -> None:
         batch = await asyncio.gather(
             *(engine.generate(p, (), n, Sampling(temperature=0.0)) for p, n in zip(prompts, budgets))
         )
-        # a request vLLM refuses as it is added (a prompt over the context): it fails its batch, and the one
-        # added before it is aborted, not left to decode inside later batches
+        # a request vLLM refuses as it is added (a prompt over the context) fails alone: the one added before it
+        # decodes, and nothing is left decoding after the batch
         refused = await asyncio.gather(
             engine.generate([1, 2], (), 20, Sampling()),
             engine.generate([5] * (MAX_TOKENS + 100), (), 20, Sampling()),

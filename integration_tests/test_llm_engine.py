@@ -50,5 +50,5 @@ def test_a_batch_nobody_waits_for_is_aborted_at_its_next_step(measured):
     assert measured["steps_after"] < 1000  # of 30,000: each step decodes one token of it
 
 
-def test_a_request_vllm_refuses_fails_its_batch_and_leaves_nothing_decoding(measured):
-    assert measured["refused"] == ["VLLMValidationError"] * 2 and not measured["left_after_refusal"]
+def test_a_request_vllm_refuses_fails_alone_and_leaves_nothing_decoding(measured):
+    assert measured["refused"] == ["Completion", "RequestRefused"] and not measured["left_after_refusal"]

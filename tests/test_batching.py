@@ -122,6 +122,22 @@ def test_a_batch_decoded_outside_the_engines_drain_is_nobodys_to_give_up():
     assert engine.generate_batch([Request((5,), (9,), 4, Sampling())]) and not engine.stopped.is_set()
 
 
+def test_an_exception_in_a_requests_place_fails_that_request_alone():
+    from threadweaver.engine import RequestRefused
+
+    class RefusesLongPrompts(BatchingEngine):
+        def generate_batch(self, requests):
+            return [RequestRefused("too long") if len(r.prompt_ids) > 2 else Completion((7,), "stop") for r in requests]
+
+    async def run():
+        engine = RefusesLongPrompts(max_batch=8)
+        calls = (engine.generate(ids, (), 4, Sampling()) for ids in ([1], [1, 2, 3], [2]))
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    first, refused, last = asyncio.run(run())
+    assert first.token_ids == last.token_ids == (7,) and isinstance(refused, RequestRefused)
+
+
 def test_the_transformers_engine_stops_a_batch_nobody_waits_for_at_its_next_token():
     """A trajectory that timed out used to leave its batch decoding to ``max_tokens`` in the worker thread."""
     import os

@@ -3,7 +3,7 @@
 The threads of a block are requested at the same moment; the first ``generate`` call
 schedules a drain that yields once to the event loop, so every request made in that
 turn joins it, then runs the batch in a worker thread (the event loop keeps serving
-deadlines). Each request gets its own result or the batch's exception. A batch whose
+deadlines). Each request gets its own result (or its own exception), or the batch's exception. A batch whose
 requests have all been given up (their trajectories timed out, or the run stopped) is
 :meth:`~BatchingEngine.abandoned`: an engine that can stop a batch midway stops it then.
 """
@@ -44,7 +44,8 @@ class BatchingEngine:
         """Requests with equal keys may share a batch (all of them, unless overridden)."""
         return ()
 
-    def generate_batch(self, requests: list[Request]) -> list[Completion]:
+    def generate_batch(self, requests: list[Request]) -> list[Completion | Exception]:
+        """A completion per request, in order; an exception in a request's place fails that request alone."""
         raise NotImplementedError
 
     async def generate(
@@ -114,5 +115,9 @@ class BatchingEngine:
                         future.set_exception(err)
                 continue
             for (_, future), result in zip(items, results):
-                if not future.done():
+                if future.done():
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
                     future.set_result(result)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 
-from threadweaver.engine import EngineError
+from threadweaver.engine import EngineError, RequestRefused
 from threadweaver.orchestrator import Completion
 
 from .batching import BatchingEngine, Request
@@ -40,7 +40,11 @@ class LLMEngine(BatchingEngine):
                 params.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate asks: the finished output only
                 request_id = f"threadweaver-{next(_request_ids)}"
                 waiting[request_id] = place  # before it is added: aborting an id never added does nothing
-                engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(r.prompt_ids)), params)
+                try:
+                    engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(r.prompt_ids)), params)
+                except _refusals() as err:  # this request's fault (a prompt over the context): it fails alone
+                    del waiting[request_id]
+                    outputs[place] = RequestRefused(f"vLLM LLM refused a request: {err}")
             while waiting:
                 if self.abandoned():
                     raise EngineError("vLLM LLM: the batch was given up")  # nobody reads it
@@ -51,5 +55,18 @@ class LLMEngine(BatchingEngine):
             if waiting:  # given up, or a request refused or a step failed: nothing of the batch stays in the engine
                 engine.abort_request(list(waiting))
         return [
-            vllm_completion(output, r.stop_ids, self.logprobs, where="vLLM LLM") for output, r in zip(outputs, requests)
+            output
+            if isinstance(output, RequestRefused)
+            else vllm_completion(output, r.stop_ids, self.logprobs, where="vLLM LLM")
+            for output, r in zip(outputs, requests)
         ]
+
+
+def _refusals() -> tuple[type[Exception], ...]:
+    """What vLLM raises for a request's own fault: its client errors (a 4xx over HTTP), or ``ValueError`` before
+    it had them."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:
+        return (ValueError,)
+    return (VLLMClientError, ValueError)
