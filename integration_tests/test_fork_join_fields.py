@@ -27,7 +27,7 @@ def test_every_field_of_vllms_requests_is_honoured_harmless_or_refused_unless_it
                 continue
             if name not in openai_api.UNSUPPORTED:
                 unaccounted.append(f"{schema.__name__}.{name}")
-            elif openai_api._asks(default, openai_api.UNSUPPORTED[name]):
+            elif openai_api._asks(name, default, openai_api.UNSUPPORTED[name]):
                 refused_by_default.append(f"{schema.__name__}.{name} = {default!r}")
     assert not unaccounted, f"fork-join would silently ignore {unaccounted}"
     assert not refused_by_default, f"vLLM's own defaults would be refused: {refused_by_default}"
