@@ -205,6 +205,13 @@ def check_row_tokenizer(data: str, model_dir: str, tokenizer) -> None:
         )
 
 
+def check_trainer_numbers(config) -> None:
+    """What torch and the Trainer refuse only once the model has loaded (no gradient accumulation: a
+    ``ZeroDivisionError``), refused before, naming the field (:class:`SettingError`)."""
+    check_counts(config, ("per_device_train_batch_size", "gradient_accumulation_steps"))
+    check_numbers(config, ("learning_rate",))
+
+
 def check_paths(model_dir: str, data: str, output_dir: str, command: str = "sft") -> None:
     """Refuse, before anything loads, a MODEL, DATA or --output_dir that cannot be one (the two swapped,
     say), and an --output_dir that is MODEL: training would overwrite the model it starts from."""
@@ -276,10 +283,8 @@ def train(
 
     if config.max_length is not None and config.max_length < 1:
         raise ValueError(f"--max-length must be a whole number of at least 1 (or none), not {config.max_length}")
-    # torch and the Trainer refuse these only once the model has loaded (no accumulation: a ZeroDivisionError),
-    # and the collator takes a max_depth of 0, which refuses every parallel row
-    check_numbers(config, ("learning_rate",))
-    check_counts(config, ("per_device_train_batch_size", "gradient_accumulation_steps"))
+    check_trainer_numbers(config)
+    # the collator takes a max_depth of 0, which refuses every parallel row
     check_counts(types.SimpleNamespace(max_depth=collator_settings.get("max_depth", 1)), ("max_depth",))
     if config.max_steps <= 0 and config.num_train_epochs <= 0:
         raise ValueError("--max_steps and --num_train_epochs are both 0 or less: nothing would be trained")

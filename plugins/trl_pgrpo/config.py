@@ -8,6 +8,7 @@ from trl import GRPOConfig
 
 from threadweaver.cli_args import SettingError, check_counts, check_numbers
 from threadweaver.engine import Sampling
+from threadweaver.hf_collator.sft import check_trainer_numbers
 from threadweaver.orchestrator import Limits
 from threadweaver.pgrpo import PAPER
 from threadweaver.reward import ACCELERATION_FORMS, RewardConfig
@@ -79,8 +80,8 @@ class PGRPOConfig(GRPOConfig):
         # before TRL's own checks: num_generations 0 is a ZeroDivisionError there, and the others would
         # be found only once the model has loaded (by torch, the Trainer) and the first rollout starts
         check_counts(self, ("num_generations", "max_threads", "max_depth"))
-        check_counts(self, ("per_device_train_batch_size", "gradient_accumulation_steps"))
-        check_numbers(self, ("learning_rate", "acceleration_factor", "acceleration_clip"))
+        check_trainer_numbers(self)
+        check_numbers(self, ("acceleration_factor", "acceleration_clip"))
         Sampling(temperature=self.temperature, top_p=self.top_p)
         if self.scale_rewards is False:
             self.scale_rewards = "none"

@@ -159,18 +159,22 @@ class SGLangEngine(SessionKeyed):
         return min(limits) if limits else None
 
     async def prompt_window(self) -> int | None:
-        """The prompt length from which SGLang serves no new token (it refuses the prompt, or the reserve takes
-        the room left), by what it has said of its limits, else None."""
+        """The prompt length from which SGLang serves no new token, by what it has said of its limits, else None."""
         longest = await self._longest()
-        return None if longest is None else min(longest - 5, longest - 1 - self._server.get("reserve", 0))
+        return None if longest is None else self._window(longest)
+
+    def _window(self, longest: int) -> int:
+        """Under ``max_req_len`` = ``longest``: the prompt length SGLang refuses, or where the reserve takes the
+        room left."""
+        return min(longest - 5, longest - 1 - self._server.get("reserve", 0))
 
     async def _room(self, prompt_tokens: int, max_tokens: int) -> int:
         """The most new tokens SGLang serves a request of ``prompt_tokens`` (0 or less: none), by what it has
         said of its limits; ``max_tokens`` where it has said none."""
-        longest, window = await self._longest(), await self.prompt_window()
+        longest = await self._longest()
         if longest is None:
             return max_tokens
-        if prompt_tokens >= window:
+        if prompt_tokens >= self._window(longest):
             return 0
         return min(max_tokens, longest - 1 - prompt_tokens - self._server.get("reserve", 0))
 
