@@ -29,7 +29,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from vllm_server import NO_VLLM, SMALL, have_vllm, vllm_server
+from vllm_server import NO_VLLM, endless_model, have_vllm, vllm_server
 
 pytestmark = pytest.mark.slow
 
@@ -45,12 +45,7 @@ def servers(tmp_path_factory):
     from threadweaver.vllm_orchestrator.serve import free_port
 
     tmp = tmp_path_factory.mktemp("leaves")
-    model = tmp / "model"
-    subprocess.run(
-        [CLI, "kit", "--out", str(model), "--tokenizer", "qwen", *SMALL, "--max-position-embeddings", "65536"],
-        check=True,
-        capture_output=True,
-    )
+    model = endless_model(tmp / "model", 65536)
     from threadweaver.orchestrator import Limits
 
     limits = Limits(max_tokens=MAX_TOKENS, max_request_tokens=MAX_TOKENS)

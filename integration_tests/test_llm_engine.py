@@ -11,12 +11,11 @@ import subprocess
 import sys
 
 import pytest
-from vllm_server import NO_VLLM, SMALL, have_vllm
+from vllm_server import NO_VLLM, endless_model, have_vllm
 
 pytestmark = pytest.mark.slow
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +23,7 @@ def measured(tmp_path_factory):
     if not have_vllm():
         pytest.skip(NO_VLLM)
     tmp = tmp_path_factory.mktemp("llm_engine")
-    model = tmp / "model"
-    kit = [CLI, "kit", "--out", str(model), "--tokenizer", "qwen", *SMALL, "--max-position-embeddings", "32768"]
-    subprocess.run(kit, check=True, capture_output=True)
+    model = endless_model(tmp / "model", 32768)
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
     done = subprocess.run(
         [sys.executable, os.path.join(HERE, "llm_engine_batches.py"), str(model), str(tmp / "out.json")],

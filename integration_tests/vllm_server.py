@@ -75,3 +75,22 @@ def start_proxy(*args: str) -> tuple[subprocess.Popen, str]:
             time.sleep(0.3)
     process.kill()
     raise AssertionError("the proxy did not start")
+
+
+def endless_model(path, positions: int) -> str:
+    """A random-weights model of the smallest shape with the Qwen vocabulary, made by ``threadweaver kit``:
+    it never stops on its own (an end token is one of 151,000), so a request decodes to its budget."""
+    cli = os.path.join(os.path.dirname(sys.executable), "threadweaver")
+    command = [
+        cli,
+        "kit",
+        "--out",
+        str(path),
+        "--tokenizer",
+        "qwen",
+        *SMALL,
+        "--max-position-embeddings",
+        str(positions),
+    ]
+    subprocess.run(command, check=True, capture_output=True)
+    return str(path)
