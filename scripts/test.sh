@@ -22,7 +22,8 @@ if [ $# -gt 0 ]; then
   esac
 fi
 status=0
-.venv/bin/python -m pytest -q || status=$?
+# The slowest tests too, so that a CI run shows where its time went.
+.venv/bin/python -m pytest -q --durations=40 || status=$?
 echo "[test] the verl integration tests, in .venv-verl"
 .venv-verl/bin/python -m pytest -q integration_tests/verl_venv || status=$?
 exit $status
