@@ -104,3 +104,18 @@ def test_a_tokenizer_that_cannot_be_loaded_for_the_check_is_one_line(tmp_path):
     with pytest.raises(ValueError) as refused:
         check_tags(ServeArgs(str(empty), branching_default=True))
     assert str(refused.value).startswith(f"--branching-default: cannot load the tokenizer of {empty} to check its tags")
+
+
+def test_the_proxy_tells_clients_what_failed_not_where_the_backend_is(capsys):
+    from threadweaver.vllm_orchestrator.proxy import backend_hider
+
+    hide = backend_hider("http://user:secret@10.0.0.7:8000")
+    message = (
+        "cannot reach the vLLM server at http://user:secret@10.0.0.7:8000 (ClientConnectorError: Cannot connect "
+        "to host 10.0.0.7:8000 ssl:default [Connect call failed ('10.0.0.7', 8000)]) after 3 tries"
+    )
+    shown = hide(message)
+    assert "10.0.0.7" not in shown and "secret" not in shown, shown
+    assert shown.startswith("cannot reach the vLLM server at <backend> (ClientConnectorError: Cannot connect to host")
+    assert capsys.readouterr().err == f"threadweaver proxy: {message}\n"  # the operator sees it all
+    assert hide("the prompt is 9 tokens") == "the prompt is 9 tokens" and capsys.readouterr().err == ""

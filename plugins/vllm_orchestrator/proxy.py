@@ -13,6 +13,8 @@ import dataclasses
 import json
 import secrets
 import sys
+import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from threadweaver.cli_args import check_counts, check_port, check_url, option
@@ -71,6 +73,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
     state: dict = {"settings": ServerSettings(args.branching_default, limits, args.max_trajectories)}
     admission = Admission(args.max_trajectories)
     backend = server_root(args.backend, "backend")
+    hide = backend_hider(backend)
 
     async def start(app) -> None:
         from transformers import AutoTokenizer
@@ -118,7 +121,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                 return response
         except aiohttp.ClientError as err:
             error = APIError(f"cannot reach the backend at {backend}: {err}", status=502)
-            return web.json_response(error.body(), status=error.status)
+            return web.json_response(error.body(hide), status=error.status)
 
     async def check_served(model) -> None:
         """A ``model`` the vLLM backend does not serve is the 404 vLLM (and the plugin) answer. The names are read
@@ -178,6 +181,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                     state["fmt"],
                     model or await default_model(),
                     admission,
+                    hide,
                 )
             except asyncio.CancelledError:  # the client left before its reply, and aiohttp cancelled this handler
                 client_left()
@@ -199,7 +203,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                 await out.aclose()
             return response
         except APIError as err:
-            return web.json_response(err.body(), status=err.status)
+            return web.json_response(err.body(hide), status=err.status)
 
     async def other(request: web.Request) -> web.StreamResponse:
         return await forward(request, await request.read())
@@ -221,6 +225,26 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         app.router.add_post(path, openai_route)
     app.router.add_route("*", "/{tail:.*}", other)
     return app
+
+
+def backend_hider(backend: str) -> Callable[[str], str]:
+    """What an error reply tells clients of the backend: not where it is (an address behind the proxy, a password
+    in its URL). The proxy's log gives the whole message."""
+    parts = urllib.parse.urlsplit(backend)
+    names = {backend, parts.netloc, parts.netloc.rpartition("@")[2]}
+    if parts.port is not None:  # as aiohttp's connection errors name it
+        names |= {f"{parts.hostname}:{parts.port}", f"('{parts.hostname}', {parts.port})"}
+    longest_first = sorted(names - {""}, key=len, reverse=True)
+
+    def hide(message: str) -> str:
+        hidden = message
+        for name in longest_first:
+            hidden = hidden.replace(name, "<backend>")
+        if hidden != message:
+            print(f"threadweaver proxy: {message}", file=sys.stderr, flush=True)
+        return hidden
+
+    return hide
 
 
 def _guarded_path(engine: str, path: str) -> bool:
