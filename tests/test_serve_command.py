@@ -1,6 +1,8 @@
 """`threadweaver serve` builds the vLLM command line for the workload, and serve and proxy refuse bad settings
 (no server started here)."""
 
+from dataclasses import replace
+
 import pytest
 
 from threadweaver.vllm_orchestrator.serve import ServeArgs, check_tags, server_command
@@ -27,6 +29,19 @@ def test_gpu_keeps_vllm_defaults_and_explicit_choices_win():
     assert (
         flags(server_command(ServeArgs("m", device="cpu", dtype="float32", block_size=64), 1))["--block-size"] == "64"
     )
+
+
+def test_the_quickstarts_servers_split_the_gpu_and_a_model_of_ones_own_keeps_its_context():
+    from threadweaver.quickstart.evaluate import server_args
+
+    embedded = server_args({"parallel": "p", "baseline": "b"}, "float32", 2048)
+    for args in embedded.values():  # two servers side by side on one GPU: each asking for 90% of it fails
+        f = flags(server_command(replace(args, device="gpu"), 1))
+        assert f["--gpu-memory-utilization"] == "0.45" and f["--max-model-len"] == "2048"
+        assert args.cpu_kv_cache_gib == 1
+    own = server_args({"parallel": "Qwen/Qwen3-8B"}, "auto", None)["parallel"]
+    assert "--max-model-len" not in server_command(own, 1) and own.cpu_kv_cache_gib == ServeArgs.cpu_kv_cache_gib
+    assert flags(server_command(replace(own, device="gpu"), 1))["--gpu-memory-utilization"] == "0.9"
 
 
 @pytest.mark.parametrize(

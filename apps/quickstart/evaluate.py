@@ -58,19 +58,19 @@ class Endpoint:
 
 
 @contextmanager
-def served(models: dict[str, str], log_dir: Path, dtype: str) -> Iterator[dict[str, Endpoint]]:
-    """One vLLM server per model directory, started side by side; stopped on exit."""
+def served(
+    models: dict[str, str], log_dir: Path, dtype: str, max_model_len: int | None = 2048
+) -> Iterator[dict[str, Endpoint]]:
+    """One vLLM server per model directory, started side by side, sharing the GPU if there is one; stopped on exit.
+    ``max_model_len`` none: each model's own context (vLLM's default, and its KV cache's on CPU)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
+    from threadweaver.vllm_orchestrator.serve import VLLMServer
 
     log_dir.mkdir(parents=True, exist_ok=True)
     servers = {
-        name: VLLMServer(
-            ServeArgs(model=path, port=0, max_model_len=2048, cpu_kv_cache_gib=1, dtype=dtype),
-            log_path=str(log_dir / f"server-{name}.log"),
-        )
-        for name, path in models.items()
+        name: VLLMServer(args, log_path=str(log_dir / f"server-{name}.log"))
+        for name, args in server_args(models, dtype, max_model_len).items()
     }
     with ExitStack() as stack:
         for server in servers.values():
@@ -86,6 +86,18 @@ def served(models: dict[str, str], log_dir: Path, dtype: str) -> Iterator[dict[s
         finally:
             pool.shutdown()
         yield {name: Endpoint("vllm", base_url=server.url) for name, server in servers.items()}
+
+
+def server_args(models: dict[str, str], dtype: str, max_model_len: int | None):
+    """Each model's server settings: on a GPU, vLLM's share of its memory is of the whole GPU, so the servers
+    split the default share."""
+    from threadweaver.vllm_orchestrator.serve import ServeArgs
+
+    share = round(ServeArgs.gpu_memory_utilization / max(len(models), 1), 2)
+    settings = {"port": 0, "max_model_len": max_model_len, "dtype": dtype, "gpu_memory_utilization": share}
+    if max_model_len is not None:
+        settings["cpu_kv_cache_gib"] = 1  # a short window's cache on CPU
+    return {name: ServeArgs(path, **settings) for name, path in models.items()}
 
 
 def check_task(task: str) -> None:

@@ -5,12 +5,19 @@ from __future__ import annotations
 from statistics import fmean
 
 
-def speedup_plot(path: str, tokens: list[float], wall: dict[str, list[float]], reference_label: str) -> None:
-    """Two histograms: per-problem token-latency speedup, and per-problem wall-clock speedups by comparison."""
+def check_matplotlib() -> None:
+    """Refuse now, not after the runs, an install without matplotlib (the ``quickstart`` extra)."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401
     except ImportError:
         raise RuntimeError("the quickstart's plot needs matplotlib: pip install 'threadweaver[quickstart]'") from None
+
+
+def speedup_plot(path: str, tokens: list[float], wall: dict[str, list[float]], reference_label: str) -> None:
+    """Two histograms: per-problem token-latency speedup, and per-problem wall-clock speedups by comparison."""
+    check_matplotlib()
+    import matplotlib
+
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
