@@ -8,6 +8,7 @@ server forks by default (``--branching-default``), as an operator's for clients 
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -54,6 +55,15 @@ def post(url: str, payload: dict, key: str | None = KEY) -> tuple[int, dict]:
     request = urllib.request.Request(url, json.dumps(payload).encode(), headers)
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def get(url: str, key: str | None) -> tuple[int, dict]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read() or b"{}")
@@ -136,6 +146,17 @@ def test_the_proxy_in_front_asks_its_clients_for_the_backends_key(server, traine
             assert post(proxy_url + "/v1/completions", {**payload, "threadweaver": False}, key=key)[0] == 401
         status, reply = post(proxy_url + "/v1/completions", payload)  # over a backend that forks by default
         assert status == 200 and reply["model"] == str(trained[1]) and reply["threadweaver"]["requests"], reply
+        # the proxy's client resolves dot segments: these reached the backend's /v1/models with the operator's key
+        host, port = proxy_url.removeprefix("http://").split(":")
+        for path in ("/x/../v1/models", "/health/%2e%2e/v1/models", "/./v1/models", "//v1/models", "/%2Fv1/models"):
+            connection = http.client.HTTPConnection(host, int(port), timeout=60)
+            connection.request("GET", path)  # as sent: urllib would not resolve them either, but says nothing
+            response = connection.getresponse()
+            reply = json.loads(response.read())
+            connection.close()
+            assert response.status == 400 and "has an empty, '.' or '..' segment" in reply["error"]["message"], path
+        assert get(proxy_url + "/v1/models", key=KEY)[0] == 200 and get(proxy_url + "/v1/models", key=None)[0] == 401
+        assert get(proxy_url + "/v1/models", key=b"\xff\xfe".decode("latin-1"))[0] == 401  # bytes not UTF-8: was a 500
     finally:
         proxy.terminate()
         proxy.wait(timeout=30)

@@ -69,6 +69,28 @@ def test_serve_and_proxy_refuse_bad_settings_naming_the_flag_before_anything_sta
     assert message.format(tmp=tmp_path) in f"{exit_.value.code}{capsys.readouterr().err}"
 
 
+@pytest.mark.parametrize(
+    "argv, model, extra",
+    [
+        (["{tmp}/m.gguf", "--tokenizer", "{kit}"], "{tmp}/m.gguf", ["--tokenizer", "{kit}"]),  # GGUF, its tokenizer
+        (["gpt2", "--download-dir", "{kit}"], "gpt2", ["--download-dir", "{kit}"]),  # a hub id without an org
+        (["--enforce-eager", "{kit}"], "{kit}", ["--enforce-eager"]),  # a switch of vLLM's before MODEL
+    ],
+)
+def test_serve_takes_models_given_with_a_path_among_vllms_flags(tmp_path, argv, model, extra, monkeypatch):
+    """These were refused as "KEY was read as MODEL"."""
+    from threadweaver.cli import main
+    from threadweaver.vllm_orchestrator import serve
+
+    (tmp_path / "kit").mkdir()
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    paths = {"kit": tmp_path / "kit", "tmp": tmp_path}
+    started = []
+    monkeypatch.setattr(serve, "serve_until_stopped", lambda args, rest, limits: started.append((args.model, rest)))
+    main(["serve", *(arg.format(**paths) for arg in argv)])
+    assert started == [(model.format(**paths), [arg.format(**paths) for arg in extra])]
+
+
 @pytest.fixture(scope="module")
 def tagless(tmp_path_factory):
     """A model directory whose tokenizer is Qwen3's as it ships (no block tags): not prepared."""
@@ -134,3 +156,5 @@ def test_the_proxy_tells_clients_what_failed_not_where_the_backend_is(capsys):
     assert shown.startswith("cannot reach the vLLM server at <backend> (ClientConnectorError: Cannot connect to host")
     assert capsys.readouterr().err == f"threadweaver proxy: {message}\n"  # the operator sees it all
     assert hide("the prompt is 9 tokens") == "the prompt is 9 tokens" and capsys.readouterr().err == ""
+    by_name = backend_hider("http://pool:9")("cannot reach http://pool:9 [Connect call failed ('10.1.2.3', 9)]")
+    assert by_name == "cannot reach <backend> [Connect call failed <backend>]"  # nor what its name resolved to

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
         args.command_parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if passthrough and not command.vllm_flags:
         args.command_parser.error("only `threadweaver serve` passes flags after --")
-    args.rest, args.vllm_args = rest, passthrough
+    args.rest, args.vllm_args, args.words = rest, passthrough, argv
     interrupt_like_ctrl_c(*STOPPING_SIGNALS)  # a job scheduler's SIGTERM, a closed terminal's SIGHUP: cleanups run
     try:
         command.run(args)

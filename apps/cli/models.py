@@ -58,14 +58,23 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     add_arguments(p, Limits, exclude=("branching",))
 
 
+def _model_after_a_flag(args: argparse.Namespace) -> str | None:
+    """The path meant as MODEL where argparse read the value of a vLLM flag before it as MODEL: in
+    ``serve --api-key KEY runs/m`` it reads KEY, the word after a flag it does not know. Only where MODEL
+    came right after a flag, is no path, and a later word is one (``serve --enforce-eager runs/m`` is fine)."""
+    words = args.words
+    at = words.index(args.model) if args.model in words else 0
+    after_flag = at > 0 and words[at - 1].startswith("-") and "=" not in words[at - 1]
+    if not after_flag or os.path.exists(os.path.expanduser(args.model)):
+        return None
+    return next((word for word in args.rest if os.path.exists(word)), None)
+
+
 def _serve(args: argparse.Namespace) -> None:
-    from threadweaver.kit.tokenizers import hub_id
     from threadweaver.orchestrator import Limits
     from threadweaver.vllm_orchestrator.serve import ServeArgs, serve_until_stopped
 
-    folder = next((a for a in args.rest if os.path.isdir(a)), None)
-    if folder and not os.path.isdir(args.model) and not hub_id(args.model):
-        # `serve --api-key KEY runs/m`: argparse reads KEY, the value of a flag it does not know, as MODEL
+    if folder := _model_after_a_flag(args):
         sys.exit(
             f"threadweaver serve: {args.model} was read as MODEL: give MODEL first, then vLLM's flags "
             f"(threadweaver serve {folder} ...)"

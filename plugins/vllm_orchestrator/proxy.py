@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import re
 import secrets
 import sys
 import urllib.parse
@@ -33,6 +34,7 @@ from .openai_api import (
     branching_default_option,
     check_model,
     max_trajectories_option,
+    shown,
     unprepared,
 )
 
@@ -211,11 +213,18 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
     @web.middleware
     async def guarded(request: web.Request, handler):
         """The backend's own ``--api-key`` rule, with its key (which the proxy sends on): vLLM guards the /v1 paths,
-        SGLang every path but its health and metrics."""
-        if args.api_key and request.method != "OPTIONS" and _guarded_path(args.engine, request.path):
-            scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not secrets.compare_digest(key.encode(), args.api_key.encode()):
-                return web.json_response({"error": "Unauthorized"}, status=401)
+        SGLang every path but its health and metrics. A path with a ``.``, ``..`` or empty segment is refused:
+        the proxy's client resolves them (``/health/../v1/models`` is sent as ``/v1/models``), the guard would not."""
+        if args.api_key and request.method != "OPTIONS":
+            path = urllib.parse.unquote(request.raw_path.partition("?")[0])
+            if not _plain_path(path):
+                error = APIError(f"the path {shown(path)} has an empty, '.' or '..' segment")
+                return web.json_response(error.body(), status=error.status)
+            if _guarded_path(args.engine, path):
+                scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+                given = key.encode("utf-8", "surrogateescape")  # aiohttp's text of bytes that are not UTF-8
+                if scheme.lower() != "bearer" or not secrets.compare_digest(given, args.api_key.encode()):
+                    return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
 
     app = web.Application(client_max_size=64 * 2**20, middlewares=[guarded])
@@ -227,17 +236,21 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
     return app
 
 
+SOCKET_ADDRESS = re.compile(r"\('[^']*', \d+(?:, \d+)*\)")
+"""A socket address as Python's connection errors write it: ``('10.0.0.7', 8000)``, IPv6's with four parts."""
+
+
 def backend_hider(backend: str) -> Callable[[str], str]:
     """What an error reply tells clients of the backend: not where it is (an address behind the proxy, a password
     in its URL). The proxy's log gives the whole message."""
     parts = urllib.parse.urlsplit(backend)
     names = {backend, parts.netloc, parts.netloc.rpartition("@")[2]}
     if parts.port is not None:  # as aiohttp's connection errors name it
-        names |= {f"{parts.hostname}:{parts.port}", f"('{parts.hostname}', {parts.port})"}
+        names |= {f"{parts.hostname}:{parts.port}"}
     longest_first = sorted(names - {""}, key=len, reverse=True)
 
     def hide(message: str) -> str:
-        hidden = message
+        hidden = SOCKET_ADDRESS.sub("<backend>", message)  # the address a host name resolved to
         for name in longest_first:
             hidden = hidden.replace(name, "<backend>")
         if hidden != message:
@@ -245,6 +258,12 @@ def backend_hider(backend: str) -> Callable[[str], str]:
         return hidden
 
     return hide
+
+
+def _plain_path(path: str) -> bool:
+    """Whether a (percent-decoded) path has no ``.``, ``..`` or empty segment (but a trailing slash)."""
+    inner = path.removeprefix("/").removesuffix("/").split("/")
+    return path.startswith("/") and (path == "/" or all(s not in ("", ".", "..") for s in inner))
 
 
 def _guarded_path(engine: str, path: str) -> bool:
