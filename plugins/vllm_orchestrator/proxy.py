@@ -236,7 +236,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
     return app
 
 
-SOCKET_ADDRESS = re.compile(r"\('[^']*', \d+(?:, \d+)*\)")
+SOCKET_ADDRESS = re.compile(r"\('[0-9A-Fa-f:.%]+', \d+(?:, \d+)*\)")
 """A socket address as Python's connection errors write it: ``('10.0.0.7', 8000)``, IPv6's with four parts."""
 
 
@@ -244,10 +244,11 @@ def backend_hider(backend: str) -> Callable[[str], str]:
     """What an error reply tells clients of the backend: not where it is (an address behind the proxy, a password
     in its URL). The proxy's log gives the whole message."""
     parts = urllib.parse.urlsplit(backend)
-    names = {backend, parts.netloc, parts.netloc.rpartition("@")[2]}
-    if parts.port is not None:  # as aiohttp's connection errors name it
-        names |= {f"{parts.hostname}:{parts.port}"}
-    longest_first = sorted(names - {""}, key=len, reverse=True)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    names = {backend, f"{parts.hostname}:{port}"}  # host:port as aiohttp's connection errors name it
+    if "@" in parts.netloc or parts.port is not None:  # not a bare host name: "vllm" is in other words too
+        names.add(parts.netloc)
+    longest_first = sorted(names, key=len, reverse=True)
 
     def hide(message: str) -> str:
         hidden = SOCKET_ADDRESS.sub("<backend>", message)  # the address a host name resolved to
