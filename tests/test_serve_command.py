@@ -39,8 +39,11 @@ def test_the_quickstarts_servers_split_the_gpu_and_a_model_of_ones_own_keeps_its
         f = flags(server_command(replace(args, device="gpu"), 1))
         assert f["--gpu-memory-utilization"] == "0.45" and f["--max-model-len"] == "2048"
         assert args.cpu_kv_cache_gib == 1
-    own = server_args({"parallel": "Qwen/Qwen3-8B"}, "auto", None)["parallel"]
-    assert "--max-model-len" not in server_command(own, 1) and own.cpu_kv_cache_gib == ServeArgs.cpu_kv_cache_gib
+    from threadweaver.quickstart import OWN_MODEL_CONTEXT
+
+    own = server_args({"parallel": "Qwen/Qwen3-8B"}, "auto", OWN_MODEL_CONTEXT)["parallel"]
+    assert flags(server_command(own, 1))["--max-model-len"] == "8192"
+    assert own.cpu_kv_cache_gib == ServeArgs.cpu_kv_cache_gib  # 2 GiB: 1 holds 2,048 tokens of the pairs' models
     assert flags(server_command(replace(own, device="gpu"), 1))["--gpu-memory-utilization"] == "0.9"
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from threadweaver.cli_args import check_counts, check_url, option
 from threadweaver.quickstart.compare import format_table, per_problem_speedups, problems, table
-from threadweaver.quickstart.evaluate import MODES, Endpoint, check_task, evaluate, served
+from threadweaver.quickstart.evaluate import MODES, SHORT_CONTEXT, Endpoint, check_task, evaluate, served
 from threadweaver.quickstart.recipe import (
     PGRPO_MODELS,
     PGRPO_RECIPE,
@@ -36,8 +36,6 @@ from threadweaver.quickstart.recipe import (
 from threadweaver.stats import speedup
 
 PROBLEMS = 40
-SHORT_CONTEXT = 2048
-"""The context of the pairs trained here: their problems and solutions fit it."""
 OWN_MODEL_CONTEXT = 8192
 """A model of the user's: vLLM's default (the model's own, often 32k or more) may not fit a 2 GiB CPU KV cache."""
 PRETRAINED_PROBLEMS = 12

@@ -57,12 +57,15 @@ class Endpoint:
         return args
 
 
+SHORT_CONTEXT = 2048
+"""The context of the pairs trained here: their problems and solutions fit it (and a 1 GiB CPU KV cache)."""
+
+
 @contextmanager
 def served(
-    models: dict[str, str], log_dir: Path, dtype: str, max_model_len: int | None = 2048
+    models: dict[str, str], log_dir: Path, dtype: str, max_model_len: int = SHORT_CONTEXT
 ) -> Iterator[dict[str, Endpoint]]:
-    """One vLLM server per model directory, started side by side, sharing the GPU if there is one; stopped on exit.
-    ``max_model_len`` none: each model's own context (vLLM's default, and its KV cache's on CPU)."""
+    """One vLLM server per model directory, started side by side, sharing the GPU if there is one; stopped on exit."""
     from concurrent.futures import ThreadPoolExecutor
 
     from threadweaver.vllm_orchestrator.serve import VLLMServer
@@ -88,14 +91,14 @@ def served(
         yield {name: Endpoint("vllm", base_url=server.url) for name, server in servers.items()}
 
 
-def server_args(models: dict[str, str], dtype: str, max_model_len: int | None):
+def server_args(models: dict[str, str], dtype: str, max_model_len: int):
     """Each model's server settings: on a GPU, vLLM's share of its memory is of the whole GPU, so the servers
     split the default share."""
     from threadweaver.vllm_orchestrator.serve import ServeArgs
 
     share = round(ServeArgs.gpu_memory_utilization / max(len(models), 1), 2)
     settings = {"port": 0, "max_model_len": max_model_len, "dtype": dtype, "gpu_memory_utilization": share}
-    if max_model_len is not None and max_model_len <= 2048:
+    if max_model_len <= SHORT_CONTEXT:
         settings["cpu_kv_cache_gib"] = 1  # a short window's cache on CPU (2 GiB, the default, beyond)
     return {name: ServeArgs(path, **settings) for name, path in models.items()}
 

