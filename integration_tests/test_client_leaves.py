@@ -18,6 +18,7 @@ a request that nobody stops still runs far past both bounds.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -43,43 +44,41 @@ STOPPED_WITHIN_S = 120  # a request that went on decoding would still run here: 
 def servers(tmp_path_factory):
     if not have_vllm():
         pytest.skip(NO_VLLM)
-    from threadweaver.vllm_orchestrator.serve import free_port
+    from threadweaver.orchestrator import Limits
 
     tmp = tmp_path_factory.mktemp("leaves")
     model = endless_model(tmp / "model", 65536)
-    from threadweaver.orchestrator import Limits
 
     limits = Limits(max_tokens=MAX_TOKENS, max_request_tokens=MAX_TOKENS)
     with vllm_server(str(model), str(tmp / "vllm.log"), max_model_len=65536, limits=limits) as url:
-        port = free_port()
-        log = open(tmp / "proxy.log", "w")
-        proxy = subprocess.Popen(
-            [
-                CLI,
-                "proxy",
-                "--backend",
-                url,
-                "--port",
-                str(port),
-                "--max-tokens",
-                str(MAX_TOKENS),
-                "--max-request-tokens",
-                str(MAX_TOKENS),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-        )
+        with running_proxy(url, tmp / "proxy.log") as (proxy_url, _):
+            yield {"plugin": url, "proxy": proxy_url}, url, str(model), tmp / "proxy.log"
+
+
+@contextlib.contextmanager
+def running_proxy(backend: str, log_path):
+    """``threadweaver proxy`` in front of ``backend``: (its URL, its process), stopped as an operator would (Ctrl-C)."""
+    from threadweaver.vllm_orchestrator.serve import free_port
+
+    port = free_port()
+    log = open(log_path, "w")
+    limits = ["--max-tokens", str(MAX_TOKENS), "--max-request-tokens", str(MAX_TOKENS)]
+    proxy = subprocess.Popen(
+        [CLI, "proxy", "--backend", backend, "--port", str(port), *limits],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
+    try:
+        assert proxy.stdout.readline().startswith("http://"), log_path.read_text()
+        yield f"http://127.0.0.1:{port}", proxy
+    finally:
+        proxy.send_signal(signal.SIGINT)  # live replies get the proxy's STOP_GRACE_S
         try:
-            assert proxy.stdout.readline().startswith("http://"), (tmp / "proxy.log").read_text()
-            yield {"plugin": url, "proxy": f"http://127.0.0.1:{port}"}, url, str(model), tmp / "proxy.log"
+            proxy.wait(timeout=STOPPED_WITHIN_S)
         finally:
-            proxy.send_signal(signal.SIGINT)  # aiohttp lets a live reply end for up to 60 s, then cancels it
-            try:
-                proxy.wait(timeout=90)
-            finally:
-                proxy.kill()
-                log.close()
+            proxy.kill()
+            log.close()
 
 
 def metric(vllm_url: str, name: str) -> float:
@@ -113,9 +112,8 @@ def idle(vllm_url: str) -> bool:
     return decoding_becomes(vllm_url, False)
 
 
-def leave_mid_trajectory(url: str, vllm_url: str, model: str, stream: bool) -> float:
-    """Send a fork-join request that would run for long, see it decode, and hang up; the engine's
-    generated-token count just before the client left."""
+def decoding_request(url: str, vllm_url: str, model: str, stream: bool) -> http.client.HTTPConnection:
+    """A fork-join request that would run for long, sent on a connection of its own, once the engine decodes it."""
     parts = urllib.parse.urlsplit(url)
     # Each socket operation may be kept off the cores as long as a request may decode on (see above).
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=STOPPED_WITHIN_S)
@@ -134,7 +132,18 @@ def leave_mid_trajectory(url: str, vllm_url: str, model: str, stream: bool) -> f
             response.read1(64)  # the stream is under way
         else:
             time.sleep(1.5)  # no reply yet
-        assert busy(vllm_url), "the engine never started decoding the request"  # so the client leaves mid-trajectory
+        assert busy(vllm_url), "the engine never started decoding the request"
+    except BaseException:  # the next test must find the engine idle
+        connection.close()
+        raise
+    return connection
+
+
+def leave_mid_trajectory(url: str, vllm_url: str, model: str, stream: bool) -> float:
+    """Send a fork-join request that would run for long, see it decode, and hang up; the engine's
+    generated-token count just before the client left."""
+    connection = decoding_request(url, vllm_url, model, stream)
+    try:
         at_leaving = generated(vllm_url)
         connection.sock.shutdown(2)
     finally:  # a failure here leaves too: the next test must find the engine idle
@@ -171,3 +180,28 @@ def test_the_proxy_logs_a_client_that_left_in_one_line(servers, stream):
         time.sleep(0.2)
     added = log.read_text()[len(before) :]
     assert added.count(said) == 1 and "Traceback" not in added, added
+
+
+def test_ctrl_c_stops_the_proxy_and_the_trajectories_it_decodes(servers, tmp_path):
+    """Stopping gives a live reply ``STOP_GRACE_S``, or until a second Ctrl-C, then stops its trajectory; the
+    proxy exits 0 and the engine is idle (aiohttp alone waited 2 x 60 s in silence)."""
+    _, vllm_url, model, _ = servers
+    assert idle(vllm_url), "an earlier request still decodes"
+    log = tmp_path / "proxy.log"
+    with running_proxy(vllm_url, log) as (url, proxy):
+        connection = decoding_request(url, vllm_url, model, stream=True)
+        try:
+            proxy.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + STOPPED_WITHIN_S
+            while "stopping;" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            proxy.send_signal(signal.SIGINT)
+            assert proxy.wait(timeout=STOPPED_WITHIN_S) == 0
+            assert idle(vllm_url), f"the engine still decodes {STOPPED_WITHIN_S} s after the proxy stopped"
+            while connection.sock.recv(1 << 16):  # the stream was cut: the socket ends (a hanging one times out)
+                pass
+        finally:
+            connection.close()
+    said = log.read_text()
+    assert "stopping; 1 reply still running gets 10 s to end (Ctrl-C again stops them now)" in said, said
+    assert "stopping cut a reply short; its trajectory was stopped" in said and "Traceback" not in said, said

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import re
 import secrets
+import signal
 import sys
 import urllib.parse
 from collections.abc import Callable
@@ -37,6 +38,11 @@ from .openai_api import (
     shown,
     unprepared,
 )
+
+STOP_GRACE_S = 10.0
+"""On Ctrl-C or SIGTERM, how long the replies still running get to end before the proxy stops them (their
+trajectories stop and their backend requests are closed, as when a client leaves); a second Ctrl-C stops them at
+once. aiohttp alone would wait twice its 60 s, in silence."""
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"}
 
@@ -185,8 +191,8 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                     admission,
                     hide,
                 )
-            except asyncio.CancelledError:  # the client left before its reply, and aiohttp cancelled this handler
-                client_left()
+            except asyncio.CancelledError:  # the client left before its reply (or the proxy stops)
+                reply_cut()
                 raise
             if isinstance(out, dict):
                 return web.json_response(out)
@@ -197,9 +203,9 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                     await response.write(event.encode())
                 await response.write_eof()
             except ConnectionResetError:  # aiohttp's "Cannot write to closing transport" too
-                client_left()
-            except asyncio.CancelledError:  # the client left and aiohttp cancelled this handler
-                client_left()
+                reply_cut()
+            except asyncio.CancelledError:  # the client left and aiohttp cancelled this handler (or the proxy stops)
+                reply_cut()
                 raise
             finally:
                 await out.aclose()
@@ -209,6 +215,46 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
 
     async def other(request: web.Request) -> web.StreamResponse:
         return await forward(request, await request.read())
+
+    def reply_cut() -> None:
+        why = "stopping cut a reply short" if state.get("stopping") else "a client left before its reply ended"
+        print(f"threadweaver proxy: {why}; its trajectory was stopped", file=sys.stderr, flush=True)
+
+    live: set[asyncio.Task] = set()
+
+    @web.middleware
+    async def tracked(request: web.Request, handler):
+        """Each request's handler, known while it runs, so that stopping can end it."""
+        task = asyncio.current_task()
+        live.add(task)
+        try:
+            return await handler(request)
+        finally:
+            live.discard(task)
+
+    async def end_live_replies(app) -> None:
+        """On Ctrl-C or SIGTERM (the listening socket is closed by now): the replies still running get
+        :data:`STOP_GRACE_S` to end, or until a second Ctrl-C, then they are stopped."""
+        state["stopping"] = True
+        if not live:
+            return
+        running = "1 reply still running gets" if len(live) == 1 else f"{len(live)} replies still running get"
+        print(
+            f"threadweaver proxy: stopping; {running} {STOP_GRACE_S:g} s to end (Ctrl-C again stops them now)",
+            file=sys.stderr,
+            flush=True,
+        )
+        loop = asyncio.get_running_loop()
+        now = loop.create_future()
+        with contextlib.suppress(NotImplementedError):  # Windows: no second Ctrl-C, the grace only
+            loop.add_signal_handler(signal.SIGINT, lambda: now.done() or now.set_result(None))
+        deadline = loop.time() + STOP_GRACE_S
+        while live and not now.done() and loop.time() < deadline:
+            await asyncio.wait([*live, now], timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED)
+        for task in list(live):
+            task.cancel()
+        if live:
+            await asyncio.wait(list(live), timeout=STOP_GRACE_S)
 
     @web.middleware
     async def guarded(request: web.Request, handler):
@@ -227,8 +273,9 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                     return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
 
-    app = web.Application(client_max_size=64 * 2**20, middlewares=[guarded])
+    app = web.Application(client_max_size=64 * 2**20, middlewares=[tracked, guarded])
     app.on_startup.append(start)
+    app.on_shutdown.append(end_live_replies)
     app.on_cleanup.append(stop)
     for path in ROUTES:
         app.router.add_post(path, openai_route)
@@ -271,14 +318,6 @@ def _guarded_path(engine: str, path: str) -> bool:
     if engine == "sglang":
         return not path.startswith(("/health", "/metrics"))
     return path.startswith("/v1")
-
-
-def client_left() -> None:
-    print(
-        "threadweaver proxy: a client left before its reply ended; its trajectory was stopped",
-        file=sys.stderr,
-        flush=True,
-    )
 
 
 def serve_proxy(args: ProxyArgs, limits: Limits = Limits()) -> None:
