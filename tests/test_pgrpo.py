@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 from orchestrator_scripts import CASES, GOOD, NESTED, PROMPT
 
+from threadweaver.metrics import rollout_metrics
 from threadweaver.orchestrator import EngineCall, Limits, Orchestrator
-from threadweaver.pgrpo import rollout_metrics, sampling_logprobs, trie_row
+from threadweaver.pgrpo import sampling_logprobs, trie_row
 from threadweaver.testing import ScriptedEngine
 
 SCRIPTS = {

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from threadweaver.cli_args import option
 from threadweaver.format import Format
 from threadweaver.interrupts import run_until_complete
 from threadweaver.jsonl import RowError, appending, read_jsonl, row_name
@@ -135,6 +136,11 @@ class BatchProgress:
     def postfix(self) -> str:
         """The progress bar's description of the run so far."""
         return f"{self.tokens_per_s:.0f} tok/s, mean speedup {self.mean_speedup:.2f}x, degraded {self.degraded}"
+
+
+def concurrency_option():
+    """``--concurrency`` of what decodes many prompts (generate, self-train, lm-eval's model): ``decode_many``'s."""
+    return option(32, "Trajectories decoded at once.")
 
 
 async def decode_many(

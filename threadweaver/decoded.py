@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from threadweaver.cli_args import is_whole
 from threadweaver.layout import ThreadPath, spans
 from threadweaver.rows import RowReader
 from threadweaver.stats import LatencyStats, latency_stats
@@ -62,7 +63,7 @@ def _injected(row: dict, length: int) -> set[int] | None:
     if "injected" not in row:
         return None
     positions = row["injected"]
-    if not isinstance(positions, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in positions):
+    if not isinstance(positions, list) or not all(map(is_whole, positions)):
         raise ValueError("field 'injected' must be a list of token positions")
     outside = [p for p in positions if not 0 <= p < length]
     if outside:

@@ -1,4 +1,4 @@
-"""Host-free pieces of P-GRPO: a rollout as one training row, and what to log about a batch.
+"""Host-free pieces of P-GRPO: a rollout as one training row (what to log of a batch: :mod:`threadweaver.metrics`).
 
 A trajectory trains as ONE row: its trie (:func:`threadweaver.trie.trajectory_trie`)
 split after the prompt. Every token the model sampled is scored from the position that
@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from statistics import fmean
 
 from threadweaver.format import Format
-from threadweaver.orchestrator import DEGRADATION_KINDS, EngineCall, Trajectory
+from threadweaver.orchestrator import EngineCall, Trajectory
 from threadweaver.reward import RewardConfig
 from threadweaver.trie import trajectory_trie
 
@@ -110,27 +109,3 @@ def sampling_logprobs(row: TrieRow, calls: Sequence[EngineCall]) -> list[float |
             if sampled >= 0 and call.logprobs is not None:
                 out[at - start] = call.logprobs[sampled]
     return out
-
-
-def rollout_metrics(trajectories: Sequence[Trajectory], correct: Sequence[bool] | None = None) -> dict[str, float]:
-    """Means over a batch of rollouts: what the P-GRPO trainers log.
-
-    ``speedup`` is total generated tokens over the critical path per trajectory
-    (1.0 for a sequential one); ``parallel_activation`` the share with at least one block;
-    ``well_formed`` the share that decoded without degrading; ``degraded_<kind>`` the share with
-    a degradation of that kind (:data:`threadweaver.orchestrator.DEGRADATION_KINDS`).
-    """
-    if not trajectories:
-        raise ValueError("no rollouts to summarise")
-    stats = [t.stats for t in trajectories]
-    metrics = {
-        "speedup": fmean(s.speedup for s in stats),
-        "parallel_activation": fmean(s.blocks > 0 for s in stats),
-        "critical_path_tokens": fmean(s.critical_path_tokens for s in stats),
-        "total_tokens": fmean(s.total_tokens for s in stats),
-        "well_formed": fmean(t.well_formed for t in trajectories),
-        **{f"degraded_{kind}": fmean(kind in t.degradation_kinds for t in trajectories) for kind in DEGRADATION_KINDS},
-    }
-    if correct is not None:
-        metrics["correct_rate"] = fmean(map(bool, correct))
-    return metrics

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from threadweaver.cli_args import is_whole
 from threadweaver.format import Format
 from threadweaver.jsonl import FieldError, RowError, prefixed, read_jsonl
 
@@ -198,7 +199,7 @@ tokens, 151,936 rows), so a trajectory is held only to this; a prompt, to the to
 def _ids(row: dict, field: str, limit: int | None, allow_empty: bool = True) -> list[int]:
     """The token ids in ``row[field]``, each in ``0..limit-1`` (None: not negative)."""
     ids = row[field]
-    if not isinstance(ids, list) or not all(_is_token_id(t) for t in ids) or not (ids or allow_empty):
+    if not isinstance(ids, list) or not all(is_whole(t) for t in ids) or not (ids or allow_empty):
         raise FieldError(f"field {field!r} must be a {'' if allow_empty else 'non-empty '}list of token ids")
     for position, token in enumerate(ids):
         if token < 0:
@@ -217,10 +218,6 @@ def _vocabulary_size(tokenizer: Any) -> int | None:
     if hasattr(tokenizer, "get_vocab_size"):
         return tokenizer.get_vocab_size(with_added_tokens=True)
     return None
-
-
-def _is_token_id(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _messages(messages, field: str) -> list[dict]:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from statistics import mean
 
+from threadweaver.cli_args import is_number
 from threadweaver.decoded import read_decoded
 from threadweaver.jsonl import RowError, read_jsonl, row_name
 from threadweaver.rows import RowReader
@@ -71,7 +72,7 @@ def _wall_clock(row: dict, line: int) -> dict | None:
 
 
 def _is_seconds(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return is_number(value) and math.isfinite(value)
 
 
 def summary(rows: Iterable[RowStats]) -> dict:

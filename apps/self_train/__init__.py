@@ -13,12 +13,14 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 
+from threadweaver.batch import concurrency_option
 from threadweaver.cli_args import check_counts, check_url, option
 from threadweaver.engine import Sampling
 from threadweaver.jsonl import not_a_file_of_rows
 from threadweaver.model_dirs import check_model_dir
 from threadweaver.orchestrator import Limits
 from threadweaver.selection import FilterConfig
+from threadweaver.vllm_orchestrator.serve import ServeArgs
 
 
 @dataclass(frozen=True)
@@ -32,9 +34,11 @@ class SelfTrainArgs:
     base: str | None = option(None, "The base model to fine-tune with --start base.")
     mix: str | None = option(None, "Stage-1 rows (JSONL, any shape sft reads) to train on beside the kept samples.")
     n: int = option(8, "Samples per problem.")
-    concurrency: int = option(32, "Trajectories decoded at once.")
+    concurrency: int = concurrency_option()
     base_url: str | None = option(None, "A vLLM server already serving MODEL (default: start one).")
-    max_model_len: int = option(4096, "The started server's longest context plus completion, in tokens.")
+    max_model_len: int = option(
+        ServeArgs.max_model_len, "The started server's longest context plus completion, in tokens."
+    )
 
     def __post_init__(self):
         check_counts(self, ("n", "concurrency", "max_model_len"))

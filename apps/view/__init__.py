@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from importlib.resources import files
 
+from threadweaver.cli_args import is_number
 from threadweaver.decoded import read_decoded
 from threadweaver.jsonl import FieldError, RowError, prefixed, read_jsonl, row_name
 from threadweaver.layout import spans
@@ -185,9 +186,6 @@ def _recorded_requests(row: dict) -> list[dict]:
 
 
 def _is_request(request) -> bool:
-    def number(value) -> bool:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-
     def step(value) -> bool:  # (block, thread) of a thread path
         return isinstance(value, list) and len(value) == 2 and all(isinstance(k, int) for k in value)
 
@@ -195,7 +193,7 @@ def _is_request(request) -> bool:
         isinstance(request, dict)
         and isinstance(request.get("thread_path"), list)
         and all(map(step, request["thread_path"]))
-        and all(number(request.get(name)) for name in ("started", "ended", "completion_tokens"))
+        and all(is_number(request.get(name)) for name in ("started", "ended", "completion_tokens"))
     )
 
 

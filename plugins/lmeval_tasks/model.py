@@ -21,7 +21,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from threadweaver.batch import BatchProgress, decode_many, run_sync, trajectory_row
+from threadweaver.batch import BatchProgress, concurrency_option, decode_many, run_sync, trajectory_row
 from threadweaver.cli_args import check_counts, option
 from threadweaver.hosts import check_host
 from threadweaver.jsonl import appending, check_writable
@@ -52,7 +52,7 @@ class ModelArgs:
         "(default: the model the vLLM server reports). 'pretrained' is accepted too.",
     )
     tokenizer: str | None = option(None, "Tokenizer, if not the model's.")
-    concurrency: int = option(32, "Trajectories decoded at once.")
+    concurrency: int = concurrency_option()
     seed: int | None = option(0, "Seed of the first sample of each prompt.")
     trajectories: str | None = option(
         None,

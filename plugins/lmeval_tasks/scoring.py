@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import warnings
 
+from threadweaver.metrics import trajectory_metrics
 from threadweaver.orchestrator import DEGRADATION_KINDS
 from threadweaver.reward import is_correct
 
@@ -51,15 +52,12 @@ def response_metrics(response: str, gold: str) -> dict[str, float]:
         _warn_no_tokenizer()
         return {**metrics, **{m: math.nan for m in HIGHER_IS_BETTER if m not in metrics}}
     stats, well_formed, kinds, finish_reason = found
+    shared = trajectory_metrics(stats.total_tokens, stats.critical_path_tokens, stats.blocks, well_formed, kinds)
     return {
         **metrics,
-        "token_latency": float(stats.critical_path_tokens),
-        "total_tokens": float(stats.total_tokens),
-        "speedup": stats.speedup,
-        "parallel_activation": float(stats.blocks > 0),
-        "well_formed": float(well_formed),
+        "token_latency": shared.pop("critical_path_tokens"),  # the paper's name, in lm-eval's tables
+        **shared,
         "cut_short": math.nan if finish_reason is None else float(finish_reason != "stop"),
-        **{f"degraded_{kind}": math.nan if kinds is None else float(kind in kinds) for kind in DEGRADATION_KINDS},
     }
 
 

@@ -34,8 +34,9 @@ from trl.data_utils import is_conversational
 
 from threadweaver.batch import decode_many, run_sync
 from threadweaver.hf_collator import use_tree_attention
+from threadweaver.metrics import rollout_metrics
 from threadweaver.orchestrator import Engine, Orchestrator, Sampling, Trajectory, trajectory_text
-from threadweaver.pgrpo import TrieRow, rollout_metrics, sampling_logprobs, trie_row
+from threadweaver.pgrpo import TrieRow, sampling_logprobs, trie_row
 from threadweaver.reward import answer_text, is_correct
 from threadweaver.rows import RowReader, prompt_messages
 from threadweaver.trl_pgrpo.config import PGRPOConfig

@@ -43,7 +43,7 @@ def verl_row(
     return row
 
 
-def read_problems(path: str) -> list[dict]:
+def read_prompts_and_answers(path: str) -> list[dict]:
     """``{prompt, answer}`` rows; a numeric answer becomes its text, as ``threadweaver pgrpo`` reads it."""
     with open(path, "rb") as f:
         if f.read(4) == b"PAR1":
@@ -106,7 +106,7 @@ def check_out(out: str) -> None:
 
 
 def problem_splits(path: str, test: int) -> dict[str, list[dict]]:
-    problems = read_problems(path)
+    problems = read_prompts_and_answers(path)
     if len(problems) <= test:
         raise ValueError(f"{len(problems)} problems; --test {test} leaves none to train on")
     return {"train": problems[test:], "test": problems[:test]}

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from threadweaver.orchestrator import DEGRADATION_KINDS
+from threadweaver.metrics import trajectory_metrics
 from threadweaver.reward import RewardConfig, answer_text, reward
-from threadweaver.stats import speedup
 from threadweaver.verl_rollout.rows import PREFIX
 
 _FROM_VERL = {"reward_router_address", "reward_model_tokenizer"}
@@ -42,12 +41,9 @@ def compute_score(
         "score": parts.reward,
         "correct": parts.correctness,
         "acceleration": parts.acceleration,
-        "speedup": speedup(total, critical),
-        "critical_path_tokens": float(critical),
-        "total_tokens": float(total),
-        "parallel_activation": float(info.get(PREFIX + "blocks", 0) > 0),
-        "well_formed": float(info.get(PREFIX + "well_formed", True)),
-        **{f"degraded_{kind}": float(kind in kinds) for kind in DEGRADATION_KINDS},
+        **trajectory_metrics(
+            total, critical, int(info.get(PREFIX + "blocks", 0)), bool(info.get(PREFIX + "well_formed", True)), kinds
+        ),
     }
 
 

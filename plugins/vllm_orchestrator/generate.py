@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from threadweaver.batch import problem_jobs, read_problems, run_batch, run_sync
+from threadweaver.batch import concurrency_option, problem_jobs, read_problems, run_batch, run_sync
 from threadweaver.cli_args import check_counts, option
 from threadweaver.jsonl import SET_ASIDE, check_outputs, check_resumable, finished_keys
 from threadweaver.orchestrator import Limits, Sampling
@@ -22,7 +22,7 @@ class GenerateArgs:
         "Model directory or hub id: the tokenizer, and the weights of in-process engines "
         "(default: where the vLLM or SGLang server reports it loaded the model from).",
     )
-    concurrency: int = option(32, "Trajectories decoded at once.")
+    concurrency: int = concurrency_option()
     n: int = option(1, "Samples per problem.")
 
     def __post_init__(self):

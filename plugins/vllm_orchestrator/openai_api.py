@@ -31,7 +31,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, fields, replace
 
-from threadweaver.cli_args import SettingError, check_counts, option, value_type
+from threadweaver.cli_args import SettingError, check_counts, is_number, is_whole, option, value_type
 from threadweaver.engine import EngineError, RequestRefused
 from threadweaver.format import Format
 from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, trajectory_text
@@ -198,7 +198,7 @@ def _typed(name: str, value, hint):
     if value is None and value_type(hint) is not hint:
         return None
     hint = value_type(hint)
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    number = is_number(value)
     whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
     if not (isinstance(value, bool) if hint is bool else number and (hint is float or whole)):
         raise APIError(f"{name} must be {'true or false' if hint is bool else 'a number'}, not {shown(value)}")
@@ -451,9 +451,7 @@ def _prompt_ids(prompt, tokenizer, add_special_tokens: bool) -> list[int]:
         prompt = prompt[0]
     if isinstance(prompt, str):
         return plain_ids(tokenizer, prompt, add_special_tokens)
-    if not (
-        isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
+    if not (isinstance(prompt, list) and prompt and all(map(is_whole, prompt))):
         raise APIError("'prompt' must be one string or one list of token ids with fork-join")
     vocabulary = len(tokenizer) if hasattr(tokenizer, "__len__") else None
     outside = next((t for t in prompt if t < 0 or (vocabulary is not None and t >= vocabulary)), None)

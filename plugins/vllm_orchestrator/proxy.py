@@ -24,7 +24,7 @@ from threadweaver.engine import EngineError
 from threadweaver.model_dirs import check_model_dir
 from threadweaver.orchestrator import Limits
 
-from .engines import SERVER_ENGINES
+from .engines import SERVER_ENGINES, EngineArgs
 from .http import server_root
 from .openai_api import (
     ROUTES,
@@ -38,6 +38,7 @@ from .openai_api import (
     shown,
     unprepared,
 )
+from .serve import ServeArgs
 
 STOP_GRACE_S = 10.0
 """On Ctrl-C or SIGTERM, how long the replies still running get to end before the proxy stops them (their
@@ -49,12 +50,12 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length",
 
 @dataclass(frozen=True)
 class ProxyArgs:
-    backend: str = option("http://127.0.0.1:8000", "URL of the server that decodes (vLLM or SGLang).")
-    engine: str = option("vllm", "What the backend is: 'vllm' or 'sglang'.", choices=SERVER_ENGINES)
+    backend: str = option(EngineArgs.base_url, "URL of the server that decodes (vLLM or SGLang).")
+    engine: str = option(EngineArgs.engine, "What the backend is: 'vllm' or 'sglang'.", choices=SERVER_ENGINES)
     model: str | None = option(
         None, "Tokenizer directory or hub id (default: the model the vLLM backend reports it loaded)."
     )
-    host: str = option("127.0.0.1", "Address to listen on.")
+    host: str = option(ServeArgs.host, "Address to listen on.")
     port: int = option(8001, "Port to listen on.")
     branching_default: bool = branching_default_option()
     api_key: str | None = option(
@@ -75,7 +76,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
     import aiohttp
     from aiohttp import web
 
-    from .engines import EngineArgs, make_engine, prompt_window, served_models, tokenizer_source
+    from .engines import make_engine, prompt_window, served_models, tokenizer_source
     from .http import Unreachable
 
     state: dict = {"settings": ServerSettings(args.branching_default, limits, args.max_trajectories)}
