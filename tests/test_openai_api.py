@@ -356,6 +356,53 @@ def test_a_prompt_over_the_models_context_is_a_400(fmt):
     assert caught.value.status == 400
 
 
+class Measured:
+    """A real tokenizer, recording how many characters each call tokenizes."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.lengths = tokenizer, []
+
+    def encode(self, text, add_special_tokens=False):
+        self.lengths.append(len(text))
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def __getattr__(self, name):  # its chat template
+        return getattr(self.tokenizer, name)
+
+
+def _asking(route: str, text: str) -> dict:
+    if route == "chat":
+        return {"messages": [{"role": "user", "content": text}], "threadweaver": True}
+    return {"prompt": text, "threadweaver": True}
+
+
+@pytest.mark.parametrize("route", ["completion", "chat"])
+def test_a_prompt_of_megabytes_is_a_400_before_it_is_tokenized_whole(qwen, route):
+    """A 60 MB prompt, tokenized whole, ran the proxy out of memory; a 4 MB one held it for 5 s."""
+    settings = replace(ServerSettings(), prompt_window=2048)
+    measured = Measured(qwen)
+    with pytest.raises(
+        APIError, match="^the prompt is over 4096 tokens: the server has room to generate after at most 2047$"
+    ):
+        parse_request(_asking(route, "1+2=3; " * 600_000), route, measured, settings)  # 4.2 MB
+    assert max(measured.lengths) <= 1 << 16 and sum(measured.lengths) < 4 * (1 << 16)
+    text = "1+2=3; " * 9_400  # 65,800 characters and as many tokens: counted piece by piece, then tokenized whole
+    with pytest.raises(
+        APIError, match=r"^the prompt is 658\d\d tokens: the server has room to generate after at most 39999$"
+    ):
+        parse_request(_asking(route, text), route, qwen, replace(settings, prompt_window=40_000))  # said exactly
+    measured = Measured(qwen)
+    ids = parse_request(_asking(route, text), route, measured, replace(settings, prompt_window=70_000)).prompt_ids
+    assert measured.lengths[-1] >= len(text) and qwen.decode(ids).count("1+2=3; ") == 9_400
+
+
+@pytest.mark.parametrize(("route", "name"), [("completion", "'prompt'"), ("chat", "'messages'")])
+def test_text_with_a_lone_surrogate_is_a_400(qwen, route, name):
+    """The tokenizer's TypeError was a 500 with a traceback."""
+    with pytest.raises(APIError, match=f"^{name} is not Unicode text: it holds the lone surrogate '\\\\ud800'$"):
+        parse_request(_asking(route, "a\ud800b"), route, qwen, ServerSettings())
+
+
 class Template(CharTokenizer):
     chat_template = "{{ messages[0].content }}"
 

@@ -69,8 +69,13 @@ def chat_prompt_ids(
     tokenizer: Any, messages: list[dict], *, add_special_tokens: bool = False, **template_kwargs
 ) -> list[int]:
     """``messages`` through the chat template, with the generation prompt, as token ids (the rendered text's
-    own: special tokens are added only if asked, as vLLM's chat requests ask). A conversation the template
-    cannot render (a turn without the ``content`` it reads, a role it refuses) raises
+    own: special tokens are added only if asked, as vLLM's chat requests ask)."""
+    return plain_ids(tokenizer, chat_prompt_text(tokenizer, messages, **template_kwargs), add_special_tokens)
+
+
+def chat_prompt_text(tokenizer: Any, messages: list[dict], **template_kwargs) -> str:
+    """``messages`` through the chat template, with the generation prompt. A conversation the template cannot
+    render (a turn without the ``content`` it reads, a role it refuses) raises
     :class:`~threadweaver.jsonl.FieldError` with the template's own words."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("a conversation needs a tokenizer with a chat template (this one has none)")
@@ -82,7 +87,7 @@ def chat_prompt_ids(
         if type(err).__name__ == "TemplateSyntaxError":  # the tokenizer's fault, not the row's
             raise ValueError(f"the tokenizer's chat template does not compile: {err}") from None
         raise FieldError(f"the chat template cannot render this conversation: {err}") from None
-    return plain_ids(tokenizer, text, add_special_tokens)
+    return text
 
 
 def plain_ids(tokenizer: Any, text: str, add_special_tokens: bool = False) -> list[int]:

@@ -35,7 +35,7 @@ from threadweaver.cli_args import SettingError, check_counts, is_number, is_whol
 from threadweaver.engine import EngineError, RequestRefused
 from threadweaver.format import Format
 from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, trajectory_text
-from threadweaver.rows import chat_prompt_ids, plain_ids
+from threadweaver.rows import chat_prompt_text, plain_ids
 from threadweaver.wall_clock import wall_clock
 
 from .http import PLAIN_HEADER
@@ -356,11 +356,12 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
         if not isinstance(messages, list) or not messages:
             raise APIError("'messages' must be a non-empty list")
         try:
-            prompt_ids = chat_prompt_ids(tokenizer, messages, add_special_tokens=special)
+            text = chat_prompt_text(tokenizer, messages)
         except Exception as err:  # the template's own errors too (jinja's UndefinedError): the messages' fault
             raise APIError(f"cannot apply the chat template to 'messages': {type(err).__name__}: {err}") from None
+        prompt_ids = _text_ids(text, "'messages'", tokenizer, special, settings.prompt_window)
     else:
-        prompt_ids = _prompt_ids(body.get("prompt"), tokenizer, special)
+        prompt_ids = _prompt_ids(body.get("prompt"), tokenizer, special, settings.prompt_window)
     if not prompt_ids:  # an empty string, where the tokenizer adds no BOS (vLLM: "The decoder prompt cannot be empty")
         raise APIError("the prompt is empty: there is nothing to continue")
     if settings.prompt_window is not None and len(prompt_ids) >= settings.prompt_window:
@@ -444,13 +445,13 @@ def _asks(name: str, value, defaults: tuple) -> bool:
     return not any(type(value) is type(default) and value == default for default in defaults)
 
 
-def _prompt_ids(prompt, tokenizer, add_special_tokens: bool) -> list[int]:
+def _prompt_ids(prompt, tokenizer, add_special_tokens: bool, window: int | None) -> list[int]:
     """A completion request's prompt: one string (its special tokens added if asked) or one list of token ids
     (alone or in a list of one)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return plain_ids(tokenizer, prompt, add_special_tokens)
+        return _text_ids(prompt, "'prompt'", tokenizer, add_special_tokens, window)
     if not (isinstance(prompt, list) and prompt and all(map(is_whole, prompt))):
         raise APIError("'prompt' must be one string or one list of token ids with fork-join")
     vocabulary = len(tokenizer) if hasattr(tokenizer, "__len__") else None
@@ -458,6 +459,37 @@ def _prompt_ids(prompt, tokenizer, add_special_tokens: bool) -> list[int]:
     if outside is not None:
         raise APIError(f"'prompt' holds token id {outside}, outside the vocabulary (0..{(vocabulary or 1) - 1})")
     return list(prompt)
+
+
+PROMPT_PIECE_CHARS = 1 << 16
+"""How much of a long prompt's text is tokenized at a time while its length is unknown."""
+
+
+def _text_ids(text: str, name: str, tokenizer, add_special_tokens: bool, window: int | None) -> list[int]:
+    """``text``'s token ids. Where a prompt window is known, a text that is clearly longer (over twice the window,
+    counted piece by piece) is a 400 before it is tokenized whole: one prompt of tens of MB held the server for
+    seconds and took gigabytes (a 60 MB one ran the proxy out of memory). A lone surrogate is a 400 too: the
+    tokenizer refuses it with a TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise APIError(f"{name} is not Unicode text: it holds the lone surrogate {shown(text[err.start])}") from None
+    window = window or _sane(getattr(tokenizer, "model_max_length", None))
+    if window is not None and len(text) > PROMPT_PIECE_CHARS:
+        counted = 0
+        for start in range(0, len(text), PROMPT_PIECE_CHARS):
+            counted += len(plain_ids(tokenizer, text[start : start + PROMPT_PIECE_CHARS]))
+            if counted > 2 * window:
+                raise APIError(
+                    f"the prompt is over {2 * window} tokens: the server has room to generate after at most "
+                    f"{window - 1}"
+                )
+    return plain_ids(tokenizer, text, add_special_tokens)
+
+
+def _sane(length) -> int | None:
+    """A tokenizer's ``model_max_length`` where it is one (transformers' is 1e30 where the model's is unknown)."""
+    return length if is_whole(length) and 0 < length <= 1 << 24 else None
 
 
 def _number(body: dict, name: str, default, hint: type = float):

