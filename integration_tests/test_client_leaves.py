@@ -198,8 +198,6 @@ def test_ctrl_c_stops_the_proxy_and_the_trajectories_it_decodes(servers, tmp_pat
             proxy.send_signal(signal.SIGINT)
             assert proxy.wait(timeout=STOPPED_WITHIN_S) == 0
             assert idle(vllm_url), f"the engine still decodes {STOPPED_WITHIN_S} s after the proxy stopped"
-            while connection.sock.recv(1 << 16):  # the stream was cut: the socket ends (a hanging one times out)
-                pass
         finally:
             connection.close()
     said = log.read_text()

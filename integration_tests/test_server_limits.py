@@ -104,7 +104,7 @@ def test_a_request_above_a_ceiling_or_out_of_range_is_a_400_naming_it(server, tr
     assert status == 400 and message in reply["error"]["message"], reply
 
 
-def test_prompts_of_token_ids_are_checked_as_vllm_checks_them(server, trained):
+def test_prompts_are_checked_as_vllm_checks_them_and_a_huge_one_before_it_is_tokenized(server, trained):
     url, log = server
     completions = url + "/v1/completions"
     status, reply = post(completions, {"model": str(trained[1]), "prompt": [5], "threadweaver": True})
@@ -113,6 +113,11 @@ def test_prompts_of_token_ids_are_checked_as_vllm_checks_them(server, trained):
     assert status == 400 and "token id 1000000000, outside the vocabulary" in reply["error"]["message"]
     status, reply = post(completions, {"model": str(trained[1]), "prompt": [5] * CONTEXT, "threadweaver": True})
     assert status == 400 and f"the server has room to generate after at most {CONTEXT - 1}" in reply["error"]["message"]
+    huge = {"model": str(trained[1]), "prompt": "A=1+2\n" * 700_000, "threadweaver": True}  # 4.2 MB
+    status, reply = post(completions, huge)
+    assert status == 400 and reply["error"]["message"].startswith(f"the prompt is over {2 * CONTEXT} tokens")
+    status, reply = post(completions, {"model": str(trained[1]), "prompt": "A=\ud800", "threadweaver": True})
+    assert status == 400 and "'prompt' is not Unicode text: it holds the lone surrogate" in reply["error"]["message"]
     time.sleep(1)  # the log is written by another process
     text = log.read_text()
     assert "Traceback" not in text and "Exception in ASGI application" not in text

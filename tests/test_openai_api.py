@@ -396,9 +396,24 @@ def test_a_prompt_of_megabytes_is_a_400_before_it_is_tokenized_whole(qwen, route
     assert measured.lengths[-1] >= len(text) and qwen.decode(ids).count("1+2=3; ") == 9_400
 
 
+def test_where_the_servers_context_is_unknown_a_prompt_past_the_most_passed_on_is_a_400(qwen, monkeypatch):
+    """A proxy behind SGLang's router knows no context until a refusal says it."""
+    from threadweaver.vllm_orchestrator import openai_api
+
+    monkeypatch.setattr(openai_api, "MOST_PROMPT_TOKENS", 50_000)
+    measured = Measured(qwen)
+    with pytest.raises(
+        APIError, match="^the prompt is over 50000 tokens, the most passed on where the context is unknown$"
+    ):
+        parse_request(_asking("completion", "1+2=3; " * 600_000), "completion", measured, ServerSettings())
+    assert max(measured.lengths) <= 1 << 16 and sum(measured.lengths) <= 2 * (1 << 16)  # not 4.2 MB whole
+    text = "1+2=3; " * 7_000  # 49,000 tokens, over 65,536 characters: passed on whole
+    assert len(parse_request(_asking("completion", text), "completion", qwen, ServerSettings()).prompt_ids) == 49_000
+
+
 @pytest.mark.parametrize(("route", "name"), [("completion", "'prompt'"), ("chat", "'messages'")])
 def test_text_with_a_lone_surrogate_is_a_400(qwen, route, name):
-    """The tokenizer's TypeError was a 500 with a traceback."""
+    """The tokenizer's TypeError was a 500 with a traceback on completions (a 400 that named a TypeError on chat)."""
     with pytest.raises(APIError, match=f"^{name} is not Unicode text: it holds the lone surrogate '\\\\ud800'$"):
         parse_request(_asking(route, "a\ud800b"), route, qwen, ServerSettings())
 

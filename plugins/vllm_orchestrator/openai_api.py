@@ -463,33 +463,32 @@ def _prompt_ids(prompt, tokenizer, add_special_tokens: bool, window: int | None)
 
 PROMPT_PIECE_CHARS = 1 << 16
 """How much of a long prompt's text is tokenized at a time while its length is unknown."""
+MOST_PROMPT_TOKENS = 1 << 21
+"""Where the server's context is not known (a proxy behind SGLang's router, before a refusal says it): the
+longest prompt passed on, beyond any model's context."""
 
 
 def _text_ids(text: str, name: str, tokenizer, add_special_tokens: bool, window: int | None) -> list[int]:
-    """``text``'s token ids. Where a prompt window is known, a text that is clearly longer (over twice the window,
-    counted piece by piece) is a 400 before it is tokenized whole: one prompt of tens of MB held the server for
-    seconds and took gigabytes (a 60 MB one ran the proxy out of memory). A lone surrogate is a 400 too: the
-    tokenizer refuses it with a TypeError."""
+    """``text``'s token ids. A text clearly longer than the server's context (over twice it, or over
+    :data:`MOST_PROMPT_TOKENS` where it is not known), counted piece by piece, is a 400 before it is tokenized
+    whole: one prompt of tens of MB held the server for seconds and took gigabytes (a 60 MB one ran the proxy out
+    of memory). A lone surrogate is a 400 too: the tokenizer refuses it with a TypeError."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:
         raise APIError(f"{name} is not Unicode text: it holds the lone surrogate {shown(text[err.start])}") from None
-    window = window or _sane(getattr(tokenizer, "model_max_length", None))
-    if window is not None and len(text) > PROMPT_PIECE_CHARS:
+    if len(text) > PROMPT_PIECE_CHARS:
+        most = 2 * window if window is not None else MOST_PROMPT_TOKENS
         counted = 0
         for start in range(0, len(text), PROMPT_PIECE_CHARS):
             counted += len(plain_ids(tokenizer, text[start : start + PROMPT_PIECE_CHARS]))
-            if counted > 2 * window:
+            if counted > most:
+                if window is None:
+                    raise APIError(f"the prompt is over {most} tokens, the most passed on where the context is unknown")
                 raise APIError(
-                    f"the prompt is over {2 * window} tokens: the server has room to generate after at most "
-                    f"{window - 1}"
+                    f"the prompt is over {most} tokens: the server has room to generate after at most {window - 1}"
                 )
     return plain_ids(tokenizer, text, add_special_tokens)
-
-
-def _sane(length) -> int | None:
-    """A tokenizer's ``model_max_length`` where it is one (transformers' is 1e30 where the model's is unknown)."""
-    return length if is_whole(length) and 0 < length <= 1 << 24 else None
 
 
 def _number(body: dict, name: str, default, hint: type = float):

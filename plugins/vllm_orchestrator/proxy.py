@@ -223,10 +223,11 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         return await forward(request, await request.read())
 
     def reply_cut() -> None:
-        why = "stopping cut a reply short" if state.get("stopping") else "a client left before its reply ended"
+        why = "stopping cut a reply short" if asyncio.current_task() in cut else "a client left before its reply ended"
         print(f"threadweaver proxy: {why}; its trajectory was stopped", file=sys.stderr, flush=True)
 
     live: set[asyncio.Task] = set()
+    cut: set[asyncio.Task] = set()  # the replies stopping ended
 
     @web.middleware
     async def tracked(request: web.Request, handler):
@@ -241,12 +242,19 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
     async def end_live_replies(app) -> None:
         """On Ctrl-C or SIGTERM (the listening socket is closed by now): the replies still running get
         :data:`STOP_GRACE_S` to end, or until a second Ctrl-C or SIGTERM, then they are stopped."""
-        state["stopping"] = True
         loop = asyncio.get_running_loop()
         now = loop.create_future()
-        with contextlib.suppress(NotImplementedError):  # Windows: the grace only
-            for stopping in (signal.SIGINT, signal.SIGTERM):  # not aiohttp's, which would end the stop half-way
-                loop.add_signal_handler(stopping, lambda: now.done() or now.set_result(None))
+
+        def again(*_) -> None:  # a second Ctrl-C or SIGTERM: the replies end now
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(lambda: now.done() or now.set_result(None))
+
+        # Python's handlers in place of aiohttp's (which would end the stop half-way), not the loop's: aiohttp's end
+        # gives the loop's back to the defaults, and a signal then cut the exit short (status 130 or 143).
+        for stopping in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):  # Windows
+                loop.remove_signal_handler(stopping)
+            signal.signal(stopping, again)
         if not live:
             return
         running = "1 reply still running gets" if len(live) == 1 else f"{len(live)} replies still running get"
@@ -258,10 +266,9 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         deadline = loop.time() + STOP_GRACE_S
         while live and not now.done() and loop.time() < deadline:
             await asyncio.wait([*live, now], timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED)
-        for task in list(live):
-            task.cancel()
-        if live:
-            await asyncio.wait(list(live), timeout=STOP_GRACE_S)
+        for task in live:
+            cut.add(task)
+            task.cancel()  # aiohttp's shutdown then waits for them to end
 
     @web.middleware
     async def guarded(request: web.Request, handler):
@@ -336,8 +343,15 @@ def serve_proxy(args: ProxyArgs, limits: Limits = Limits()) -> None:
     logging.getLogger("aiohttp.server").addFilter(_no_bad_request_tracebacks)
     try:
         # A client that leaves cancels its handler, so its trajectory stops and frees the engine.
-        web.run_app(proxy_app(args, limits), host=args.host, port=args.port, print=announce, handler_cancellation=True)
-    finally:  # aiohttp gave the signals back to their defaults: a Ctrl-C now would cut the exit short (status 130)
+        web.run_app(
+            proxy_app(args, limits),
+            host=args.host,
+            port=args.port,
+            print=announce,
+            handler_cancellation=True,
+            shutdown_timeout=STOP_GRACE_S,  # for replies to end once stopped (aiohttp waits 60 s, twice)
+        )
+    finally:  # one more signal must not cut the exit short (torch's clean-up included)
         for stopping in (signal.SIGINT, signal.SIGTERM):
             signal.signal(stopping, signal.SIG_IGN)
 
