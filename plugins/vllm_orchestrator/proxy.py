@@ -43,8 +43,8 @@ from .serve import ServeArgs
 
 STOP_GRACE_S = 10.0
 """On Ctrl-C or SIGTERM, how long the replies still running get to end before the proxy stops them (their
-trajectories stop and their backend requests are closed, as when a client leaves); a second Ctrl-C stops them at
-once. aiohttp alone would wait twice its 60 s, in silence."""
+trajectories stop and their backend requests are closed, as when a client leaves); a second Ctrl-C or SIGTERM stops
+them at once. aiohttp alone would wait twice its 60 s, in silence."""
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"}
 
