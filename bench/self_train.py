@@ -82,7 +82,7 @@ def main() -> None:
     from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
     from threadweaver.kit.tokenizers import synth_tokenizer
     from threadweaver.selection import FilterConfig
-    from threadweaver.self_train import SelfTrainArgs, run
+    from threadweaver.self_train import GENERATED, GENERATED_DONE, SelfTrainArgs, run
     from threadweaver.synth import SynthConfig, chat_row
 
     out, clock = args.out, {}
@@ -127,7 +127,7 @@ def main() -> None:
     summary = self_train_round("round1", None)
     mixed_out = os.path.join(out, "round1_mix")
     os.makedirs(mixed_out, exist_ok=True)
-    for name in ("generated.jsonl", "generated.done"):
+    for name in (GENERATED, GENERATED_DONE):
         shutil.copy(os.path.join(out, "round1", name), mixed_out)
     mixed = self_train_round("round1_mix", paths["stage1"])
 

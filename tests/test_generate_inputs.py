@@ -115,8 +115,8 @@ def test_a_null_id_is_no_id(tmp_path):
 
 
 def test_http_options_refuse_a_count_that_would_wait_forever():
-    with pytest.raises(ValueError, match="concurrency must be a whole number of at least 1, not 0"):
-        HTTPOptions(concurrency=0)
+    with pytest.raises(ValueError, match="max_inflight must be a whole number of at least 1, not 0"):
+        HTTPOptions(max_inflight=0)
 
 
 def test_an_empty_problems_file_says_so(model, tmp_path):

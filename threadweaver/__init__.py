@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one declaration: pyproject.toml reads it (statically) from here
 
 _EXPORTS = {
     "Format": "threadweaver.format",

@@ -61,12 +61,12 @@ def check_counts(config, names: typing.Iterable[str], least: int = 1, none_ok: b
             raise SettingError(name, f"must be a whole number of at least {least}, not {value!r}")
 
 
-def check_numbers(config, names: typing.Iterable[str], least: float = 0) -> None:
-    """Refuse a config whose fields ``names`` are not finite real numbers of at least ``least``, naming the field."""
+def check_numbers(config, names: typing.Iterable[str]) -> None:
+    """Refuse a config whose fields ``names`` are not finite real numbers of at least 0, naming the field."""
     for name in names:
         value = getattr(config, name)
-        if not is_number(value) or not math.isfinite(value) or value < least:
-            raise SettingError(name, f"must be a finite number of at least {least}, not {value!r}")
+        if not is_number(value) or not math.isfinite(value) or value < 0:
+            raise SettingError(name, f"must be a finite number of at least 0, not {value!r}")
 
 
 def url_problem(url) -> str | None:
@@ -95,11 +95,10 @@ def check_url(config, name: str, url: str | None = None) -> None:
         raise SettingError(name, problem)
 
 
-def check_port(config, name: str = "port") -> None:
-    """Refuse a port number outside 0..65535 (0: a free one), naming the field."""
-    port = getattr(config, name)
-    if not 0 <= port <= 65535:
-        raise SettingError(name, f"must be a port number (0 to 65535), not {port}")
+def check_port(config) -> None:
+    """Refuse a config whose field ``port`` is outside 0..65535 (0: a free one), naming the field."""
+    if not 0 <= config.port <= 65535:
+        raise SettingError("port", f"must be a port number (0 to 65535), not {config.port}")
 
 
 def add_arguments(

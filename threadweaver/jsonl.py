@@ -199,6 +199,11 @@ def check_folder(folder: str) -> None:
         raise ValueError(f"cannot write into {folder}: {existing} is a file, not a folder")
 
 
+def report_path(out: str) -> str:
+    """Where a command that writes the rows ``out`` (``filter``, ``convert``) writes its report: ``OUT.report.json``."""
+    return out + ".report.json"
+
+
 def write_json(path: str, value) -> None:
     """One JSON document, written atomically."""
     tmp = path + ".tmp"
@@ -303,8 +308,9 @@ def finished_keys(path: str) -> tuple[set[tuple[str, int]], int]:
     return keys, len(aside)
 
 
-def _last_line_start(f, chunk: int = 1 << 16) -> int:
+def _last_line_start(f) -> int:
     """Where the text after the last newline starts (the file's length when it ends with one)."""
+    chunk = 1 << 16  # bytes read back at a time
     end = f.seek(0, os.SEEK_END)
     at = end
     while at > 0:

@@ -29,9 +29,9 @@ thread's ``<Thread>``; ``seed``: its ``"i:"``; ``close``: its ``</Thread>``; ``j
 the block's ``</Parallel>``."""
 
 
-def thread_name(path: ThreadPath, main: str = "main sequence") -> str:
-    """``"thread 2.1"`` for a thread path, ``main`` for the main sequence."""
-    return "thread " + ".".join(str(number) for _, number in path) if path else main
+def thread_name(path: ThreadPath) -> str:
+    """``"thread 2.1"`` for a thread path, ``"main sequence"`` for the main sequence."""
+    return "thread " + ".".join(str(number) for _, number in path) if path else "main sequence"
 
 
 @dataclass(frozen=True)

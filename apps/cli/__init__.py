@@ -13,6 +13,7 @@ import sys
 
 from threadweaver.interrupts import STOPPING_SIGNALS, Stopped, exit_status, interrupt_like_ctrl_c
 
+from .command import CommandParser
 from .data import DATA_COMMANDS
 from .models import MODEL_COMMANDS
 
@@ -26,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="threadweaver", description="Train, serve and evaluate adaptive parallel reasoning; one subcommand a job."
     )
     parser.add_argument("--version", action="version", version=f"threadweaver {__version__}")
-    commands = parser.add_subparsers(dest="name", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="name", required=True, metavar="COMMAND", parser_class=CommandParser)
     for command in COMMANDS:
         command.add_to(commands)
     return parser

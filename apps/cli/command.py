@@ -11,6 +11,20 @@ def no_arguments(parser: argparse.ArgumentParser) -> None:
     pass
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser that knows its own flags: ``option_strings`` gathers those of every argument
+    added with :meth:`add_argument` (``-h`` and ``--help`` too; no command adds arguments through a group)."""
+
+    def __init__(self, *args, **kwargs):
+        self.option_strings: set[str] = set()  # before argparse adds --help
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.option_strings.update(action.option_strings)
+        return action
+
+
 @dataclass(frozen=True)
 class Command:
     name: str

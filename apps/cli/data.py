@@ -9,6 +9,7 @@ import sys
 
 from threadweaver.cli_args import add_arguments, from_args
 from threadweaver.dataset import HELD_OUT_PROBLEMS, TRAIN_PROBLEMS
+from threadweaver.jsonl import report_path
 from threadweaver.selection import FilterConfig
 from threadweaver.synth import SynthConfig
 
@@ -161,7 +162,7 @@ def _stats(args: argparse.Namespace) -> None:
 
 def _filter_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("generated", help="JSONL rows from `threadweaver generate --n K` on problems with an 'answer'")
-    p.add_argument("out", help="the kept rows (JSONL, as they are); the report goes to OUT.report.json")
+    p.add_argument("out", help=f"the kept rows (JSONL, as they are); the report goes to {report_path('OUT')}")
     p.add_argument("--tokenizer", help=TOKENIZER_HELP)
     add_arguments(p, FilterConfig)
 
@@ -175,7 +176,7 @@ def _filter(args: argparse.Namespace) -> None:
     if problem := not_a_file_of_rows(args.generated):
         sys.exit(f"threadweaver filter: {args.generated}: {problem}")
     try:
-        check_outputs([args.out, args.out + ".report.json"], [args.generated])
+        check_outputs([args.out, report_path(args.out)], [args.generated])
         config = from_args(FilterConfig, args)
     except ValueError as err:
         sys.exit(f"threadweaver filter: {err}")
@@ -201,16 +202,16 @@ def _filter(args: argparse.Namespace) -> None:
             file=sys.stderr,
         )
     write_jsonl(args.out, kept)
-    write_json(args.out + ".report.json", report)
+    write_json(report_path(args.out), report)
     print(format_report(report))
-    print(f"wrote {args.out} and {args.out}.report.json")
+    print(f"wrote {args.out} and {report_path(args.out)}")
 
 
 def _convert_arguments(p: argparse.ArgumentParser) -> None:
     from threadweaver.convert import SOURCES, ConvertConfig
 
     p.add_argument("input", help="the peer's rows: JSONL, parquet (.parquet) or a JSON array (.json)")
-    p.add_argument("out", help="our chat rows (JSONL, for sft); the report goes to OUT.report.json")
+    p.add_argument("out", help=f"our chat rows (JSONL, for sft); the report goes to {report_path('OUT')}")
     p.add_argument("--from", dest="source", required=True, choices=SOURCES, help="the input's format")
     p.add_argument("--tokenizer", default="qwen", help="'qwen' (default), 'synth', or a tokenizer directory")
     add_arguments(p, ConvertConfig)
@@ -230,7 +231,7 @@ def _convert(args: argparse.Namespace) -> None:
     if problem := not_a_file_of_rows(args.input):
         fail(f"{args.input}: {problem}")
     try:
-        check_outputs([args.out, args.out + ".report.json"], [args.input])
+        check_outputs([args.out, report_path(args.out)], [args.input])
         config = from_args(ConvertConfig, args)
         fmt = Format.from_tokenizer(load_tokenizer(args.tokenizer))
     except (ValueError, OSError) as err:
@@ -248,7 +249,7 @@ def _convert(args: argparse.Namespace) -> None:
     except (ValueError, OSError) as err:
         fail(f"{args.input}: {err}")
     print(format_report(report))
-    print(f"wrote {args.out} and {args.out}.report.json")
+    print(f"wrote {args.out} and {report_path(args.out)}")
 
 
 def _curate_arguments(p: argparse.ArgumentParser) -> None:
@@ -314,7 +315,9 @@ def _self_train(args: argparse.Namespace) -> None:
 
 
 def _go_on_hint(out: str) -> str:
-    generated = os.path.join(out, "generated.jsonl")
+    from threadweaver.self_train import GENERATED
+
+    generated = os.path.join(out, GENERATED)
     if not os.path.exists(generated) or os.path.getsize(generated) == 0:  # nothing done to go on from
         return ""
     return f"\nwhat is done is in {out}; rerun the same command to go on"

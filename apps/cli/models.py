@@ -65,7 +65,7 @@ def _model_after_a_flag(args: argparse.Namespace) -> str | None:
     Qwen/Qwen3-8B --download-dir /data`` is fine)."""
     if os.path.exists(os.path.expanduser(args.model)):
         return None
-    own = set(args.command_parser._option_string_actions)
+    own = args.command_parser.option_strings
     words = args.words
     for at in range(1, len(words) - 1):
         flag, following = words[at - 1], words[at + 1]

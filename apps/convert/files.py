@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from statistics import mean
 
 from threadweaver.format import Format
-from threadweaver.jsonl import RowError, read_rows, write_json, write_jsonl
+from threadweaver.jsonl import RowError, read_rows, report_path, write_json, write_jsonl
 from threadweaver.rows import tokenizer_field
 from threadweaver.stats import latency_stats
 from threadweaver.tree import DEFAULT_MAX_DEPTH, TrajectoryFormatError, parse_text
@@ -28,9 +28,10 @@ CONVERTERS: dict[Source, Callable[[dict, ConvertConfig], dict | Failure]] = {
 }
 
 
-def convert_text(text: str, source: Source, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
-    """A source's trajectory text in our format; :class:`~threadweaver.convert.grammar.Refused` says why not."""
-    return Converter(text, SYNTAXES[source], max_depth).convert()
+def convert_text(text: str, source: Source) -> str:
+    """A source's trajectory text in our format (blocks nested up to ``DEFAULT_MAX_DEPTH``);
+    :class:`~threadweaver.convert.grammar.Refused` says why not."""
+    return Converter(text, SYNTAXES[source], DEFAULT_MAX_DEPTH).convert()
 
 
 def samples(row: dict, source: Source, config: ConvertConfig = ConvertConfig()) -> list[tuple[int | None, dict]]:
@@ -148,7 +149,7 @@ def convert_file(
             os.remove(out + ".tmp")
         raise
     stats = report(outcomes, source, config)
-    write_json(out + ".report.json", stats)
+    write_json(report_path(out), stats)
     return stats
 
 

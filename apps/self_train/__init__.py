@@ -22,12 +22,17 @@ from threadweaver.orchestrator import Limits
 from threadweaver.selection import FilterConfig
 from threadweaver.vllm_orchestrator.serve import ServeArgs
 
+GENERATED = "generated.jsonl"
+"""The samples in OUT, appended as they finish (``generate`` resumes from them)."""
+GENERATED_DONE = "generated.done"
+"""Written in OUT once every sample is in :data:`GENERATED`: a rerun samples no more."""
+
 
 @dataclass(frozen=True)
 class SelfTrainArgs:
     model: str = field(metadata={"help": "The model that samples (the stage-1 model): a directory."})
     problems: str = field(metadata={"help": "JSONL problems with 'messages' or 'prompt', an 'id' and an 'answer'."})
-    out: str = option("runs/self-train", "Where generated.jsonl, kept.jsonl, train.jsonl and model/ go.")
+    out: str = option("runs/self-train", f"Where {GENERATED}, kept.jsonl, train.jsonl and model/ go.")
     start: str = option(
         "model", "Fine-tune 'model' (the one that sampled) or 'base' (--base).", choices=("model", "base")
     )
@@ -81,7 +86,7 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
     mixed = read_mix(args.mix, start) if args.mix else []
     os.makedirs(args.out, exist_ok=True)
     recipe = Recipe(os.path.join(args.out, "recipe.json"))
-    generated, done = os.path.join(args.out, "generated.jsonl"), os.path.join(args.out, "generated.done")
+    generated, done = os.path.join(args.out, GENERATED), os.path.join(args.out, GENERATED_DONE)
     limits = Limits() if filtering.max_tokens is None else Limits(max_tokens=filtering.max_tokens)
     samples = {
         "model": os.path.realpath(args.model),

@@ -27,7 +27,7 @@ class EngineArgs:
         "each trajectory on one.",
     )
     served_model: str | None = option(None, "Model name on the vLLM server (default: the only one it serves).")
-    max_inflight: int = option(HTTPOptions.concurrency, "Most requests in flight to a server.")
+    max_inflight: int = option(HTTPOptions.max_inflight, "Most requests in flight to a server.")
     retries: int = option(HTTPOptions.retries, "Retries with backoff on connection errors, 429 and 5xx.")
     api_key: str | None = option(None, "Bearer token for the server.")
 
@@ -47,7 +47,7 @@ class EngineArgs:
 
 def make_engine(args: EngineArgs, model: str | None = None):
     """``model``: the model directory, for the in-process engines."""
-    options = HTTPOptions(concurrency=args.max_inflight, retries=args.retries, api_key=args.api_key)
+    options = HTTPOptions(max_inflight=args.max_inflight, retries=args.retries, api_key=args.api_key)
     if args.engine in SERVER_ENGINES:
         urls = args.base_url.split()
         if not urls:

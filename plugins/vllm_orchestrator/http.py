@@ -31,14 +31,14 @@ class Unreachable(EngineError):
 
 @dataclass(frozen=True)
 class HTTPOptions:
-    concurrency: int = option(256, "Most requests in flight to the server.")
+    max_inflight: int = option(256, "Most requests in flight to the server.")
     retries: int = option(4, "Retries on connection errors, 429 and 5xx.")
     backoff_s: float = option(0.5, "First retry delay; it doubles each retry.")
     timeout_s: float = option(3600.0, "Most seconds one request may take.")
     api_key: str | None = option(None, "Sent as a bearer token.")
 
     def __post_init__(self):
-        check_counts(self, ("concurrency",))
+        check_counts(self, ("max_inflight",))
         check_counts(self, ("retries",), least=0)
 
 
@@ -127,11 +127,11 @@ class JSONClient:
         if self._loop is not loop or self._session is None or self._session.closed:
             self._drop_session()
             headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else None
-            slots = self.options.concurrency + 1  # the /health probe's own
+            slots = self.options.max_inflight + 1  # the /health probe's own
             connector = aiohttp.TCPConnector(limit=slots, limit_per_host=slots, keepalive_timeout=KEEPALIVE_S)
             timeout = aiohttp.ClientTimeout(total=self.options.timeout_s)
             self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers)
-            self._slots = asyncio.Semaphore(self.options.concurrency)
+            self._slots = asyncio.Semaphore(self.options.max_inflight)
             self._loop = loop
         return self._session
 
