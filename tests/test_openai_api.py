@@ -386,14 +386,19 @@ def test_a_prompt_of_megabytes_is_a_400_before_it_is_tokenized_whole(qwen, route
     ):
         parse_request(_asking(route, "1+2=3; " * 600_000), route, measured, settings)  # 4.2 MB
     assert max(measured.lengths) <= 1 << 16 and sum(measured.lengths) < 4 * (1 << 16)
-    text = "1+2=3; " * 9_400  # 65,800 characters and as many tokens: counted piece by piece, then tokenized whole
+    text = "1+2=3; " * 9_400  # 65,800 characters, bytes and tokens: under twice the context, tokenized once
+    measured = Measured(qwen)
     with pytest.raises(
         APIError, match=r"^the prompt is 658\d\d tokens: the server has room to generate after at most 39999$"
     ):
-        parse_request(_asking(route, text), route, qwen, replace(settings, prompt_window=40_000))  # said exactly
+        parse_request(_asking(route, text), route, measured, replace(settings, prompt_window=40_000))  # said exactly
+    assert len(measured.lengths) == 1
+    text = "hello " * 15_000  # 90,000 bytes, 15,000 tokens: counted piece by piece, then tokenized whole
     measured = Measured(qwen)
-    ids = parse_request(_asking(route, text), route, measured, replace(settings, prompt_window=70_000)).prompt_ids
-    assert measured.lengths[-1] >= len(text) and qwen.decode(ids).count("1+2=3; ") == 9_400
+    ids = parse_request(_asking(route, text), route, measured, replace(settings, prompt_window=40_000)).prompt_ids
+    first, second, whole = measured.lengths  # the chat template's text is longer
+    assert first == 1 << 16 and first + second == whole >= len(text)
+    assert qwen.decode(ids).count("hello ") == 15_000
 
 
 def test_where_the_servers_context_is_unknown_a_prompt_past_the_most_passed_on_is_a_400(qwen, monkeypatch):
@@ -407,8 +412,37 @@ def test_where_the_servers_context_is_unknown_a_prompt_past_the_most_passed_on_i
     ):
         parse_request(_asking("completion", "1+2=3; " * 600_000), "completion", measured, ServerSettings())
     assert max(measured.lengths) <= 1 << 16 and sum(measured.lengths) <= 2 * (1 << 16)  # not 4.2 MB whole
-    text = "1+2=3; " * 7_000  # 49,000 tokens, over 65,536 characters: passed on whole
+    text = "1+2=3; " * 7_000  # 49,000 tokens: passed on
     assert len(parse_request(_asking("completion", text), "completion", qwen, ServerSettings()).prompt_ids) == 49_000
+
+
+def test_a_prompt_is_tokenized_beside_the_event_loop(qwen):
+    """Tokenized on the event loop, a prompt of a megabyte held every reply streamed meanwhile for a second."""
+    ticks = 0
+
+    class Watched(Measured):
+        def encode(self, text, add_special_tokens=False):
+            before = ticks
+            ids = super().encode(text, add_special_tokens)
+            self.ticked.append(ticks - before)
+            return ids
+
+    watched = Watched(qwen)
+    watched.ticked = []
+    settings = replace(ServerSettings(), prompt_window=100_000)
+    body = {"prompt": "1+2=3; " * 150_000, "threadweaver": True}  # 1 MB, refused after it is counted
+
+    async def main():
+        nonlocal ticks
+        parsed = asyncio.create_task(answer(body, "completion", watched, settings, None, None, "m"))
+        while not parsed.done():
+            await asyncio.sleep(0.001)
+            ticks += 1
+        with pytest.raises(APIError, match="^the prompt is over 200000 tokens"):
+            await parsed
+
+    asyncio.run(main())
+    assert len(watched.ticked) == 4 and max(watched.ticked) > 0  # the loop ran while the prompt was tokenized
 
 
 @pytest.mark.parametrize(("route", "name"), [("completion", "'prompt'"), ("chat", "'messages'")])

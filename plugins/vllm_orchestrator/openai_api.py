@@ -29,6 +29,7 @@ import time
 import typing
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
 
 from threadweaver.cli_args import SettingError, check_counts, is_number, is_whole, option, value_type
@@ -365,10 +366,7 @@ def parse_request(body: dict, route: str, tokenizer, settings: ServerSettings) -
     if not prompt_ids:  # an empty string, where the tokenizer adds no BOS (vLLM: "The decoder prompt cannot be empty")
         raise APIError("the prompt is empty: there is nothing to continue")
     if settings.prompt_window is not None and len(prompt_ids) >= settings.prompt_window:
-        raise APIError(
-            f"the prompt is {len(prompt_ids)} tokens: the server has room to generate after at most "
-            f"{settings.prompt_window - 1}"
-        )
+        raise _too_long(str(len(prompt_ids)), settings.prompt_window)
     value = body.get(FIELD)
     limits = capped_limits(value if isinstance(value, dict) else {}, settings.limits, FIELD)
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -472,23 +470,26 @@ def _text_ids(text: str, name: str, tokenizer, add_special_tokens: bool, window:
     """``text``'s token ids. A text clearly longer than the server's context (over twice it, or over
     :data:`MOST_PROMPT_TOKENS` where it is not known), counted piece by piece, is a 400 before it is tokenized
     whole: one prompt of tens of MB held the server for seconds and took gigabytes (a 60 MB one ran the proxy out
-    of memory). A lone surrogate is a 400 too: the tokenizer refuses it with a TypeError."""
+    of memory). A text of no more bytes than that is not counted (a token is at least a byte, but where a
+    normalizer expands the text). A lone surrogate is a 400 too: the tokenizer refuses it with a TypeError."""
     try:
-        text.encode("utf-8")
+        size = len(text.encode("utf-8"))
     except UnicodeEncodeError as err:
         raise APIError(f"{name} is not Unicode text: it holds the lone surrogate {shown(text[err.start])}") from None
-    if len(text) > PROMPT_PIECE_CHARS:
-        most = 2 * window if window is not None else MOST_PROMPT_TOKENS
+    most = 2 * window if window is not None else MOST_PROMPT_TOKENS
+    if len(text) > PROMPT_PIECE_CHARS and size > most:
         counted = 0
         for start in range(0, len(text), PROMPT_PIECE_CHARS):
             counted += len(plain_ids(tokenizer, text[start : start + PROMPT_PIECE_CHARS]))
             if counted > most:
                 if window is None:
                     raise APIError(f"the prompt is over {most} tokens, the most passed on where the context is unknown")
-                raise APIError(
-                    f"the prompt is over {most} tokens: the server has room to generate after at most {window - 1}"
-                )
+                raise _too_long(f"over {most}", window)
     return plain_ids(tokenizer, text, add_special_tokens)
+
+
+def _too_long(tokens: str, window: int) -> APIError:
+    return APIError(f"the prompt is {tokens} tokens: the server has room to generate after at most {window - 1}")
 
 
 def _number(body: dict, name: str, default, hint: type = float):
@@ -548,6 +549,12 @@ def reply(route: str, request: ForkJoinRequest, trajectory: Trajectory, fmt: For
     return {**_head(route, model), "choices": [choice], **usage, **stats}
 
 
+PARSING = ThreadPoolExecutor(1, thread_name_prefix="threadweaver-parse")
+"""Where fork-join requests are read (their prompts tokenized, their chat templates applied): beside the event
+loop, which a prompt of a megabyte held for a second, with every reply streamed meanwhile; one at a time, as a
+tokenizer is not to be shared between threads."""
+
+
 async def answer(
     body: dict,
     route: str,
@@ -564,7 +571,7 @@ async def answer(
     ``admission`` holds a slot from the request's admission until its reply is sent or its
     stream ends (read to the end, closed, or dropped when the client goes). ``sanitize``: what the
     server does to an error's message, here for a stream's error event (:meth:`APIError.body`)."""
-    request = parse_request(body, route, tokenizer, settings)
+    request = await asyncio.get_running_loop().run_in_executor(PARSING, parse_request, body, route, tokenizer, settings)
     admission = admission or Admission(None)
     admission.enter()
     if request.stream:
@@ -608,6 +615,11 @@ def _event(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
+def error_events(err: APIError, sanitize: Callable[[str], str] | None = None) -> tuple[str, str]:
+    """The end of a stream that fails: its error event, then ``[DONE]``, as vLLM's streams end."""
+    return _event(err.body(sanitize)), _event("[DONE]")
+
+
 async def stream_reply(
     route: str, request: ForkJoinRequest, engine, fmt: Format, model: str, sanitize: Callable[[str], str] | None = None
 ) -> AsyncIterator[str]:
@@ -640,14 +652,15 @@ async def stream_reply(
         try:
             trajectory = task.result()
         except APIError as err:
-            yield _event(err.body(sanitize))
-        else:
-            if text := streamed.finish():
-                yield chunk(text)
-            usage, stats = _totals(trajectory)
-            yield chunk(None, "stop" if streamed.stopped else trajectory.finish_reason, **stats)
-            if request.usage_chunk:
-                yield _event({**head, "choices": [], **usage})
+            for event in error_events(err, sanitize):
+                yield event
+            return
+        if text := streamed.finish():
+            yield chunk(text)
+        usage, stats = _totals(trajectory)
+        yield chunk(None, "stop" if streamed.stopped else trajectory.finish_reason, **stats)
+        if request.usage_chunk:
+            yield _event({**head, "choices": [], **usage})
         yield _event("[DONE]")
     finally:
         task.cancel()  # the client went away: stop decoding

@@ -35,6 +35,7 @@ from .openai_api import (
     answer,
     branching_default_option,
     check_model,
+    error_events,
     max_trajectories_option,
     shown,
     unprepared,
@@ -45,6 +46,10 @@ STOP_GRACE_S = 10.0
 """On Ctrl-C or SIGTERM, how long the replies still running get to end before the proxy stops them (their
 trajectories stop and their backend requests are closed, as when a client leaves); a second Ctrl-C or SIGTERM stops
 them at once. aiohttp alone would wait twice its 60 s, in silence."""
+
+STOPPED = "the server is stopping: this reply was cut short"
+MAX_BODY_BYTES = 64 * 2**20
+"""The largest request body the proxy reads; beyond, a 413."""
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"}
 
@@ -172,8 +177,8 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             return None  # it serves several models, say: the trajectory's requests say so
 
     async def openai_route(request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
         try:
+            raw = await read_body(request)
             try:
                 body = json.loads(raw)
             except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, a number or nesting too large
@@ -197,9 +202,10 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                     admission,
                     hide,
                 )
-            except asyncio.CancelledError:  # the client left before its reply (or the proxy stops)
-                reply_cut()
-                raise
+            except asyncio.CancelledError:  # the client left before its reply (or the proxy stops: a 503)
+                if not reply_cut():
+                    raise
+                raise APIError(STOPPED, status=503) from None
             if isinstance(out, dict):
                 return web.json_response(out)
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -211,8 +217,12 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             except ConnectionResetError:  # aiohttp's "Cannot write to closing transport" too
                 reply_cut()
             except asyncio.CancelledError:  # the client left and aiohttp cancelled this handler (or the proxy stops)
-                reply_cut()
-                raise
+                if not reply_cut():
+                    raise
+                with contextlib.suppress(ConnectionResetError):  # the stream ends as a failed one: a client knows
+                    for event in error_events(APIError(STOPPED, status=503)):
+                        await response.write(event.encode())
+                    await response.write_eof()
             finally:
                 await out.aclose()
             return response
@@ -220,11 +230,26 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             return web.json_response(err.body(hide), status=err.status)
 
     async def other(request: web.Request) -> web.StreamResponse:
-        return await forward(request, await request.read())
+        try:
+            return await forward(request, await read_body(request))
+        except APIError as err:
+            return web.json_response(err.body(), status=err.status)
 
-    def reply_cut() -> None:
-        why = "stopping cut a reply short" if asyncio.current_task() in cut else "a client left before its reply ended"
+    async def read_body(request: web.Request) -> bytes:
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:  # aiohttp's answer is plain text
+            raise APIError(f"the request body is over this proxy's {MAX_BODY_BYTES} bytes", status=413) from None
+
+    def reply_cut() -> bool:
+        """Logs a fork-join reply cut short; whether stopping cut it (it is then answered, not dropped)."""
+        task = asyncio.current_task()
+        stopping = task in cut
+        why = "stopping cut a reply short" if stopping else "a client left before its reply ended"
         print(f"threadweaver proxy: {why}; its trajectory was stopped", file=sys.stderr, flush=True)
+        if stopping and hasattr(task, "uncancel"):  # Python 3.11's count: the handler goes on, to answer
+            task.uncancel()
+        return stopping
 
     live: set[asyncio.Task] = set()
     cut: set[asyncio.Task] = set()  # the replies stopping ended
@@ -287,7 +312,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                     return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
 
-    app = web.Application(client_max_size=64 * 2**20, middlewares=[tracked, guarded])
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[tracked, guarded])
     app.on_startup.append(start)
     app.on_shutdown.append(end_live_replies)
     app.on_cleanup.append(stop)
