@@ -30,18 +30,14 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 from threadweaver.quickstart.recipe import embedded_models
 from threadweaver.synth import make_rows
-from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer, free_port
+from threadweaver.testing import running_proxy
+from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
 from threadweaver.wall_clock import WallClock, mean_parts
-
-CLI = str(Path(sys.executable).with_name("threadweaver"))
 
 
 def post(url: str, body: dict) -> dict:
@@ -105,13 +101,7 @@ def main() -> None:
     problems = [[{"role": "user", "content": r["prompt"]}] for r in make_rows(args.problems, 7, split="validation")]
     serve = ServeArgs(model=model, port=0, max_model_len=2048, device="cpu", cpu_kv_cache_gib=1, dtype="float32")
     with VLLMServer(serve, log_path="/tmp/bench_openai_endpoint_server.log") as server:
-        port = free_port()
-        proxy = subprocess.Popen(
-            [CLI, "proxy", "--backend", server.url, "--port", str(port)], stdout=subprocess.PIPE, text=True
-        )
-        proxy.stdout.readline()  # its URL: it is listening
-        proxy_url = f"http://127.0.0.1:{port}"
-        try:
+        with running_proxy("--backend", server.url, log_path="/tmp/bench_openai_endpoint_proxy.log") as (_, proxy_url):
             bodies = [
                 {"model": model, "messages": m, "max_tokens": 600, "temperature": 0, "threadweaver": True}
                 for m in problems
@@ -148,9 +138,6 @@ def main() -> None:
                     means = mean_parts(clocks)
                     cells = " | ".join(f"{means[n]:.3f}" for n in names)
                     print(f"| {in_flight} | {way} | {cells} | {all(c['timed'] for c in clocks)} |")
-        finally:
-            proxy.terminate()
-            proxy.wait(timeout=30)
 
 
 if __name__ == "__main__":

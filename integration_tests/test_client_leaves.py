@@ -18,14 +18,10 @@ a request that nobody stops still runs far past both bounds.
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -33,9 +29,10 @@ import urllib.request
 import pytest
 from vllm_server import NO_VLLM, endless_model, have_vllm, vllm_server
 
+from threadweaver.testing import running_proxy
+
 pytestmark = pytest.mark.slow
 
-CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 MAX_TOKENS = 60_000
 STOPPED_WITHIN_S = 120  # a request that went on decoding would still run here: it lasts about 200 s
 
@@ -51,34 +48,15 @@ def servers(tmp_path_factory):
 
     limits = Limits(max_tokens=MAX_TOKENS, max_request_tokens=MAX_TOKENS)
     with vllm_server(str(model), str(tmp / "vllm.log"), max_model_len=65536, limits=limits) as url:
-        with running_proxy(url, tmp / "proxy.log") as (proxy_url, _):
+        with proxy_in_front(url, tmp / "proxy.log") as (_, proxy_url):
             yield {"plugin": url, "proxy": proxy_url}, url, str(model), tmp / "proxy.log"
 
 
-@contextlib.contextmanager
-def running_proxy(backend: str, log_path):
-    """``threadweaver proxy`` in front of ``backend``: (its URL, its process), stopped as an operator would (Ctrl-C)."""
-    from threadweaver.vllm_orchestrator.serve import free_port
-
-    port = free_port()
-    log = open(log_path, "w")
+def proxy_in_front(backend: str, log_path):
+    """``threadweaver proxy`` in front of ``backend`` with the server's limits: (its process, its URL), stopped as
+    an operator would (Ctrl-C)."""
     limits = ["--max-tokens", str(MAX_TOKENS), "--max-request-tokens", str(MAX_TOKENS)]
-    proxy = subprocess.Popen(
-        [CLI, "proxy", "--backend", backend, "--port", str(port), *limits],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-    )
-    try:
-        assert proxy.stdout.readline().startswith("http://"), log_path.read_text()
-        yield f"http://127.0.0.1:{port}", proxy
-    finally:
-        proxy.send_signal(signal.SIGINT)  # live replies get the proxy's STOP_GRACE_S
-        try:
-            proxy.wait(timeout=STOPPED_WITHIN_S)
-        finally:
-            proxy.kill()
-            log.close()
+    return running_proxy("--backend", backend, *limits, log_path=log_path, stop_within_s=STOPPED_WITHIN_S)
 
 
 def metric(vllm_url: str, name: str) -> float:
@@ -112,8 +90,11 @@ def idle(vllm_url: str) -> bool:
     return decoding_becomes(vllm_url, False)
 
 
-def decoding_request(url: str, vllm_url: str, model: str, stream: bool) -> http.client.HTTPConnection:
-    """A fork-join request that would run for long, sent on a connection of its own, once the engine decodes it."""
+def decoding_request(
+    url: str, vllm_url: str, model: str, stream: bool
+) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse | None]:
+    """A fork-join request that would run for long, sent on a connection of its own, once the engine decodes it;
+    the connection and (``stream``) its response, under way."""
     parts = urllib.parse.urlsplit(url)
     # Each socket operation may be kept off the cores as long as a request may decode on (see above).
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=STOPPED_WITHIN_S)
@@ -126,6 +107,7 @@ def decoding_request(url: str, vllm_url: str, model: str, stream: bool) -> http.
     }
     try:
         connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        response = None
         if stream:
             response = connection.getresponse()
             assert response.status == 200
@@ -136,13 +118,13 @@ def decoding_request(url: str, vllm_url: str, model: str, stream: bool) -> http.
     except BaseException:  # the next test must find the engine idle
         connection.close()
         raise
-    return connection
+    return connection, response
 
 
 def leave_mid_trajectory(url: str, vllm_url: str, model: str, stream: bool) -> float:
     """Send a fork-join request that would run for long, see it decode, and hang up; the engine's
     generated-token count just before the client left."""
-    connection = decoding_request(url, vllm_url, model, stream)
+    connection, _ = decoding_request(url, vllm_url, model, stream)
     try:
         at_leaving = generated(vllm_url)
         connection.sock.shutdown(2)
@@ -182,14 +164,16 @@ def test_the_proxy_logs_a_client_that_left_in_one_line(servers, stream):
     assert added.count(said) == 1 and "Traceback" not in added, added
 
 
-def test_ctrl_c_stops_the_proxy_and_the_trajectories_it_decodes(servers, tmp_path):
-    """Stopping gives a live reply ``STOP_GRACE_S``, or until a second Ctrl-C, then stops its trajectory; the
-    proxy exits 0 and the engine is idle (aiohttp alone waited 2 x 60 s in silence)."""
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
+def test_ctrl_c_stops_the_proxy_and_the_trajectories_it_decodes(servers, tmp_path, stream):
+    """Stopping gives a live reply ``STOP_GRACE_S``, or until a second Ctrl-C, then stops its trajectory and
+    answers it as a failure (a cut stream was an error the client could not tell from a network fault); the proxy
+    exits 0 and the engine is idle (aiohttp alone waited 2 x 60 s in silence)."""
     _, vllm_url, model, _ = servers
     assert idle(vllm_url), "an earlier request still decodes"
     log = tmp_path / "proxy.log"
-    with running_proxy(vllm_url, log) as (url, proxy):
-        connection = decoding_request(url, vllm_url, model, stream=True)
+    with proxy_in_front(vllm_url, log) as (proxy, url):
+        connection, response = decoding_request(url, vllm_url, model, stream)
         try:
             proxy.send_signal(signal.SIGINT)
             deadline = time.monotonic() + STOPPED_WITHIN_S
@@ -198,6 +182,16 @@ def test_ctrl_c_stops_the_proxy_and_the_trajectories_it_decodes(servers, tmp_pat
             proxy.send_signal(signal.SIGINT)
             assert proxy.wait(timeout=STOPPED_WITHIN_S) == 0
             assert idle(vllm_url), f"the engine still decodes {STOPPED_WITHIN_S} s after the proxy stopped"
+            stopped = {"message": "the server is stopping: this reply was cut short", "code": 503}
+            if stream:
+                events = response.read().decode().split("\n\n")  # to its end: a stream cut would raise
+                assert events[-2:] == ["data: [DONE]", ""], events[-3:]
+                error = json.loads(events[-3].removeprefix("data: "))["error"]
+            else:
+                response = connection.getresponse()
+                assert response.status == 503
+                error = json.loads(response.read())["error"]
+            assert {k: error[k] for k in stopped} == stopped, error
         finally:
             connection.close()
     said = log.read_text()

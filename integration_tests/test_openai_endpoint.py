@@ -16,10 +16,10 @@ import time
 import urllib.request
 
 import pytest
-from vllm_server import start_proxy
 
 from threadweaver.format import Format
 from threadweaver.rows import plain_ids
+from threadweaver.testing import running_proxy
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai", reason="the openai SDK is in the dev extra")
@@ -220,14 +220,10 @@ def test_a_model_without_the_tags_serves_plain_requests_and_refuses_fork_join(tm
         unknown = {**chat, "model": "nope"}
         plain = post(url + "/v1/chat/completions", unknown)
         assert plain[0] == 404 and post(url + "/v1/chat/completions", {**unknown, "threadweaver": True}) == plain
-        proxy, proxy_url = start_proxy("--backend", url)  # it refused to start, with advice for Python callers
-        try:
+        with running_proxy("--backend", url) as (_, proxy_url):  # it starts too (it used to refuse)
             assert post(proxy_url + "/v1/chat/completions", chat)[0] == 200
             status, reply = post(proxy_url + "/v1/chat/completions", {**chat, "threadweaver": True})
             assert status == 400 and reply["error"]["message"] == message, reply
-        finally:
-            proxy.terminate()
-            proxy.wait(timeout=30)
 
 
 def post(url: str, payload: dict | bytes) -> tuple[int, dict]:
@@ -250,8 +246,7 @@ def sse(url: str, payload: dict) -> list:
 
 
 def test_the_proxy_gives_the_same_replies_over_http(trained, trained_server, problems, generated, fmt):
-    proxy, url = start_proxy("--backend", trained_server + "/v1")  # as OpenAI clients are given it: the root
-    try:
+    with running_proxy("--backend", trained_server + "/v1") as (_, url):  # as OpenAI clients are given it: the root
         model = str(trained[1])
         for problem in problems:
             reply = fork_join_chat(url, model, problem["messages"])
@@ -281,9 +276,6 @@ def test_the_proxy_gives_the_same_replies_over_http(trained, trained_server, pro
         plain_status, plain_reply = post(url + "/v1/chat/completions", asked)
         assert status == plain_status == 404, reply
         assert sanitize_message(reply["error"]["message"]) == plain_reply["error"]["message"]
-    finally:
-        proxy.terminate()
-        proxy.wait(timeout=30)
 
 
 @pytest.mark.parametrize("lists_window", [True, False], ids=["window-listed", "behind-sglangs-router"])
@@ -300,8 +292,7 @@ def test_the_proxy_in_front_of_sglang_asks_it_for_the_model_and_its_window(
 
     with sglang_stand_in(trained_server, str(trained[1])) as (server, backend):
         server.lists_window = lists_window
-        proxy, url = start_proxy("--backend", backend, "--engine", "sglang")
-        try:
+        with running_proxy("--backend", backend, "--engine", "sglang") as (_, url):
             model = str(trained[1])
             row = generated[problems[0]["id"]]
             reply = fork_join_chat(url, model, problems[0]["messages"])
@@ -318,18 +309,16 @@ def test_the_proxy_in_front_of_sglang_asks_it_for_the_model_and_its_window(
             assert status == 400 and "room to generate after at most 2041" in reply["error"]["message"], reply
             status, reply = post(url + "/v1/completions", {**over, "prompt": [5] * 2042})
             assert status == 400 and "room to generate after at most 2041" in reply["error"]["message"], reply
-        finally:
-            proxy.terminate()
-            proxy.wait(timeout=30)
 
 
 @pytest.mark.parametrize("engine, server", [("vllm", "vLLM server"), ("sglang", "SGLang server")])
-def test_a_dead_backend_is_a_clear_5xx_not_a_hang(trained, engine, server):
+def test_a_dead_backend_is_a_clear_5xx_not_a_hang(trained, engine, server, tmp_path):
     from threadweaver.vllm_orchestrator.serve import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
-    proxy, url = start_proxy("--backend", dead, "--model", str(trained[1]), "--engine", engine)
-    try:
+    log_path = tmp_path / "proxy.log"
+    args = ("--backend", dead, "--model", str(trained[1]), "--engine", engine)
+    with running_proxy(*args, log_path=log_path) as (_, url):
         messages = [{"role": "user", "content": "1+2=?"}]
         started = time.monotonic()
         for stream in (False, True):  # one round of retries, at the first look at the backend, then a 502
@@ -345,9 +334,7 @@ def test_a_dead_backend_is_a_clear_5xx_not_a_hang(trained, engine, server):
         for hostile in (b'{"threadweaver": true, "seed": ' + b"9" * 5000 + b"}", b"[" * 100_000):  # were 500s
             status, reply = post(url + "/v1/completions", hostile)
             assert status == 400 and reply["error"]["message"].startswith("the request body is not JSON: "), reply
-    finally:
-        proxy.terminate()
-        log = proxy.communicate(timeout=30)[1]
+    log = log_path.read_text()
     assert f"cannot reach the {server} at {dead}" in log and f"cannot reach the backend at {dead}" in log, log
 
 

@@ -20,6 +20,8 @@ import urllib.request
 
 import pytest
 
+from threadweaver.testing import running_proxy
+
 pytestmark = pytest.mark.slow
 
 CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
@@ -140,11 +142,8 @@ def test_fork_join_by_default_for_clients_and_plain_for_threadweavers_own_engine
 
 def test_the_proxy_in_front_asks_its_clients_for_the_backends_key(server, trained):
     """It sent the operator's key on for any client: a key-guarded backend was open through it."""
-    from vllm_server import start_proxy
-
     url, _ = server
-    proxy, proxy_url = start_proxy("--backend", url, "--api-key", KEY)
-    try:
+    with running_proxy("--backend", url, "--api-key", KEY) as (_, proxy_url):
         payload = {"prompt": "A=1+2\nA=?", "threadweaver": True}  # no model: the reply names the backend's
         for key in (None, "wrong"):
             assert post(proxy_url + "/v1/completions", payload, key=key) == (401, {"error": "Unauthorized"})
@@ -162,6 +161,3 @@ def test_the_proxy_in_front_asks_its_clients_for_the_backends_key(server, traine
             assert response.status == 400 and "has an empty, '.' or '..' segment" in reply["error"]["message"], path
         assert get(proxy_url + "/v1/models", key=KEY)[0] == 200 and get(proxy_url + "/v1/models", key=None)[0] == 401
         assert get(proxy_url + "/v1/models", key=b"\xff\xfe".decode("latin-1"))[0] == 401  # bytes not UTF-8: was a 500
-    finally:
-        proxy.terminate()
-        proxy.wait(timeout=30)

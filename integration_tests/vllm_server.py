@@ -6,8 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.error
 import urllib.request
 from contextlib import contextmanager
 
@@ -53,28 +51,6 @@ def vllm_server(model_dir: str, log_path: str, max_model_len: int = 2048, extra:
     args = ServeArgs(model=model_dir, port=0, max_model_len=max_model_len, device="cpu", cpu_kv_cache_gib=1)
     with VLLMServer(args, log_path=log_path, extra=extra, limits=limits or Limits()) as server:
         yield server.url
-
-
-def start_proxy(*args: str) -> tuple[subprocess.Popen, str]:
-    """A ``threadweaver proxy`` with ``args`` on a free port, once it answers; its process and URL."""
-    from threadweaver.vllm_orchestrator.serve import free_port
-
-    port = free_port()
-    command = [os.path.join(os.path.dirname(sys.executable), "threadweaver"), "proxy", "--port", str(port), *args]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(process.stderr.read())
-        try:
-            urllib.request.urlopen(url + "/threadweaver-probe", timeout=2)
-        except urllib.error.HTTPError:
-            return process, url  # answering (the backend's 404, or our 502)
-        except OSError:
-            time.sleep(0.3)
-    process.kill()
-    raise AssertionError("the proxy did not start")
 
 
 def endless_model(path, positions: int) -> str:

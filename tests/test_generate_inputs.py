@@ -143,6 +143,20 @@ def test_a_bad_prompt_is_refused_before_the_output_is_touched(model, tmp_path):
     assert out.read_text() == kept and not (tmp_path / "out.jsonl.set-aside").exists()
 
 
+def test_a_model_without_the_tags_says_how_to_prepare_it_before_the_output_is_touched(problems, tmp_path):
+    """It said to call ``add_tags`` in Python, and only after it had set aside the output's unfinished lines."""
+    from threadweaver.kit.tokenizers import qwen_tokenizer
+
+    untagged, out = tmp_path / "untagged", tmp_path / "out.jsonl"
+    qwen_tokenizer(tags=False).save_pretrained(untagged)
+    kept = '{"id": "p0", "sample": 0}\nnot a row\n'
+    out.write_text(kept)
+    stderr = generate(str(problems), str(out), "--model", str(untagged), "--no-branching", *NO_SERVER)
+    assert stderr.startswith("threadweaver generate: the model's tokenizer has no single token for <Parallel>, ")
+    assert f"`threadweaver prepare {untagged} DIR` adds the tags (then serve DIR)" in stderr
+    assert out.read_text() == kept and not (tmp_path / "out.jsonl.set-aside").exists()
+
+
 def test_an_unreachable_server_points_to_finished_trajectories_only_where_there_are_some(problems, tmp_path):
     out = tmp_path / "out.jsonl"
     stderr = generate(str(problems), str(out), *NO_SERVER)

@@ -36,3 +36,27 @@ def test_a_missing_model_folder_is_named_before_anything_loads(tmp_path):
     with pytest.raises(ValueError) as refused:
         command.main([missing, str(problems), "--output-dir", str(tmp_path / "out")])
     assert str(refused.value).startswith(f"{missing}: ") and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("command_name", "words"),
+    [
+        ("pgrpo", ["--prompts_per_step", "3"]),
+        ("pgrpo", ["--output_dir", "o"]),
+        ("sft", ["--flex_backend", "FLASH"]),
+        ("sft", ["--max_depth", "2"]),
+        ("sft", ["--skip_malformed"]),
+        ("sft", ["--output_dir", "o"]),
+    ],
+)
+def test_the_commands_own_flags_take_both_spellings_as_trls_do(command_name, words):
+    """The README says sft's and pgrpo's flags take ``--output-dir`` and ``--output_dir``: TRL's fields did, the
+    flags threadweaver adds did not (``--flex-backend``, ``--skip_malformed``, ``--prompts_per_step`` were refused)."""
+    from threadweaver.hf_collator import sft
+
+    parser = {"pgrpo": command.parser, "sft": sft.parser}[command_name]()
+    flag, *value = words
+    hyphened = "--" + flag.removeprefix("--").replace("_", "-")
+    underscored_values = vars(parser.parse_args(["m", "d", flag, *value]))
+    assert underscored_values == vars(parser.parse_args(["m", "d", hyphened, *value]))
+    assert underscored_values != vars(parser.parse_args(["m", "d"]))

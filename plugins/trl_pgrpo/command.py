@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from threadweaver.cli_args import SettingError, flag
+from threadweaver.cli_args import SettingError, flag, spellings
 from threadweaver.hf_collator.sft import RUN_DEFAULTS, check_paths, resume_point
 from threadweaver.jsonl import RowError, read_jsonl, write_json
 from threadweaver.reward import answer_text
@@ -40,7 +40,10 @@ def parser():
     parser.add_argument("model", help="The SFT'd ThreadWeaver model (directory or hub id).")
     parser.add_argument("data", help="JSONL problems: 'messages' or 'prompt' (see threadweaver.rows), and 'answer'.")
     parser.add_argument(
-        "--prompts-per-step", type=int, default=1, help="Problems per step, each rolled out --num-generations times."
+        *spellings("prompts_per_step"),
+        type=int,
+        default=1,
+        help="Problems per step, each rolled out --num-generations times.",
     )
     parser.set_defaults(**DEFAULTS, use_cpu=not cuda, bf16=cuda and torch.cuda.is_bf16_supported())
     return parser

@@ -46,7 +46,7 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
     """Decode every unfinished (row, sample); returns the :class:`BatchProgress` of this run."""
     from transformers import AutoTokenizer
 
-    from threadweaver.format import Format
+    from threadweaver.format import Format, missing_tags
     from threadweaver.orchestrator import Orchestrator
     from threadweaver.progress import progress_bar
 
@@ -58,6 +58,10 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
         if source is None:
             raise ValueError("--model is needed to load the tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(source)
+        if missing := missing_tags(tokenizer):  # --no-branching too: the orchestrator reads its output for the tags
+            raise ValueError(
+                f"the model's {missing}: `threadweaver prepare {source} DIR` adds the tags (then serve DIR)"
+            )
         jobs = list(problem_jobs(problems, tokenizer, args.n))  # every prompt checked before the output is touched
         done, set_aside = finished_keys(args.out)
         jobs = [j for j in jobs if (j.row_id, j.sample) not in done]

@@ -15,6 +15,7 @@ import logging
 import re
 import secrets
 import signal
+import socket
 import sys
 import urllib.parse
 from collections.abc import Callable
@@ -62,7 +63,7 @@ class ProxyArgs:
         None, "Tokenizer directory or hub id (default: the model the vLLM backend reports it loaded)."
     )
     host: str = option(ServeArgs.host, "Address to listen on.")
-    port: int = option(8001, "Port to listen on.")
+    port: int = option(8001, "Port to listen on (0: a free one, which the proxy prints).")
     branching_default: bool = branching_default_option()
     api_key: str | None = option(
         None, "Bearer token for the backend; the proxy asks its clients for it on /v1 paths, as vLLM's --api-key does."
@@ -362,16 +363,19 @@ def _guarded_path(engine: str, path: str) -> bool:
 def serve_proxy(args: ProxyArgs, limits: Limits = Limits()) -> None:
     from aiohttp import web
 
+    listening = _bound_socket(args.host, args.port)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{host}:{listening.getsockname()[1]}"
+
     def announce(_) -> None:
-        print(f"http://{args.host}:{args.port} (fork-join in front of {args.backend}; Ctrl-C stops)", flush=True)
+        print(f"{url} (fork-join in front of {args.backend}; Ctrl-C stops)", flush=True)
 
     logging.getLogger("aiohttp.server").addFilter(_no_bad_request_tracebacks)
     try:
         # A client that leaves cancels its handler, so its trajectory stops and frees the engine.
         web.run_app(
             proxy_app(args, limits),
-            host=args.host,
-            port=args.port,
+            sock=listening,
             print=announce,
             handler_cancellation=True,
             shutdown_timeout=STOP_GRACE_S,  # for replies to end once stopped (aiohttp waits 60 s, twice)
@@ -379,6 +383,25 @@ def serve_proxy(args: ProxyArgs, limits: Limits = Limits()) -> None:
     finally:  # one more signal must not cut the exit short (torch's clean-up included)
         for stopping in (signal.SIGINT, signal.SIGTERM):
             signal.signal(stopping, signal.SIG_IGN)
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    """The proxy's address, bound now (port 0: a free one, which the proxy can then print) and listened on once the
+    proxy has started: until then a client is refused, not held."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        bound = socket.socket(family, kind, proto)
+    except OSError as err:
+        raise OSError(f"cannot listen on {host} port {port}: {err.strerror}") from None
+    try:
+        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port just left in TIME_WAIT is free
+        bound.bind(address)
+    except OSError as err:
+        bound.close()
+        raise OSError(f"cannot listen on {host} port {port}: {err.strerror}") from None
+    return bound
 
 
 def _no_bad_request_tracebacks(record: logging.LogRecord) -> bool:
