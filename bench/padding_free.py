@@ -21,12 +21,14 @@ import statistics
 import subprocess
 import sys
 
+from threadweaver.testing import CLI
+
 ARMS = ("padded", "packed")
 
 
 def sft(model: str, data: str, out: str, padding_free: bool, args) -> dict:
     """One training run of the command, in a process of its own; its log history."""
-    command = [os.path.join(os.path.dirname(sys.executable), "threadweaver"), "sft", model, data, "--output-dir", out]
+    command = [CLI, "sft", model, data, "--output-dir", out]
     command += ["--padding_free", str(padding_free).lower(), "--attention", args.attention]
     command += ["--max-steps", str(args.steps), "--per-device-train-batch-size", str(args.batch_size)]
     command += ["--logging-steps", str(max(1, args.steps // 4)), "--save_strategy", "no"]

@@ -57,15 +57,14 @@ import json
 import os
 import random
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from threadweaver.testing import CLI
 from threadweaver.trl_pgrpo.idle_steps import SKIPPED_METRIC
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 TASK = "tw_shopping"
 ACCELERATION_CLIP = 0.5
 """P-GRPO's upper clip of the acceleration gain, as in ``bench/pgrpo_fork.py``."""

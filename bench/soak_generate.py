@@ -21,7 +21,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,9 +29,8 @@ from threadweaver.quickstart.recipe import embedded_models
 from threadweaver.report import file_stats
 from threadweaver.rows import RowReader
 from threadweaver.synth import chat_row, make_rows
+from threadweaver.testing import CLI
 from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer, free_port
-
-CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 
 
 def count_lines(path: Path) -> int:

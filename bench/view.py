@@ -15,16 +15,16 @@ chromedriver (``scripts/test.sh`` installs them).
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from threadweaver.testing import CLI
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration_tests"))
 from browser import chromium, console_errors, open_page, wait_until  # noqa: E402
 
-CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 LAZY = "const PAGE = 200;"
 
 SORT = """const t = performance.now();

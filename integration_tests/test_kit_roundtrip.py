@@ -1,15 +1,13 @@
 """The embedded kit saved with save_pretrained loads back in real transformers, ids intact."""
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from threadweaver.testing import CLI
 
-CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("which", ["synth", "qwen"])

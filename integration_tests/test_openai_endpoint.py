@@ -9,9 +9,7 @@ trajectories over HTTP, token for token and stat for stat.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 import urllib.request
 
@@ -19,12 +17,11 @@ import pytest
 
 from threadweaver.format import Format
 from threadweaver.rows import plain_ids
-from threadweaver.testing import running_proxy
+from threadweaver.testing import CLI, running_proxy
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai", reason="the openai SDK is in the dev extra")
 
-CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 MAX_TOKENS = 300
 
 

@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from threadweaver.testing import running_proxy
+from threadweaver.testing import CLI, running_proxy
 
 pytestmark = pytest.mark.slow
 
-CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 KEY = "operator-secret"
 CONTEXT = 512
 

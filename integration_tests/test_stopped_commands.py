@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from vllm_server import NO_VLLM, have_vllm
 
-CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
+from threadweaver.testing import CLI
 
 
 def servers_of(pid: int) -> list[int]:

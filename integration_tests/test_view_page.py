@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 from browser import chromium, console_errors, network_requests, open_page, remote, wait_until
@@ -21,14 +19,13 @@ from threadweaver.kit.tokenizers import load_tokenizer
 from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.reward import grade
 from threadweaver.rows import RowReader
-from threadweaver.testing import ScriptedEngine
+from threadweaver.testing import CLI, ScriptedEngine
 from threadweaver.tree import parse
 from threadweaver.trie import trajectory_trie
 from threadweaver.view import Timeline, critical_requests, timelines_page
 
 pytestmark = pytest.mark.slow
 
-CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 ROWS = 230  # more than the page renders at once (200)
 PROMPT = "What is 6 times 7?"
 HEAD = "<Parallel><Outlines><Outline>1: six sevens</Outline><Outline>2: check</Outline></Outlines>"

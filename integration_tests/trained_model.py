@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
-import sys
 from importlib.metadata import version
 from pathlib import Path
 
+from threadweaver.testing import CLI
+
 REPO = Path(__file__).resolve().parent.parent
-CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 SYNTH = ["--min-terms", "2", "--max-terms", "3", "--digits", "3"]
 RECIPE = {
     "synth": ["--train", "1600", "--validation", "40", *SYNTH],

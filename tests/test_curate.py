@@ -12,7 +12,6 @@ import signal
 import socket
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from contextlib import closing
@@ -38,6 +37,7 @@ from threadweaver.curate.schemas import (
 from threadweaver.curate.traces import split_units, to_trace
 from threadweaver.jsonl import read_jsonl, write_jsonl
 from threadweaver.synth import chat_row, make_rows
+from threadweaver.testing import CLI
 
 FAST = LLMArgs(model="stand-in", max_retries=1, timeout_s=10.0, concurrency=8)
 """Generous timeouts: a loaded CI machine must not turn a slow reply into a ``timeout`` drop."""
@@ -478,11 +478,7 @@ def test_ctrl_c_says_in_one_line_that_a_rerun_resumes_and_the_rerun_asks_nothing
     write_jsonl(str(tmp_path / "sequential.jsonl"), sequential)  # where curate() reads it again
     out = tmp_path / "out"
     held = StandIn({rows[2]["prompt"]: "timeout"}, timeout_sleep_s=60)  # one trace waits on its segment reply
-    command = [
-        os.path.join(os.path.dirname(sys.executable), "threadweaver"),
-        "curate",
-        str(tmp_path / "sequential.jsonl"),
-    ]
+    command = [CLI, "curate", str(tmp_path / "sequential.jsonl")]
     with stand_in_server(held) as url:
         process = subprocess.Popen(
             [*command, str(out), "--base-url", url, "--model", FAST.model, "--tokenizer", "synth"],

@@ -6,13 +6,12 @@ Run as a user runs it; the server URL is a closed port, so no server is ever rea
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
+from threadweaver.testing import CLI
 from threadweaver.vllm_orchestrator.http import HTTPOptions
 
-CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 NO_SERVER = ["--base-url", "http://127.0.0.1:9", "--retries", "0"]
 PROBLEMS = "".join(json.dumps({"id": f"p{i}", "prompt": f"What is {i} + 1?"}) + "\n" for i in range(3))
 
@@ -153,7 +152,10 @@ def test_a_model_without_the_tags_says_how_to_prepare_it_before_the_output_is_to
     out.write_text(kept)
     stderr = generate(str(problems), str(out), "--model", str(untagged), "--no-branching", *NO_SERVER)
     assert stderr.startswith("threadweaver generate: the model's tokenizer has no single token for <Parallel>, ")
-    assert f"`threadweaver prepare {untagged} DIR` adds the tags (then serve DIR)" in stderr
+    assert stderr.endswith(
+        f"`threadweaver prepare {untagged} DIR` adds the tags (then serve DIR); generate needs them with --no-branching"
+        " too\n"
+    )
     assert out.read_text() == kept and not (tmp_path / "out.jsonl.set-aside").exists()
 
 

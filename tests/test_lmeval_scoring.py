@@ -183,12 +183,12 @@ def test_tasks_dir_goes_first_once():
 @pytest.mark.parametrize("task, flags", [("tw_synth", []), ("tw_shopping", ["--task", "shopping"])])
 def test_a_synthetic_task_holds_out_what_threadweaver_synth_writes_with_its_defaults(tmp_path, task, flags):
     import subprocess
-    import sys
 
     import yaml
 
-    cli = os.path.join(os.path.dirname(sys.executable), "threadweaver")
-    subprocess.run([cli, "synth", "--out", str(tmp_path), *flags], check=True, capture_output=True)
+    from threadweaver.testing import CLI
+
+    subprocess.run([CLI, "synth", "--out", str(tmp_path), *flags], check=True, capture_output=True)
     written = [json.loads(line) for line in (tmp_path / "parallel" / "validation.jsonl").read_text().splitlines()]
     kwargs = yaml.safe_load((discovery.TASKS_DIR / f"{task}.yaml").read_text())["dataset_kwargs"]
     generated = data.load(**kwargs)["test"]

@@ -9,7 +9,6 @@ in ``integration_tests/test_prepare_pretrained.py``.
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,9 @@ from threadweaver.kit.chat_template import CHATML_THINK
 from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
 from threadweaver.kit.tokenizers import qwen_tokenizer
 from threadweaver.prepare import PrepareArgs, PrepareError, prepare, template
+from threadweaver.testing import CLI
 from threadweaver.tree import parse
 
-CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 TINY = TinyQwen3Config(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
 DROPS_REASONING = (  # DeepSeek-R1's way: earlier reasoning is dropped, and the prompt opens <think>
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from threadweaver.testing import running_proxy
+from threadweaver.testing import CLI, running_proxy
 from threadweaver.vllm_orchestrator.proxy import MAX_BODY_BYTES
 from threadweaver.vllm_orchestrator.serve import free_port
 
-CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 MODEL = Path(__file__).resolve().parent.parent / "apps" / "quickstart" / "models" / "parallel"
 BACKEND = """
 import asyncio, sys
@@ -130,5 +128,6 @@ def test_a_port_in_use_is_said_in_one_line(backend):
         argv = ["proxy", "--backend", backend, "--model", str(MODEL), "--port", str(port)]
         taken = subprocess.run([CLI, *argv], capture_output=True, text=True, timeout=120)
     assert taken.returncode == 1 and taken.stderr == (
-        f"threadweaver proxy: cannot listen on 127.0.0.1 port {port}: Address already in use\n"
+        f"threadweaver proxy: [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): "
+        "address already in use\n"
     )

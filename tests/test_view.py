@@ -10,7 +10,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 from orchestrator_scripts import CASES, GOOD, NESTED, PROMPT, WELL_FORMED
@@ -18,12 +17,10 @@ from orchestrator_scripts import CASES, GOOD, NESTED, PROMPT, WELL_FORMED
 from threadweaver.batch import trajectory_row
 from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.rows import RowReader
-from threadweaver.testing import ScriptedEngine
+from threadweaver.testing import CLI, ScriptedEngine
 from threadweaver.tree import parse
 from threadweaver.trie import trajectory_trie
 from threadweaver.view import Reader, critical_requests, file_page
-
-CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 
 
 def decoded(fmt, script, limits=Limits(), **head):

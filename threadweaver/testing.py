@@ -70,6 +70,10 @@ class StreamingScriptedEngine(ScriptedEngine):
         yield completion
 
 
+CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
+"""The ``threadweaver`` command of the running interpreter's environment."""
+
+
 @contextmanager
 def running_proxy(
     *args: str, log_path: str | os.PathLike | None = None, start_within_s: float = 120, stop_within_s: float = 30
@@ -79,7 +83,7 @@ def running_proxy(
     Its stderr goes to ``log_path`` (by default a temporary file). If it exits, or does not say it listens
     within ``start_within_s``, an ``AssertionError`` holds what it printed. On leaving, it is stopped as an
     operator stops it (Ctrl-C), given ``stop_within_s`` to exit, then killed."""
-    command = [os.path.join(os.path.dirname(sys.executable), "threadweaver"), "proxy", "--port", "0", *args]
+    command = [CLI, "proxy", "--port", "0", *args]
     log = open(log_path, "w+") if log_path is not None else tempfile.TemporaryFile("w+")
     with log, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True) as process:
         try:

@@ -28,10 +28,10 @@ CONVERTERS: dict[Source, Callable[[dict, ConvertConfig], dict | Failure]] = {
 }
 
 
-def convert_text(text: str, source: Source) -> str:
-    """A source's trajectory text in our format (blocks nested up to ``DEFAULT_MAX_DEPTH``);
+def convert_text(text: str, source: Source, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
+    """A source's trajectory text in our format (public: no caller here passes ``max_depth``);
     :class:`~threadweaver.convert.grammar.Refused` says why not."""
-    return Converter(text, SYNTAXES[source], DEFAULT_MAX_DEPTH).convert()
+    return Converter(text, SYNTAXES[source], max_depth).convert()
 
 
 def samples(row: dict, source: Source, config: ConvertConfig = ConvertConfig()) -> list[tuple[int | None, dict]]:

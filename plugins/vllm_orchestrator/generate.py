@@ -10,7 +10,8 @@ from threadweaver.cli_args import check_counts, option
 from threadweaver.jsonl import SET_ASIDE, check_outputs, check_resumable, finished_keys
 from threadweaver.orchestrator import Limits, Sampling
 
-from .engines import EngineArgs, make_engine, tokenizer_source
+from .engines import SERVER_ENGINES, EngineArgs, make_engine, tokenizer_source
+from .openai_api import unprepared
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,8 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
             raise ValueError("--model is needed to load the tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(source)
         if missing := missing_tags(tokenizer):  # --no-branching too: the orchestrator reads its output for the tags
-            raise ValueError(
-                f"the model's {missing}: `threadweaver prepare {source} DIR` adds the tags (then serve DIR)"
-            )
+            then = "serve DIR" if engine_args.engine in SERVER_ENGINES else "give --model DIR"
+            raise ValueError(f"{unprepared(missing, source, then)}; generate needs them with --no-branching too")
         jobs = list(problem_jobs(problems, tokenizer, args.n))  # every prompt checked before the output is touched
         done, set_aside = finished_keys(args.out)
         jobs = [j for j in jobs if (j.row_id, j.sample) not in done]

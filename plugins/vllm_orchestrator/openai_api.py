@@ -184,13 +184,13 @@ def check_model(name: str | None, served: Sequence[str], adapters: Collection[st
     raise APIError(f"The model `{name}` does not exist. Valid aliases: {', '.join(served)}.", status=404, param="model")
 
 
-def unprepared(missing: str, model: str = "MODEL") -> str:
+def unprepared(missing: str, model: str = "MODEL", then: str = "serve DIR") -> str:
     """Why the model cannot decode fork-join, and how to prepare it: ``missing`` is what its tokenizer lacks
     (:func:`~threadweaver.format.missing_tags`); ``model``: its path in the advice, for the operator (a
-    client reads ``MODEL``)."""
+    client reads ``MODEL``); ``then``: what to do with the prepared model."""
     return (
         f"the model's {missing}, so it cannot decode fork-join: "
-        f"`threadweaver prepare {model} DIR` adds the tags (then serve DIR)"
+        f"`threadweaver prepare {model} DIR` adds the tags (then {then})"
     )
 
 
@@ -551,8 +551,9 @@ def reply(route: str, request: ForkJoinRequest, trajectory: Trajectory, fmt: For
 
 PARSING = ThreadPoolExecutor(1, thread_name_prefix="threadweaver-parse")
 """Where fork-join requests are read (their prompts tokenized, their chat templates applied): beside the event
-loop, which a prompt of a megabyte held for a second, with every reply streamed meanwhile; one at a time, as a
-tokenizer is not to be shared between threads."""
+loop, which a prompt of a megabyte held for a second, with every reply streamed meanwhile. One at a time: the
+event loop only decodes with the tokenizer meanwhile, which changes nothing in it, but two encodes at once could
+(a tokenizer's truncation settings are its own state)."""
 
 
 async def answer(

@@ -178,6 +178,8 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             return None  # it serves several models, say: the trajectory's requests say so
 
     async def openai_route(request: web.Request) -> web.StreamResponse:
+        decoding = ended = False  # a trajectory was started; its stream was written to its end
+        stream = None
         try:
             raw = await read_body(request)
             try:
@@ -191,44 +193,53 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             await check_served(model)
             if "unprepared" in state:
                 raise APIError(state["unprepared"])
-            try:
-                out = await answer(
-                    body,
-                    ROUTES[request.path],
-                    state["tokenizer"],
-                    dataclasses.replace(settings, prompt_window=await window()),
-                    state["engine"],
-                    state["fmt"],
-                    model or await default_model(),
-                    admission,
-                    hide,
-                )
-            except asyncio.CancelledError:  # the client left before its reply (or the proxy stops: a 503)
-                if not reply_cut():
-                    raise
-                raise APIError(STOPPED, status=503) from None
+            prompt_window = await window()
+            decoding = True
+            out = await answer(
+                body,
+                ROUTES[request.path],
+                state["tokenizer"],
+                dataclasses.replace(settings, prompt_window=prompt_window),
+                state["engine"],
+                state["fmt"],
+                model or await default_model(),
+                admission,
+                hide,
+            )
             if isinstance(out, dict):
                 return web.json_response(out)
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             try:
-                await response.prepare(request)
+                await stream.prepare(request)
                 async for event in out:
-                    await response.write(event.encode())
-                await response.write_eof()
+                    await stream.write(event.encode())
+                ended = True
+                await stream.write_eof()
             except ConnectionResetError:  # aiohttp's "Cannot write to closing transport" too
-                reply_cut()
-            except asyncio.CancelledError:  # the client left and aiohttp cancelled this handler (or the proxy stops)
-                if not reply_cut():
-                    raise
-                with contextlib.suppress(ConnectionResetError):  # the stream ends as a failed one: a client knows
-                    for event in error_events(APIError(STOPPED, status=503)):
-                        await response.write(event.encode())
-                    await response.write_eof()
+                say_cut(True, stopping=False)
             finally:
                 await out.aclose()
-            return response
+            return stream
         except APIError as err:
             return web.json_response(err.body(hide), status=err.status)
+        except asyncio.CancelledError:  # the client left and aiohttp cancelled this handler, or the proxy stops
+            task = asyncio.current_task()
+            if task not in cut:
+                if decoding:
+                    say_cut(decoding, stopping=False)
+                raise
+            say_cut(decoding, stopping=True)
+            if hasattr(task, "uncancel"):  # Python 3.11's count: the handler goes on, to answer
+                task.uncancel()
+            if stream is None or not stream.prepared:  # an OpenAI client would retry a 503 (on a closed port)
+                error = APIError(STOPPED, status=503)
+                return web.json_response(error.body(), status=error.status, headers={"x-should-retry": "false"})
+            if not ended:  # the stream ends as a failed one, which a client can tell from a network fault
+                with contextlib.suppress(ConnectionResetError):
+                    for event in error_events(APIError(STOPPED, status=503)):
+                        await stream.write(event.encode())
+                    await stream.write_eof()
+            return stream
 
     async def other(request: web.Request) -> web.StreamResponse:
         try:
@@ -242,15 +253,10 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         except web.HTTPRequestEntityTooLarge:  # aiohttp's answer is plain text
             raise APIError(f"the request body is over this proxy's {MAX_BODY_BYTES} bytes", status=413) from None
 
-    def reply_cut() -> bool:
-        """Logs a fork-join reply cut short; whether stopping cut it (it is then answered, not dropped)."""
-        task = asyncio.current_task()
-        stopping = task in cut
+    def say_cut(decoding: bool, stopping: bool) -> None:
         why = "stopping cut a reply short" if stopping else "a client left before its reply ended"
-        print(f"threadweaver proxy: {why}; its trajectory was stopped", file=sys.stderr, flush=True)
-        if stopping and hasattr(task, "uncancel"):  # Python 3.11's count: the handler goes on, to answer
-            task.uncancel()
-        return stopping
+        stopped = "; its trajectory was stopped" if decoding else ""
+        print(f"threadweaver proxy: {why}{stopped}", file=sys.stderr, flush=True)
 
     live: set[asyncio.Task] = set()
     cut: set[asyncio.Task] = set()  # the replies stopping ended
@@ -363,9 +369,12 @@ def _guarded_path(engine: str, path: str) -> bool:
 def serve_proxy(args: ProxyArgs, limits: Limits = Limits()) -> None:
     from aiohttp import web
 
-    listening = _bound_socket(args.host, args.port)
-    host = f"[{args.host}]" if ":" in args.host else args.host
-    url = f"http://{host}:{listening.getsockname()[1]}"
+    if args.port == 0:  # bound here, so that the announcement can name it
+        free = _free_port(args.host)
+        listening, port = {"sock": free}, free.getsockname()[1]
+    else:  # bound by aiohttp, on every address of the host
+        listening, port = {"host": args.host, "port": args.port}, args.port
+    url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{port}"
 
     def announce(_) -> None:
         print(f"{url} (fork-join in front of {args.backend}; Ctrl-C stops)", flush=True)
@@ -375,7 +384,7 @@ def serve_proxy(args: ProxyArgs, limits: Limits = Limits()) -> None:
         # A client that leaves cancels its handler, so its trajectory stops and frees the engine.
         web.run_app(
             proxy_app(args, limits),
-            sock=listening,
+            **listening,
             print=announce,
             handler_cancellation=True,
             shutdown_timeout=STOP_GRACE_S,  # for replies to end once stopped (aiohttp waits 60 s, twice)
@@ -383,24 +392,25 @@ def serve_proxy(args: ProxyArgs, limits: Limits = Limits()) -> None:
     finally:  # one more signal must not cut the exit short (torch's clean-up included)
         for stopping in (signal.SIGINT, signal.SIGTERM):
             signal.signal(stopping, signal.SIG_IGN)
+        if "sock" in listening:  # aiohttp closes it once it served; not where the proxy did not start
+            listening["sock"].close()
 
 
-def _bound_socket(host: str, port: int) -> socket.socket:
-    """The proxy's address, bound now (port 0: a free one, which the proxy can then print) and listened on once the
-    proxy has started: until then a client is refused, not held."""
+def _free_port(host: str) -> socket.socket:
+    """A free port on ``host`` (its first address), bound; listened on once the proxy has started (a client is
+    refused until then, not held)."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
         bound = socket.socket(family, kind, proto)
+        try:
+            bound.bind(address)
+        except OSError:
+            bound.close()
+            raise
     except OSError as err:
-        raise OSError(f"cannot listen on {host} port {port}: {err.strerror}") from None
-    try:
-        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port just left in TIME_WAIT is free
-        bound.bind(address)
-    except OSError as err:
-        bound.close()
-        raise OSError(f"cannot listen on {host} port {port}: {err.strerror}") from None
+        raise OSError(f"cannot listen on {host}: {err.strerror}") from None
     return bound
 
 
