@@ -12,14 +12,17 @@ steps, under the command's defaults (on a GPU, TRL's ``--bf16``: float32 weights
 * ``dense mask``: ``--attention sdpa``, the oracle the others are compared with;
 * ``flex``: ``--attention flex_attention`` (the causal head on flash, the branches on Triton flex);
 * ``varlen``: ``--attention varlen``;
-* ``FA4``: ``--flex_backend FLASH`` (FlashAttention 4, where it is installed; said where not);
-* ``compiled``: ``--torch_compile true`` with accelerate's regional compilation
+* ``flex FA4``: ``--flex_backend FLASH`` (FlashAttention 4, where it is installed; said where not);
+* ``..., compiled`` (``dense mask, compiled``, ``flex, compiled``, ``flex FA4, compiled``):
+  ``--torch_compile true`` with accelerate's regional compilation
   (``ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=1``), the README's fastest setting; every batch
   has another length, so the layers recompile with dynamic shapes, as a training run does;
-* ``packed``: ``--padding_free true``, a batch's rows packed into one;
-* ``static shapes``: only where the same FA4 arm without it failed, that arm again with each new
+* ``flex FA4, compiled, packed``: ``--padding_free true``, a batch's rows packed into one;
+* ``..., static shapes``: only where the same FA4 arm without it failed, that arm again with each new
   length recompiled static (``TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES=0``) and batches padded to a
   multiple of 128, so that a failure of FlashAttention 4 with dynamic shapes shows its way round.
+
+``--arms`` takes these names, e.g. ``--arms "dense mask" "flex FA4, compiled"``.
 
 Per arm: its losses, their difference from the dense mask's at the first step (the same weights
 on the same batch) and at worst, TRL's train seconds (compiling included: inductor's cache is shared

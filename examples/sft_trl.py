@@ -18,7 +18,7 @@ parser.add_argument("data", help="JSONL training rows (see threadweaver.rows)")
 parser.add_argument("--output-dir", default="runs/sft_example")
 parser.add_argument("--max-steps", type=int, default=300)
 parser.add_argument(
-    "--learning-rate", type=float, default=1e-4, help="1e-4 for a pretrained model; the embedded 1M kit took 3e-3"
+    "--learning-rate", type=float, default=1e-4, help="1e-4 for a pretrained model; the embedded 1M kit took 1e-3"
 )
 parser.add_argument("--max-length", type=int, default=8192, help="rows are cut to this many tokens")
 options = parser.parse_args()

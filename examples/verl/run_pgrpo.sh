@@ -4,9 +4,10 @@
 #   MODEL=/path/to/sft-model ./examples/verl/run_pgrpo.sh [more hydra overrides]
 #   MODEL=... CONFIG=threadweaver_sequential ./examples/verl/run_pgrpo.sh   # the sequential baseline
 #
-# Needs: pip install "threadweaver[verl]" vllm (GPU), and this file from a checkout of the
-# repository (examples/ is not in the wheel). MODEL is an SFT'd ThreadWeaver model
-# (`threadweaver sft`); DATA holds train.parquet and test.parquet (made from the synthetic task
+# Needs: pip install ".[verl]" vllm (GPU) in the checkout, in a venv of its own (verl pins
+# transformers<5.11; examples/ is not in the wheel). MODEL is an SFT'd ThreadWeaver model
+# (`threadweaver sft`), or for the baseline a sequential one (`threadweaver sft --no-branching`:
+# a ThreadWeaver model decoded without branching writes its tags as text); DATA holds train.parquet and test.parquet (made from the synthetic task
 # when it has neither; pass --problems FILE.jsonl to threadweaver.verl_rollout.data for your own).
 # NGPUS: GPUs on this node (default: those `nvidia-smi -L` lists).
 set -euo pipefail
