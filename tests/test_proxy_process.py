@@ -39,6 +39,7 @@ async def plain(request):
 app = web.Application()
 app.router.add_get("/endless", endless)
 app.router.add_get("/plain", plain)
+app.router.add_post("/v1/completions", endless)  # a plain (not fork-join) request, passed on
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=lambda _: print("up", flush=True))
 """
 
@@ -131,3 +132,24 @@ def test_a_port_in_use_is_said_in_one_line(backend):
         f"threadweaver proxy: [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): "
         "address already in use\n"
     )
+
+
+def test_stopping_cuts_a_passed_on_reply_as_it_is(proxy):
+    """Stopping answered the fork-join replies it cut; a passed-on one, its headers sent, got a second reply (and the
+    log said a fork-join reply was cut)."""
+    process, port, log = proxy
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    client.request("POST", "/v1/completions", json.dumps({"prompt": "x"}), {"Content-Type": "application/json"})
+    reply = client.getresponse()
+    assert reply.status == 200 and reply.read1(5) == b"tick\n"
+    process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while "stopping;" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
+    with pytest.raises(http.client.IncompleteRead):
+        while reply.read1(1 << 16):
+            pass
+    said = log.read_text()
+    assert "stopping; 1 reply still running" in said and "cut a reply short" not in said and "Traceback" not in said

@@ -74,20 +74,24 @@ CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 """The ``threadweaver`` command of the running interpreter's environment."""
 
 
+PROXY_STARTS_WITHIN_S = 120
+"""How long a proxy may take to say it listens (it loads its tokenizer first, on cores the tests share)."""
+
+
 @contextmanager
 def running_proxy(
-    *args: str, log_path: str | os.PathLike | None = None, start_within_s: float = 120, stop_within_s: float = 30
+    *args: str, log_path: str | os.PathLike | None = None, stop_within_s: float = 30
 ) -> Iterator[tuple[subprocess.Popen, str]]:
     """``threadweaver proxy`` with ``args`` on a free port (the one it prints), once it listens: its process and URL.
 
     Its stderr goes to ``log_path`` (by default a temporary file). If it exits, or does not say it listens
-    within ``start_within_s``, an ``AssertionError`` holds what it printed. On leaving, it is stopped as an
+    within :data:`PROXY_STARTS_WITHIN_S`, an ``AssertionError`` holds what it printed. On leaving, it is stopped as an
     operator stops it (Ctrl-C), given ``stop_within_s`` to exit, then killed."""
     command = [CLI, "proxy", "--port", "0", *args]
     log = open(log_path, "w+") if log_path is not None else tempfile.TemporaryFile("w+")
     with log, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True) as process:
         try:
-            listening = select.select([process.stdout], [], [], start_within_s)[0]
+            listening = select.select([process.stdout], [], [], PROXY_STARTS_WITHIN_S)[0]
             line = process.stdout.readline() if listening else ""
             if not line.startswith("http://"):
                 log.seek(0)

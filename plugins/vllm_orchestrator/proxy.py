@@ -178,7 +178,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             return None  # it serves several models, say: the trajectory's requests say so
 
     async def openai_route(request: web.Request) -> web.StreamResponse:
-        decoding = ended = False  # a trajectory was started; its stream was written to its end
+        forwarding = decoding = ended = False  # passed on; a trajectory started; its stream written to its end
         stream = None
         try:
             raw = await read_body(request)
@@ -188,6 +188,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                 raise APIError(f"the request body is not JSON: {err}") from None
             settings = state["settings"]
             if not isinstance(body, dict) or not settings.wants_fork_join(body, request.headers):
+                forwarding = True
                 return await forward(request, raw)
             model = body.get("model") or ""
             await check_served(model)
@@ -224,19 +225,19 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             return web.json_response(err.body(hide), status=err.status)
         except asyncio.CancelledError:  # the client left and aiohttp cancelled this handler, or the proxy stops
             task = asyncio.current_task()
-            if task not in cut:
+            if task not in cut or forwarding:  # a passed-on reply is the backend's, begun: it is cut
                 if decoding:
-                    say_cut(decoding, stopping=False)
+                    say_cut(True, stopping=False)
                 raise
             say_cut(decoding, stopping=True)
             if hasattr(task, "uncancel"):  # Python 3.11's count: the handler goes on, to answer
                 task.uncancel()
+            stopped = APIError(STOPPED, status=503)
             if stream is None or not stream.prepared:  # an OpenAI client would retry a 503 (on a closed port)
-                error = APIError(STOPPED, status=503)
-                return web.json_response(error.body(), status=error.status, headers={"x-should-retry": "false"})
+                return web.json_response(stopped.body(), status=stopped.status, headers={"x-should-retry": "false"})
             if not ended:  # the stream ends as a failed one, which a client can tell from a network fault
                 with contextlib.suppress(ConnectionResetError):
-                    for event in error_events(APIError(STOPPED, status=503)):
+                    for event in error_events(stopped):
                         await stream.write(event.encode())
                     await stream.write_eof()
             return stream
