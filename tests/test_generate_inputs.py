@@ -159,6 +159,21 @@ def test_a_model_without_the_tags_says_how_to_prepare_it_before_the_output_is_to
     assert out.read_text() == kept and not (tmp_path / "out.jsonl.set-aside").exists()
 
 
+def test_an_in_process_engine_checks_the_tags_before_it_loads_the_weights(problems, tmp_path):
+    """It loaded the model first: here there are no weights to load, so a weights error came instead."""
+    from transformers import Qwen3Config
+
+    from threadweaver.kit.tokenizers import qwen_tokenizer
+
+    untagged, out = tmp_path / "untagged", tmp_path / "out.jsonl"
+    qwen_tokenizer(tags=False).save_pretrained(untagged)
+    Qwen3Config().save_pretrained(untagged)  # and no weights file
+    stderr = generate(str(problems), str(out), "--model", str(untagged), "--engine", "transformers")
+    assert stderr.startswith("threadweaver generate: the model's tokenizer has no single token for <Parallel>, ")
+    assert "adds the tags (then give --model DIR); generate needs them with --no-branching too" in stderr
+    assert not out.exists()
+
+
 def test_an_unreachable_server_points_to_finished_trajectories_only_where_there_are_some(problems, tmp_path):
     out = tmp_path / "out.jsonl"
     stderr = generate(str(problems), str(out), *NO_SERVER)

@@ -38,6 +38,21 @@ def test_a_missing_model_folder_is_named_before_anything_loads(tmp_path):
     assert str(refused.value).startswith(f"{missing}: ") and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("name", ["branching", "skip_malformed", "train_injected"])
+def test_sfts_own_switches_turn_off_as_trls_do(name):
+    """Its own switches turned off as ``--no-skip_malformed`` only, where TRL's take ``--no_x`` and ``--no-x``."""
+    from threadweaver.hf_collator import sft
+
+    parser = sft.parser()
+    hyphened = name.replace("_", "-")
+    for words in ([f"--{name}"], [f"--{hyphened}"]):
+        assert vars(parser.parse_args(["m", "d", *words]))[name] is True
+    for words in ([f"--no_{name}"], [f"--no-{hyphened}"]):
+        assert vars(parser.parse_args(["m", "d", *words]))[name] is False
+    if "_" in name:
+        assert f"--no-{name}" not in parser.format_help()
+
+
 @pytest.mark.parametrize(
     ("command_name", "words"),
     [

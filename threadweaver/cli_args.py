@@ -128,7 +128,17 @@ def add_arguments(
             parser.add_argument(f.name, type=kind, help=help_text)
             continue
         names = spellings(f.name) if trls else [flag(f.name)]
-        if kind is bool:
+        if kind is bool and trls:  # TRL's negation, --no_x and --no-x (BooleanOptionalAction's would be --no-x_y)
+            either = parser.add_mutually_exclusive_group()
+            action = either.add_argument(*names, dest=f.name, action="store_true", default=default, help=help_text)
+            either.add_argument(
+                *spellings(f"no_{f.name}"),
+                dest=f.name,
+                action="store_false",
+                default=argparse.SUPPRESS,
+                help=f"Turns {names[0]} off.",
+            )
+        elif kind is bool:
             action = parser.add_argument(*names, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
             action = parser.add_argument(

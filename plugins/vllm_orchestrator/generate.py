@@ -51,17 +51,23 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
     from threadweaver.orchestrator import Orchestrator
     from threadweaver.progress import progress_bar
 
-    problems = checked_problems(args)
-    engine_args.check_model(args.model)
-    engine = make_engine(engine_args, args.model)
-    try:
-        source = await tokenizer_source(engine, args.model)
-        if source is None:
-            raise ValueError("--model is needed to load the tokenizer")
+    def tagged_tokenizer(source: str):
         tokenizer = AutoTokenizer.from_pretrained(source)
         if missing := missing_tags(tokenizer):  # --no-branching too: the orchestrator reads its output for the tags
             then = "serve DIR" if engine_args.engine in SERVER_ENGINES else "give --model DIR"
             raise ValueError(f"{unprepared(missing, source, then)}; generate needs them with --no-branching too")
+        return tokenizer
+
+    problems = checked_problems(args)
+    engine_args.check_model(args.model)
+    tokenizer = tagged_tokenizer(args.model) if args.model else None  # before an in-process engine loads weights
+    engine = make_engine(engine_args, args.model)
+    try:
+        if tokenizer is None:
+            source = await tokenizer_source(engine, args.model)
+            if source is None:
+                raise ValueError("--model is needed to load the tokenizer")
+            tokenizer = tagged_tokenizer(source)
         jobs = list(problem_jobs(problems, tokenizer, args.n))  # every prompt checked before the output is touched
         done, set_aside = finished_keys(args.out)
         jobs = [j for j in jobs if (j.row_id, j.sample) not in done]

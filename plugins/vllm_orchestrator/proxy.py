@@ -225,6 +225,8 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             return web.json_response(err.body(hide), status=err.status)
         except asyncio.CancelledError:  # the client left and aiohttp cancelled this handler, or the proxy stops
             task = asyncio.current_task()
+            if ended:  # written whole; a cancel in write_eof's drain left aiohttp to end it, which would end it twice
+                raise
             if task not in cut or forwarding:  # a passed-on reply is the backend's, begun: it is cut
                 if decoding:
                     say_cut(True, stopping=False)
