@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -36,9 +37,18 @@ async def endless(request):
 async def plain(request):
     return web.Response(text="ok")
 
+async def broken(request):
+    reply = web.StreamResponse()
+    await reply.prepare(request)
+    await reply.write(b"tick\\n")
+    await asyncio.sleep(0.2)
+    request.transport.abort()  # the backend fails in the middle of its reply
+    return reply
+
 app = web.Application()
 app.router.add_get("/endless", endless)
 app.router.add_get("/plain", plain)
+app.router.add_get("/broken", broken)
 app.router.add_post("/v1/completions", endless)  # a plain (not fork-join) request, passed on
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=lambda _: print("up", flush=True))
 """
@@ -153,3 +163,18 @@ def test_stopping_cuts_a_passed_on_reply_as_it_is(proxy):
             pass
     said = log.read_text()
     assert "stopping; 1 reply still running" in said and "cut a reply short" not in said and "Traceback" not in said
+
+
+def test_a_passed_on_reply_the_backend_breaks_off_is_cut_there(proxy):
+    """A 502 reply was written into the stream already begun, which its client read as a broken chunk."""
+    _, port, log = proxy
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as client:
+        client.sendall(b"GET /broken HTTP/1.1\r\nHost: proxy\r\n\r\n")
+        read = b""
+        while chunk := client.recv(1 << 16):
+            read += chunk
+    head, _, body = read.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and body == b"5\r\ntick\n\r\n"  # no end chunk, nothing after it
+    said = log.read_text()
+    assert "threadweaver proxy: the backend's reply to GET /broken broke off, and was cut there for its client" in said
+    assert "Traceback" not in said

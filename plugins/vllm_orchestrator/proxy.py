@@ -126,6 +126,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
 
     async def forward(request: web.Request, body: bytes) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | {"authorization"}}
+        response = None
         try:
             async with state["session"].request(
                 request.method, backend + request.path_qs, data=body, headers=headers
@@ -135,11 +136,28 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                     headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP},
                 )
                 await response.prepare(request)
-                async for chunk in upstream.content.iter_any():
+                chunks = upstream.content.iter_any()
+                while True:
+                    try:
+                        chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    except aiohttp.ClientError as err:  # begun, so cut as the backend cut it, not answered twice
+                        print(
+                            f"threadweaver proxy: the backend's reply to {request.method} {request.path} broke off, "
+                            f"and was cut there for its client: {err}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        if request.transport is not None:
+                            request.transport.close()
+                        return response
                     await response.write(chunk)
                 await response.write_eof()
                 return response
-        except aiohttp.ClientError as err:
+        except (aiohttp.ClientError, ConnectionResetError) as err:
+            if response is not None:  # the client left as its reply was written ("Cannot write to closing transport")
+                return response
             error = APIError(f"cannot reach the backend at {backend}: {err}", status=502)
             return web.json_response(error.body(hide), status=error.status)
 
