@@ -35,8 +35,8 @@ import urllib.request
 
 from threadweaver.quickstart.recipe import embedded_models
 from threadweaver.synth import make_rows
-from threadweaver.testing import running_proxy
 from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
+from threadweaver.vllm_orchestrator.testing import running_proxy
 from threadweaver.wall_clock import WallClock, mean_parts
 
 

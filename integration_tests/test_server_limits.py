@@ -18,7 +18,8 @@ import urllib.request
 
 import pytest
 
-from threadweaver.testing import CLI, running_proxy
+from threadweaver.testing import CLI
+from threadweaver.vllm_orchestrator.testing import running_proxy
 
 pytestmark = pytest.mark.slow
 

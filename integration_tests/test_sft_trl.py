@@ -14,16 +14,10 @@ import subprocess
 import sys
 
 import pytest
-from trained_model import CLI, run_cli
+from trained_model import CLI, SYNTH, run_cli
 from vllm_server import NO_VLLM, have_vllm, post, vllm_server
 
 pytestmark = pytest.mark.slow
-
-SYNTH = ["--min-terms", "2", "--max-terms", "3", "--digits", "3"]
-
-
-def run(*args, check=True):
-    return run_cli(*args, check=check)
 
 
 def test_loss_falls(trained):
@@ -114,8 +108,8 @@ def test_trained_model_serves_in_vllm(trained, tmp_path):
 
 
 def test_malformed_row_is_named_or_skipped(tmp_path):
-    run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
-    run("synth", "--out", str(tmp_path / "data"), "--train", "6", "--validation", "1", *SYNTH)
+    run_cli("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
+    run_cli("synth", "--out", str(tmp_path / "data"), "--train", "6", "--validation", "1", *SYNTH)
     rows = (tmp_path / "data" / "parallel" / "train.jsonl").read_text().splitlines()
     bad = json.loads(rows[3])
     bad["messages"][1]["content"] = bad["messages"][1]["content"].replace("<Thread>2:", "<Thread>5:")
@@ -132,10 +126,10 @@ def test_malformed_row_is_named_or_skipped(tmp_path):
         "--per-device-train-batch-size",
         "2",
     ]
-    failed = run("sft", *args, check=False)
+    failed = run_cli("sft", *args, check=False)
     assert failed.returncode != 0
     assert "train.jsonl: line 4 (id train-3): trajectory token" in failed.stderr and "seed 2:" in failed.stderr
-    skipped = run("sft", *args, "--skip-malformed", check=False)
+    skipped = run_cli("sft", *args, "--skip-malformed", check=False)
     assert skipped.returncode == 0, skipped.stderr[-2000:]
     assert "skipped 1 malformed rows" in skipped.stderr
     assert (tmp_path / "out" / "model.safetensors").exists()
@@ -143,9 +137,9 @@ def test_malformed_row_is_named_or_skipped(tmp_path):
 
 def test_sequential_baseline_trains_plain_sequences(tmp_path):
     """--no-branching: the tags are ordinary tokens, so the malformed row is just text."""
-    run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
-    run("synth", "--out", str(tmp_path / "data"), "--train", "4", "--validation", "1", *SYNTH)
-    run(
+    run_cli("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
+    run_cli("synth", "--out", str(tmp_path / "data"), "--train", "4", "--validation", "1", *SYNTH)
+    run_cli(
         "sft",
         str(tmp_path / "kit"),
         str(tmp_path / "data" / "parallel" / "train.jsonl"),
@@ -169,8 +163,8 @@ def test_padding_free_trains_to_the_padded_losses(tmp_path, monkeypatch, caplog)
     On CPU (sdpa's dense mask) it is slower, and the command says so."""
     from threadweaver.hf_collator import TrieCollator, sft
 
-    run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
-    run("synth", "--out", str(tmp_path / "data"), "--train", "4", "--validation", "1", *SYNTH)
+    run_cli("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
+    run_cli("synth", "--out", str(tmp_path / "data"), "--train", "4", "--validation", "1", *SYNTH)
     shapes, collate = [], TrieCollator.__call__
 
     def recorded(self, features):
@@ -209,8 +203,8 @@ def test_a_stopped_run_resumes_from_its_checkpoint_to_the_same_losses(tmp_path):
 
     from threadweaver.hf_collator import sft
 
-    run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
-    run("synth", "--out", str(tmp_path / "data"), "--train", "8", "--validation", "1", *SYNTH)
+    run_cli("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
+    run_cli("synth", "--out", str(tmp_path / "data"), "--train", "8", "--validation", "1", *SYNTH)
     data = str(tmp_path / "data" / "parallel" / "train.jsonl")
     steps = ["--max-steps", "4", "--per-device-train-batch-size", "2", "--logging-steps", "1"]
     saves = ["--save-strategy", "steps", "--save-steps", "2"]
@@ -238,8 +232,8 @@ def test_regional_compilation_trains_to_the_uncompiled_losses(tmp_path):
     compilation (``ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=1`` with ``--torch_compile true``). On CPU,
     with the dense-mask trie (FlexAttention has no CPU backward), the layers compile as regions of their
     own and train to the uncompiled run's losses."""
-    run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
-    run("synth", "--out", str(tmp_path / "data"), "--train", "4", "--validation", "1", *SYNTH)
+    run_cli("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
+    run_cli("synth", "--out", str(tmp_path / "data"), "--train", "4", "--validation", "1", *SYNTH)
     losses = {}
     for name, compiled in (("plain", []), ("regional", ["--torch_compile", "true"])):
         done = subprocess.run(
@@ -283,8 +277,8 @@ def test_flex_backend_needs_flex_attention_on_trie_rows_and_flash_needs_flash_at
 
 
 def test_example_script_trains_with_sfttrainer(tmp_path):
-    run("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
-    run("synth", "--out", str(tmp_path / "data"), "--train", "8", "--validation", "1", *SYNTH)
+    run_cli("kit", "--out", str(tmp_path / "kit"), "--hidden-size", "64", "--num-hidden-layers", "1")
+    run_cli("synth", "--out", str(tmp_path / "data"), "--train", "8", "--validation", "1", *SYNTH)
     example = os.path.join(os.path.dirname(__file__), "..", "examples", "sft_trl.py")
     subprocess.run(
         [
@@ -350,13 +344,13 @@ def test_rows_of_another_tokenizers_ids_are_refused(tmp_path):
     """Rows of token ids (as ``generate`` and ``filter`` write them) record their tokenizer: ids of the synth
     vocabulary would train other tokens of a Qwen-vocabulary model, so sft refuses them before loading it.
     The same rows as text train any model."""
-    run(
+    run_cli(
         "kit", "--out", str(tmp_path / "qwen"), "--tokenizer", "qwen", "--hidden-size", "64", "--num-hidden-layers", "1"
     )
     row = {"prompt_ids": [5, 6, 7], "token_ids": [8, 9, 10], "tokenizer": "synth"}
     (tmp_path / "ids.jsonl").write_text(json.dumps(row) + "\n")
     args = ["--output-dir", str(tmp_path / "out"), "--max-steps", "1"]
-    refused = run("sft", str(tmp_path / "qwen"), str(tmp_path / "ids.jsonl"), *args, check=False)
+    refused = run_cli("sft", str(tmp_path / "qwen"), str(tmp_path / "ids.jsonl"), *args, check=False)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
     assert "ids.jsonl: its rows are token ids of the tokenizer 'synth'" in refused.stderr
     assert not (tmp_path / "out").exists()

@@ -39,7 +39,7 @@ from threadweaver.jsonl import read_jsonl, write_jsonl
 from threadweaver.synth import chat_row, make_rows
 from threadweaver.testing import CLI
 
-FAST = LLMArgs(model="stand-in", max_retries=1, timeout_s=10.0, concurrency=8)
+FAST = LLMArgs(model="stand-in", retries=1, timeout_s=10.0, concurrency=8)
 """Generous timeouts: a loaded CI machine must not turn a slow reply into a ``timeout`` drop."""
 
 
@@ -537,13 +537,13 @@ def test_when_no_trace_reaches_the_server_the_command_fails_naming_its_url_and_k
         url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
     argv = ["curate", str(tmp_path / "t.jsonl"), str(out), "--base-url", url, "--model", "m"]
     with pytest.raises(SystemExit) as exit_:
-        main([*argv, "--tokenizer", "synth", "--max-retries", "0"])
+        main([*argv, "--tokenizer", "synth", "--retries", "0"])
     message = str(exit_.value.code)
     assert message.startswith("threadweaver curate: nothing curated") and "\n" not in message
     assert url in message and "2 connection" in message and f"outputs in {out} are left as they were" in message
     assert {name: (out / name).read_text() for name in earlier} == earlier
     with pytest.raises(SystemExit):  # a new folder: not made (it was, holding an empty call cache)
-        main([*argv[:2], str(tmp_path / "new"), *argv[3:], "--tokenizer", "synth", "--max-retries", "0"])
+        main([*argv[:2], str(tmp_path / "new"), *argv[3:], "--tokenizer", "synth", "--retries", "0"])
     assert not (tmp_path / "new").exists()
 
 

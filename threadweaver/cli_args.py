@@ -34,6 +34,10 @@ class SettingError(ValueError):
         self.reason = reason
         super().__init__(f"{' and '.join(self.names)} {reason}")
 
+    def by_flags(self) -> str:
+        """The message, naming the fields by their command-line flags."""
+        return f"{' and '.join(map(flag, self.names))} {self.reason}"
+
 
 def flag(name: str) -> str:
     """A config field's command-line flag."""

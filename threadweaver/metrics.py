@@ -41,7 +41,7 @@ def trajectory_metrics(
 
 def rollout_metrics(trajectories: Sequence[Trajectory], correct: Sequence[bool] | None = None) -> dict[str, float]:
     """Means of :func:`trajectory_metrics` over a batch of rollouts, and ``correct_rate`` where ``correct`` is
-    given: what the P-GRPO trainers log."""
+    given: what TRL's P-GRPO trainer logs (verl logs :func:`trajectory_metrics` per rollout)."""
     if not trajectories:
         raise ValueError("no rollouts to summarise")
     each = [

@@ -9,20 +9,15 @@ reply is the format's end-of-sequence token. For example, one well-formed block:
     engine = ScriptedEngine(fmt, {"Q?": "think " + head, "<Thread>1:": "aa</Thread>",
                                   "<Thread>2:": "bbbb</Thread>", "</Parallel>": " done<EOS>"})
 
-``running_proxy(*args)`` runs ``threadweaver proxy`` as a process, as an operator runs it.
+:data:`CLI` is the ``threadweaver`` command beside the running interpreter.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import select
-import signal
-import subprocess
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Sequence
 
 from threadweaver.engine import Completion, Sampling, to_completion
 from threadweaver.format import Format
@@ -72,34 +67,3 @@ class StreamingScriptedEngine(ScriptedEngine):
 
 CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 """The ``threadweaver`` command of the running interpreter's environment."""
-
-
-PROXY_STARTS_WITHIN_S = 120
-"""How long a proxy may take to say it listens (it loads its tokenizer first, on cores the tests share)."""
-
-
-@contextmanager
-def running_proxy(
-    *args: str, log_path: str | os.PathLike | None = None, stop_within_s: float = 30
-) -> Iterator[tuple[subprocess.Popen, str]]:
-    """``threadweaver proxy`` with ``args`` on a free port (the one it prints), once it listens: its process and URL.
-
-    Its stderr goes to ``log_path`` (by default a temporary file). If it exits, or does not say it listens
-    within :data:`PROXY_STARTS_WITHIN_S`, an ``AssertionError`` holds what it printed. On leaving, it is stopped as an
-    operator stops it (Ctrl-C), given ``stop_within_s`` to exit, then killed."""
-    command = [CLI, "proxy", "--port", "0", *args]
-    log = open(log_path, "w+") if log_path is not None else tempfile.TemporaryFile("w+")
-    with log, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True) as process:
-        try:
-            listening = select.select([process.stdout], [], [], PROXY_STARTS_WITHIN_S)[0]
-            line = process.stdout.readline() if listening else ""
-            if not line.startswith("http://"):
-                log.seek(0)
-                raise AssertionError(f"threadweaver proxy did not start: {line}{log.read()}")
-            yield process, line.split()[0]
-        finally:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=stop_within_s)
-            finally:
-                process.kill()

@@ -276,15 +276,15 @@ def _curate(args: argparse.Namespace) -> None:
         print(format_estimate(stats))
         return
     print(format_report(stats))
-    print(f"wrote {args.out_dir}/train.jsonl, dropped.jsonl and report.json")
+    print(f"wrote {args.out}/train.jsonl, dropped.jsonl and report.json")
 
 
 def _self_train_arguments(p: argparse.ArgumentParser) -> None:
     from threadweaver.orchestrator import Sampling
-    from threadweaver.self_train import SelfTrainArgs
+    from threadweaver.self_train import SAMPLING_TEMPERATURE, SelfTrainArgs
 
     add_arguments(p, SelfTrainArgs)
-    add_arguments(p, Sampling, defaults={"temperature": 0.6})
+    add_arguments(p, Sampling, defaults={"temperature": SAMPLING_TEMPERATURE})
     add_arguments(p, FilterConfig)
 
 

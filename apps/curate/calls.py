@@ -102,7 +102,7 @@ class LLM:
         key = args.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"  # a local server needs none
         self.keyless = key == "EMPTY"
         self.client = openai.AsyncOpenAI(
-            base_url=args.base_url, api_key=key, timeout=args.timeout_s, max_retries=args.max_retries
+            base_url=args.base_url, api_key=key, timeout=args.timeout_s, max_retries=args.retries
         )
         self.args, self.cache = args, cache
         self.slots = asyncio.Semaphore(args.concurrency)

@@ -18,7 +18,7 @@ class CurateArgs:
     traces: str = field(
         metadata={"help": "Sequential traces: JSONL, parquet or a JSON array (chat, flat or `generate` rows)."}
     )
-    out_dir: str = field(metadata={"help": "Where train.jsonl, dropped.jsonl, report.json and the call cache go."})
+    out: str = field(metadata={"help": "Folder for train.jsonl, dropped.jsonl, report.json and the call cache."})
     tokenizer: str = option(
         "qwen", "The target model's tokenizer directory, or 'qwen'/'synth' (checks the round trip)."
     )
@@ -36,7 +36,7 @@ class LLMArgs:
     temperature: float = option(0.0, "Sampling temperature of every call.")
     max_reply_tokens: int = option(1024, "Token budget of a reply; a reply cut at it is asked again with twice this.")
     timeout_s: float = option(300.0, "Seconds before one request times out (then it is retried).")
-    max_retries: int = option(4, "Retries of a request after a connection error, timeout, 429 or 5xx.")
+    retries: int = option(4, "Retries of a request after a connection error, timeout, 429 or 5xx.")
     reasks: int = option(1, "Times a refused reply (invalid JSON, schema, a check) is asked again with the reason.")
     extra_body: str | None = option(
         None,
@@ -46,7 +46,7 @@ class LLMArgs:
 
     def __post_init__(self):
         check_counts(self, ("concurrency", "max_reply_tokens"))
-        check_counts(self, ("max_retries", "reasks"), least=0)
+        check_counts(self, ("retries", "reasks"), least=0)
         if not 0 <= self.temperature <= 2:
             raise SettingError("temperature", f"must be 0 to 2, as OpenAI's API takes it, not {self.temperature}")
         if not self.timeout_s > 0:

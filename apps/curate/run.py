@@ -42,7 +42,7 @@ class NothingCurated(ValueError):
     output is written (``kept_earlier``); otherwise the three are, ``train.jsonl`` empty, ``dropped.jsonl``
     with every trace's reason."""
 
-    def __init__(self, report: dict, outcomes: list[Outcome], out_dir: str, kept_earlier: bool, written: bool = True):
+    def __init__(self, report: dict, outcomes: list[Outcome], out: str, kept_earlier: bool, written: bool = True):
         drops = next((o.drops for o in outcomes if o.drops), None)
         message = "no trace to curate"
         if drops is not None:
@@ -55,9 +55,9 @@ class NothingCurated(ValueError):
             where = f"line {first['line']}: {first['stage']}, {first['reason']}"
             message = f"nothing kept (the first dropped: {where}: {detail})"
         if kept_earlier:
-            message += f"; the outputs in {out_dir} are left as they were"
+            message += f"; the outputs in {out} are left as they were"
         elif report["traces"] and written:
-            message += f"; why each trace was dropped: {os.path.join(out_dir, 'dropped.jsonl')}"
+            message += f"; why each trace was dropped: {os.path.join(out, 'dropped.jsonl')}"
         elif report["traces"]:
             message += "; nothing was written: every trace was dropped before any call"
         super().__init__(message)
@@ -65,7 +65,7 @@ class NothingCurated(ValueError):
 
 
 def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
-    """Curate ``args.traces`` into ``args.out_dir``; the report (also in ``report.json``).
+    """Curate ``args.traces`` into ``args.out``; the report (also in ``report.json``).
 
     Raises :class:`~threadweaver.interrupts.Stopped` on Ctrl-C (the replies so far stay in the call cache, so a rerun
     resumes), :class:`ConnectionError` where the server answered no trace (the outputs of an earlier run
@@ -80,12 +80,12 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
         return estimate(traces, dropped, fmt, llm_args, config)
     if not llm_args.model:
         raise ValueError("name the model the endpoint serves: --model NAME")
-    train = os.path.join(args.out_dir, "train.jsonl")
+    train = os.path.join(args.out, "train.jsonl")
     kept_earlier = os.path.exists(train) and os.path.getsize(train) > 0  # rows a run with none must not replace
     if not traces:
-        raise NothingCurated(report(dropped, {}, config), dropped, args.out_dir, kept_earlier, written=False)
-    new_out_dir = not os.path.exists(args.out_dir)
-    cache = CallCache(os.path.join(args.out_dir, "calls.sqlite"))
+        raise NothingCurated(report(dropped, {}, config), dropped, args.out, kept_earlier, written=False)
+    new_out = not os.path.exists(args.out)
+    cache = CallCache(os.path.join(args.out, "calls.sqlite"))
     bar = progress_bar(total=len(traces), desc="curate", unit=" traces")
     done: list[Outcome] = list(dropped)
     running: list[asyncio.Task] = []
@@ -122,20 +122,20 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
         cache.close()
     outcomes = sorted([*dropped, *outcomes], key=lambda o: o.line)
     try:
-        _check_server(outcomes, len(traces), base_url, llm_args.model, args.out_dir)
+        _check_server(outcomes, len(traces), base_url, llm_args.model, args.out)
     except ConnectionError:
-        if new_out_dir and not replies:  # the folder this run made holds nothing: gone, as it was
-            shutil.rmtree(args.out_dir, ignore_errors=True)
+        if new_out and not replies:  # the folder this run made holds nothing: gone, as it was
+            shutil.rmtree(args.out, ignore_errors=True)
         raise
     stats = report(outcomes, usage, config)
     stats["llm"] = {"base_url": base_url, "model": llm_args.model, "temperature": llm_args.temperature}
     if not stats["kept"] and kept_earlier:
-        raise NothingCurated(stats, outcomes, args.out_dir, kept_earlier)
+        raise NothingCurated(stats, outcomes, args.out, kept_earlier)
     write_jsonl(train, (o.row for o in outcomes if o.row is not None))
-    write_jsonl(os.path.join(args.out_dir, "dropped.jsonl"), (d for o in outcomes for d in o.drops))
-    write_json(os.path.join(args.out_dir, "report.json"), stats)
+    write_jsonl(os.path.join(args.out, "dropped.jsonl"), (d for o in outcomes for d in o.drops))
+    write_json(os.path.join(args.out, "report.json"), stats)
     if not stats["kept"]:
-        raise NothingCurated(stats, outcomes, args.out_dir, kept_earlier)
+        raise NothingCurated(stats, outcomes, args.out, kept_earlier)
     return stats
 
 
@@ -154,7 +154,7 @@ def _stop(running: list[asyncio.Task]) -> None:
         pass
 
 
-def _check_server(outcomes: list[Outcome], curated: int, base_url: str | None, model: str, out_dir: str) -> None:
+def _check_server(outcomes: list[Outcome], curated: int, base_url: str | None, model: str, out: str) -> None:
     """:class:`ConnectionError` where every trace that reached the LLM failed at the server."""
     failed = [o.drops[-1] for o in outcomes if o.drops and o.drops[-1]["stage"] == "segment"]
     failed = [d for d in failed if d["reason"] in SERVER_FAILURES]
@@ -165,7 +165,7 @@ def _check_server(outcomes: list[Outcome], curated: int, base_url: str | None, m
     raise ConnectionError(
         f"nothing curated: every one of the {curated} traces failed at the server {base_url} "
         f"({count} {reason}: {' '.join(example.split())}); is it up, and serving --model {model}? "
-        f"The outputs in {out_dir} are left as they were"
+        f"The outputs in {out} are left as they were"
     )
 
 

@@ -130,9 +130,7 @@ def _load(source: str, gguf_file: str | None, what: str, call):
         return call()
     except ImportError as err:
         if gguf_file is not None:
-            raise PrepareError(
-                f"reading {gguf_file} needs the gguf package: pip install 'threadweaver[pretrained]' ({err})"
-            ) from None
+            raise PrepareError(f"reading {gguf_file} needs the gguf package: pip install gguf ({err})") from None
         raise PrepareError(f"{source}: cannot load its {what}: {err}") from None
     except (OSError, ValueError, KeyError, TypeError) as err:
         name = source if gguf_file is None else os.path.join(source, gguf_file)

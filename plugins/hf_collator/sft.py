@@ -15,7 +15,7 @@ import logging
 import os
 import types
 
-from threadweaver.cli_args import SettingError, add_arguments, check_counts, check_numbers, flag, spellings
+from threadweaver.cli_args import SettingError, add_arguments, check_counts, check_numbers, spellings
 from threadweaver.format import missing_tags
 from threadweaver.hf_collator.attention import flash_attention_4_missing, use_tree_attention
 from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
@@ -27,9 +27,18 @@ from threadweaver.trie import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
 
-RUN_DEFAULTS = {"seed": 0, "save_strategy": "no", "report_to": "none"}
-"""What the training commands (``sft``, ``pgrpo``) set over TRL's defaults alike: a seeded run that saves
-only its final model, and logs to no tracker unless asked."""
+
+def run_defaults() -> dict:
+    """What the training commands (``sft``, ``pgrpo``) set over TRL's defaults alike: a seeded run that saves
+    only its final model, logs to no tracker unless asked, and runs on the GPU where there is one (in bf16
+    where it has it), else on the CPU."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    bf16 = cuda and torch.cuda.is_bf16_supported()
+    return {"seed": 0, "save_strategy": "no", "report_to": "none", "use_cpu": not cuda, "bf16": bf16}
+
+
 DEFAULTS = {
     "output_dir": os.path.join("runs", "sft"),
     "learning_rate": 1e-4,
@@ -37,7 +46,6 @@ DEFAULTS = {
     "per_device_train_batch_size": 8,
     "max_length": 8192,
     "logging_steps": 10,
-    **RUN_DEFAULTS,
 }
 SHARED_WITH_CONFIG = ("max_length", "pad_to_multiple_of", "padding_free")
 """Collator settings that ``SFTConfig`` declares already: the collator takes them from it.
@@ -56,11 +64,9 @@ NEEDS_CUDA = ("flex_attention", "varlen")
 
 def parser():
     """The command's parser (imports TRL, so it is built only when the command runs)."""
-    import torch
     from transformers import HfArgumentParser
     from trl import SFTConfig
 
-    cuda = torch.cuda.is_available()
     parser = HfArgumentParser(
         SFTConfig, prog="threadweaver sft", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
@@ -91,7 +97,7 @@ def parser():
     for action in parser._actions:  # what the flag does here, not what TRL's own collator would do
         if action.dest in shared:
             action.help = shared[action.dest]
-    parser.set_defaults(**DEFAULTS, use_cpu=not cuda, bf16=cuda and torch.cuda.is_bf16_supported())
+    parser.set_defaults(**DEFAULTS, **run_defaults())
     return parser
 
 
@@ -106,7 +112,7 @@ def main(argv: list[str]) -> str:
     try:
         return train(model, data, SFTConfig(**values), attention, flex_backend, **collator)
     except SettingError as err:  # named as TRL's flags are
-        raise ValueError(f"{' and '.join(map(flag, err.names))} {err.reason}") from None
+        raise ValueError(err.by_flags()) from None
     except RowFormatError as err:  # load_rows names a row by its line
         raise ValueError(f"{data}: line {err.row}: {err.detail} (--skip-malformed skips such rows)") from None
     except RowError as err:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from threadweaver.cli_args import SettingError, flag, spellings
-from threadweaver.hf_collator.sft import RUN_DEFAULTS, check_paths, resume_point
+from threadweaver.cli_args import SettingError, spellings
+from threadweaver.hf_collator.sft import check_paths, resume_point, run_defaults
 from threadweaver.jsonl import RowError, read_jsonl, write_json
 from threadweaver.reward import answer_text
 from threadweaver.rows import RowReader, prompt_messages
@@ -21,31 +21,30 @@ DEFAULTS = {
     "max_steps": 100,
     "logging_steps": 1,
     "max_completion_length": 1024,
-    **RUN_DEFAULTS,
     "vllm_mode": "colocate",
 }
 
 
 def parser():
     """The command's parser (imports TRL, so it is built only when the command runs)."""
-    import torch
     from transformers import HfArgumentParser
 
     from threadweaver.trl_pgrpo import PGRPOConfig
 
-    cuda = torch.cuda.is_available()
     parser = HfArgumentParser(
         PGRPOConfig, prog="threadweaver pgrpo", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
     parser.add_argument("model", help="The SFT'd ThreadWeaver model (directory or hub id).")
-    parser.add_argument("data", help="JSONL problems: 'messages' or 'prompt' (see threadweaver.rows), and 'answer'.")
+    parser.add_argument(
+        "problems", help="JSONL problems: 'messages' or 'prompt' (see threadweaver.rows), and 'answer'."
+    )
     parser.add_argument(
         *spellings("prompts_per_step"),
         type=int,
         default=1,
         help="Problems per step, each rolled out --num-generations times.",
     )
-    parser.set_defaults(**DEFAULTS, use_cpu=not cuda, bf16=cuda and torch.cuda.is_bf16_supported())
+    parser.set_defaults(**DEFAULTS, **run_defaults())
     return parser
 
 
@@ -55,7 +54,7 @@ def main(argv: list[str]) -> str:
 
     command = parser()
     values = vars(command.parse_args(argv))
-    model, data, prompts = values.pop("model"), values.pop("data"), values.pop("prompts_per_step")
+    model, problems, prompts = values.pop("model"), values.pop("problems"), values.pop("prompts_per_step")
     if values["per_device_train_batch_size"] != command.get_default("per_device_train_batch_size"):
         raise ValueError(
             "the batch is --prompts-per-step x --num-generations rollouts; "
@@ -67,11 +66,11 @@ def main(argv: list[str]) -> str:
     try:
         config = PGRPOConfig(**values)
     except SettingError as err:  # named as TRL's flags are
-        raise ValueError(f"{' and '.join(map(flag, err.names))} {err.reason}") from None
+        raise ValueError(err.by_flags()) from None
     try:
-        return train(model, data, config)
+        return train(model, problems, config)
     except RowError as err:
-        raise ValueError(f"{data}: {err}") from None
+        raise ValueError(f"{problems}: {err}") from None
 
 
 def problem_rows(path: str, reader: RowReader) -> list[dict]:
@@ -97,18 +96,18 @@ def problem_rows(path: str, reader: RowReader) -> list[dict]:
     return rows
 
 
-def train(model_dir: str, data: str, config) -> str:
-    """P-GRPO on the problems in ``data`` with ``config`` (a ``PGRPOConfig``); returns the output directory."""
+def train(model_dir: str, problems: str, config) -> str:
+    """P-GRPO on the problems in ``problems`` with ``config`` (a ``PGRPOConfig``); returns the output directory."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from threadweaver.trl_pgrpo import PGRPOTrainer
 
-    check_paths(model_dir, data, config.output_dir, "pgrpo")
+    check_paths(model_dir, problems, config.output_dir, "pgrpo")
     resume = resume_point(config)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rows = problem_rows(data, RowReader(tokenizer))
+    rows = problem_rows(problems, RowReader(tokenizer))
     # float32 weights, under autocast where --bf16 (as sft trains): AdamW's steps of about the learning rate
     # (the paper's 1e-6) round away on bf16 weights, so a bf16 policy would barely move
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")

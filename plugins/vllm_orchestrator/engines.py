@@ -8,6 +8,7 @@ from threadweaver.cli_args import check_counts, check_url, option
 from threadweaver.model_dirs import check_model_dir
 
 from .http import HTTPOptions
+from .serve import ServeArgs
 
 ENGINES = ("vllm", "sglang", "vllm-inprocess", "transformers")
 SERVER_ENGINES = ("vllm", "sglang")
@@ -22,7 +23,7 @@ class EngineArgs:
         choices=ENGINES,
     )
     base_url: str = option(
-        "http://127.0.0.1:8000",
+        f"http://{ServeArgs.host}:{ServeArgs.port}",  # threadweaver serve's, vLLM's
         "Server URL (vllm, sglang); several, space-separated, spread the trajectories over the servers, "
         "each trajectory on one.",
     )

@@ -393,7 +393,7 @@ def serve_proxy(args: ProxyArgs, limits: Limits = Limits()) -> None:
     if args.port == 0:  # bound here, so that the announcement can name it
         free = _free_port(args.host)
         listening, port = {"sock": free}, free.getsockname()[1]
-    else:  # bound by aiohttp, on every address of the host
+    else:  # bound by aiohttp, on every address --host resolves to
         listening, port = {"host": args.host, "port": args.port}, args.port
     url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{port}"
 

@@ -41,7 +41,7 @@ def _error_message(error) -> str:
 class SGLangEngine(SessionKeyed):
     def __init__(
         self,
-        base_url: str = "http://127.0.0.1:30000",
+        base_url: str,
         *,
         options: HTTPOptions = HTTPOptions(),
         logprobs: bool = False,

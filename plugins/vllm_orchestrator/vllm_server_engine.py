@@ -18,7 +18,7 @@ from .wire import vllm_params
 class VLLMServerEngine(SessionKeyed):
     def __init__(
         self,
-        base_url: str = "http://127.0.0.1:8000",
+        base_url: str,
         model: str | None = None,
         *,
         options: HTTPOptions = HTTPOptions(),
