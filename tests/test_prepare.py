@@ -211,8 +211,9 @@ def _cli(*args):
 
 
 def test_user_errors_name_the_file_or_flag(tmp_path, source):
-    bad, absent = tmp_path / "bad.jinja", tmp_path / "absent.jinja"
+    bad, absent, cut = tmp_path / "bad.jinja", tmp_path / "absent.jinja", tmp_path / "cut.gguf"
     bad.write_text(NO_GENERATION_PROMPT)
+    cut.write_bytes(b"GGUF\x03\x00\x00\x00garbage")  # its header cut short: struct.error's traceback before
     cases = [
         (
             (tmp_path / "nowhere", tmp_path / "a"),
@@ -224,6 +225,7 @@ def test_user_errors_name_the_file_or_flag(tmp_path, source):
         ((source, tmp_path / "c"), {"chat_template": str(bad)}, f"{bad}: the chat template does not serve"),
         ((source, tmp_path / "d"), {"chat_template": str(absent)}, f"{absent}: cannot read it"),
         ((source, tmp_path / "e"), {"gguf_file": "x.gguf"}, f"{source / 'x.gguf'}: no such GGUF file"),
+        ((cut, tmp_path / "f"), {}, f"{cut}: cannot load its config: the file ends early, so it is no whole GGUF file"),
     ]
     for (model, out), flags, expected in cases:
         with pytest.raises(PrepareError) as err:

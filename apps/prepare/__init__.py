@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 from dataclasses import dataclass, field
 
 from threadweaver.cli_args import option
@@ -132,9 +133,12 @@ def _load(source: str, gguf_file: str | None, what: str, call):
         if gguf_file is not None:
             raise PrepareError(f"reading {gguf_file} needs the gguf package: pip install gguf ({err})") from None
         raise PrepareError(f"{source}: cannot load its {what}: {err}") from None
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, struct.error, EOFError) as err:
         name = source if gguf_file is None else os.path.join(source, gguf_file)
-        raise PrepareError(f"{name}: cannot load its {what}: {_one_line(err)}") from None
+        why = _one_line(err)
+        if isinstance(err, (struct.error, EOFError)):  # gguf's reader, at the end of a file cut short
+            why = f"the file ends early, so it is no whole GGUF file ({why})"
+        raise PrepareError(f"{name}: cannot load its {what}: {why}") from None
 
 
 def _one_line(err: Exception) -> str:

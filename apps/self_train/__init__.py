@@ -85,6 +85,7 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
     from threadweaver.selection import select
 
     start = args.model if args.start == "model" else args.base  # the model fine-tuned
+    check_problems(args)
     mixed = read_mix(args.mix, start) if args.mix else []
     os.makedirs(args.out, exist_ok=True)
     recipe = Recipe(os.path.join(args.out, "recipe.json"))
@@ -97,12 +98,12 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
         "sampling": dataclasses.asdict(sampling),
         "max_tokens": limits.max_tokens,
     }
-    if os.path.exists(generated):
+    if os.path.exists(generated) and os.path.getsize(generated):  # samples to go on from (a failed start left none)
         recipe.check("sample", samples, generated)
     recipe.keep("sample", samples)
     if not os.path.exists(done):
         print(f"[self-train] sampling {args.n} trajectories per problem with {args.model}", flush=True)
-        sample(args, sampling, generated, limits)
+        sample(args, sampling, limits)
         open(done, "w").close()
     print("[self-train] keeping the correct, well-formed, parallel samples", flush=True)
     kept, _, report = select(generated, RowReader(load_tokenizer(args.model)), filtering)
@@ -224,22 +225,45 @@ def rows_digest(rows: list[dict]) -> str:
     return digest.hexdigest()
 
 
-def sample(args: SelfTrainArgs, sampling: Sampling, out: str, limits: Limits) -> None:
-    """``generate`` ``args.n`` trajectories per problem into ``out`` (resumable), on ``--base-url`` or a
+def generate_args(args: SelfTrainArgs):
+    from threadweaver.vllm_orchestrator.generate import GenerateArgs
+
+    out = os.path.join(args.out, GENERATED)
+    return GenerateArgs(args.problems, out, model=args.model, concurrency=args.concurrency, n=args.n)
+
+
+def check_problems(args: SelfTrainArgs) -> None:
+    """Refuse, before OUT is touched or a server takes minutes to start, a problems file that ``generate`` would
+    refuse, or with a row the filter could not grade (every sample of it would be dropped)."""
+    from threadweaver.batch import problem_jobs
+    from threadweaver.jsonl import RowError
+    from threadweaver.kit.tokenizers import load_tokenizer
+    from threadweaver.reward import answer_text
+    from threadweaver.vllm_orchestrator.generate import checked_problems
+
+    try:
+        problems = checked_problems(generate_args(args))
+        for line, _, row in problems:
+            if "answer" not in row:
+                raise RowError(line, "no 'answer' field (the gold answer the filter keeps correct samples by)")
+            try:
+                answer_text(row["answer"])
+            except ValueError as err:
+                raise RowError(line, f"field 'answer' {err}") from None
+        list(problem_jobs(problems, load_tokenizer(args.model), 1))  # every prompt read
+    except RowError as err:
+        raise ValueError(f"{args.problems}: {err}") from None
+
+
+def sample(args: SelfTrainArgs, sampling: Sampling, limits: Limits) -> None:
+    """``generate`` ``args.n`` trajectories per problem into :data:`GENERATED` (resumable), on ``--base-url`` or a
     vLLM server started for the model and stopped after."""
     from contextlib import nullcontext
 
-    from threadweaver.jsonl import RowError
     from threadweaver.vllm_orchestrator.engines import EngineArgs
-    from threadweaver.vllm_orchestrator.generate import GenerateArgs, checked_problems
     from threadweaver.vllm_orchestrator.generate import run as generate
     from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
 
-    jobs = GenerateArgs(args.problems, out, model=args.model, concurrency=args.concurrency, n=args.n)
-    try:
-        checked_problems(jobs)  # before a server takes minutes to start
-    except RowError as err:
-        raise ValueError(f"{args.problems}: {err}") from None
     server = (
         nullcontext()
         if args.base_url
@@ -249,4 +273,4 @@ def sample(args: SelfTrainArgs, sampling: Sampling, out: str, limits: Limits) ->
         )
     )
     with server as started:
-        generate(jobs, EngineArgs(base_url=args.base_url or started.url), limits, sampling)
+        generate(generate_args(args), EngineArgs(base_url=args.base_url or started.url), limits, sampling)
