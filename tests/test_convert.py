@@ -5,6 +5,7 @@ Every input row is written here in the shape its format publishes (see the modul
 """
 
 import json
+import os
 
 import pytest
 
@@ -298,6 +299,31 @@ def test_nesting_beyond_max_depth_is_too_deep():
     assert convert_npr({**npr_row(), "trajectory": NPR_TRAJECTORY}, ConvertConfig(max_depth=1)).reason == "too_deep"
 
 
+DEEP = 5000
+"""Blocks nested past Python's recursion limit: a hostile row, read with a --max-depth as high."""
+
+
+@pytest.mark.parametrize("source", ["multiverse", "reference", "npr"])
+def test_a_row_nested_past_the_recursion_limit_is_too_deep_not_a_crash(tmp_path, source, capsys):
+    """With --max-depth 500 such a row was a RecursionError traceback, the file's other rows lost."""
+    if source == "multiverse":
+        opened = "<Parallel>\n<Goal>\n<Outline>\n1: a\n</Outline>\n</Goal>\n<Path>\n1: x\n"
+        deep = mv_row(opened * DEEP + "y\n" + "</Path>\n<Conclusion>\nc\n</Conclusion>\n</Parallel>\n" * DEEP)
+        good = mv_row()
+    elif source == "reference":
+        opened = "<Parallel>\n<Outlines>\n<Outline>1: a</Outline>\n</Outlines>\n<Thread>\n1: x\n"
+        deep, good = ref_row(qwen_text(opened * DEEP + "y" + "\n</Thread>\n</Parallel>" * DEEP)), ref_row()
+    else:
+        opened = guideline("1: a") + "<step>\n1: x\n"
+        deep, good = npr_row(opened * DEEP + "y" + "\n</step>\n<takeaway>\nt\n</takeaway>" * DEEP), npr_row()
+    out = tmp_path / "out.jsonl"
+    cli(["convert", jsonl(tmp_path / "in.jsonl", [deep, good]), str(out), "--from", source, "--max-depth", "500"])
+    assert len(out.read_text().splitlines()) == 1
+    (dropped,) = json.loads((tmp_path / "out.jsonl.report.json").read_text())["dropped_rows"]
+    assert (dropped["line"], dropped["reason"]) == (1, "too_deep") and "too deep to read" in dropped["detail"]
+    assert "dropped, too_deep           1" in capsys.readouterr().out
+
+
 def test_text_conversion_refusals_name_the_place():
     with pytest.raises(Refused) as err:
         convert_text("<step>\n1: x\n</step>", "npr")
@@ -320,6 +346,12 @@ def test_rows_without_text_problem_or_assistant():
     assert convert_npr({"problem": "p", "trajectory": 7}).reason == "no_text"
     failure = convert_reference(ref_row("<|im_start|>user\nq<|im_end|>\n"))
     assert failure.reason == "no_assistant"
+
+
+def test_a_null_text_field_is_said_to_be_null_not_missing():
+    failure = convert_reference({**ref_row(), "qwen_text": None})
+    assert (failure.reason, failure.detail) == ("no_text", "field 'qwen_text' is null, not text")
+    assert convert_reference({"id": "r"}).detail == "field 'qwen_text' is missing, not text (the row has 'id')"
 
 
 def test_what_our_strict_parser_refuses_is_malformed_with_its_token_position(fmt):
@@ -478,3 +510,16 @@ def test_an_input_of_which_no_row_converts_leaves_the_outputs_as_they_were(tmp_p
         "out.jsonl",
     ]
     assert ("dropped, unreadable" in capsys.readouterr().out) == bool(rows)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no file can be made")
+@pytest.mark.parametrize("name", ["out.jsonl", "nope/out.jsonl"], ids=["in the folder", "in a folder to make"])
+def test_an_out_where_no_file_can_be_made_is_named_before_any_row_is_read(tmp_path, name):
+    """It blamed the input and named OUT's .tmp file, after all the work; root may write anywhere but /proc."""
+    source = jsonl(tmp_path / "in.jsonl", ["{not json"])  # read first, this line would be the error
+    out = f"/proc/{name}"
+    with pytest.raises(SystemExit) as exit_:
+        cli(["convert", source, out, "--from", "reference"])
+    message = str(exit_.value.code)
+    assert message.startswith(f"threadweaver convert: {out}: cannot write a file in /proc (") and "\n" not in message
+    assert ".tmp" not in message and os.listdir(tmp_path) == ["in.jsonl"]

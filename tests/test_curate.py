@@ -23,6 +23,7 @@ from llm_stand_in import StandIn, stand_in_server
 from threadweaver.cli import main
 from threadweaver.curate import pipeline, prompts
 from threadweaver.curate.blocks import Block, Refused, apply_edits, assemble, extract, with_outlines
+from threadweaver.curate.calls import CallCache
 from threadweaver.curate.config import CurateArgs, CurateConfig, LLMArgs
 from threadweaver.curate.run import run, target_reader
 from threadweaver.curate.schemas import (
@@ -279,7 +280,7 @@ def test_the_command_writes_rows_sft_reads_and_says_what_it_did(tmp_path, capsys
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["missing.jsonl", "out", "--model", "m"], "No such file"),
+        (["missing.jsonl", "out", "--model", "m"], "threadweaver curate: missing.jsonl: no such file"),
         (["t.jsonl", "out"], "--model NAME"),
         (["t.jsonl", "out", "--model", "m", "--max-threads", "1"], "--max-threads must be 2..16"),
         (["t.jsonl", "out", "--model", "m", "--max-units", "5001"], "--max-units must be 2..4096"),
@@ -615,3 +616,91 @@ def test_a_trace_that_is_parallel_already_is_dropped_at_ingest_before_any_call(t
     assert list(kept) == [rows[0]["id"]] and stand_in.answered["segment"] == 1
     (parallel,) = [d for d in dropped if d["id"] == rows[1]["id"]]
     assert (parallel["stage"], parallel["reason"]) == ("ingest", "already_parallel")
+
+
+# ---- paths and inputs, refused before any call ----
+
+
+def test_an_out_that_holds_the_traces_file_is_refused_before_any_call(tmp_path, monkeypatch):
+    """OUT/train.jsonl was written over the traces it was read from."""
+    monkeypatch.chdir(tmp_path)
+    write_jsonl("data/train.jsonl", sequential_rows(2)[1])
+    os.symlink("data", "link")
+    os.mkdir("other")
+    os.symlink("../data/train.jsonl", "other/dropped.jsonl")
+    before = (tmp_path / "data" / "train.jsonl").read_text()
+    stand_in = StandIn()
+    for out, written in [("data", "data/train.jsonl"), ("./data/", "./data/train.jsonl"), ("link", "link/train.jsonl")]:
+        with stand_in_server(stand_in) as url, pytest.raises(SystemExit) as exit_:
+            main(["curate", "data/train.jsonl", out, "--model", "m", "--base-url", url, "--tokenizer", "synth"])
+        assert str(exit_.value) == f"threadweaver curate: {written} is the input file data/train.jsonl; name another"
+    with pytest.raises(SystemExit, match="other/dropped.jsonl is the input file data/train.jsonl; name another"):
+        main(["curate", "data/train.jsonl", "other", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"])
+    assert not stand_in.answered and (tmp_path / "data" / "train.jsonl").read_text() == before
+    assert sorted(os.listdir("data")) == ["train.jsonl"]  # no call cache made either
+
+
+def test_a_call_cache_that_cannot_be_opened_is_one_line_before_any_call(tmp_path):
+    """It was sqlite3.OperationalError's traceback: "unable to open database file"."""
+    write_jsonl(str(tmp_path / "t.jsonl"), sequential_rows(1)[1])
+    (tmp_path / "out" / "calls.sqlite").mkdir(parents=True)
+    argv = ["curate", str(tmp_path / "t.jsonl"), str(tmp_path / "out"), "--model", "m", "--tokenizer", "synth"]
+    stand_in = StandIn()
+    with stand_in_server(stand_in) as url, pytest.raises(SystemExit) as exit_:
+        main([*argv, "--base-url", url])
+    cache = tmp_path / "out" / "calls.sqlite"
+    assert str(exit_.value) == f"threadweaver curate: {cache} is a directory; move it, or give another folder"
+    assert not stand_in.answered and os.listdir(tmp_path / "out") == ["calls.sqlite"]
+    with pytest.raises(ValueError, match=r"calls\.sqlite is a folder, not a call cache; move it away"):
+        CallCache(str(cache))  # the cache itself says so too
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("rows.json", '{"id": "a"}', "rows.json: a .json input must be a JSON array of rows"),
+        ("rows.parquet", "not parquet", "rows.parquet: not a readable parquet file (Parquet magic bytes not found"),
+        ("rows.jsonl", None, "rows.jsonl: a folder, not a file of rows"),
+        ("missing.jsonl", "", "missing.jsonl: no such file"),
+    ],
+)
+def test_an_input_that_cannot_be_read_is_named(tmp_path, monkeypatch, name, text, message):
+    monkeypatch.chdir(tmp_path)
+    if text is None:
+        os.mkdir(name)
+    elif text:
+        (tmp_path / name).write_text(text)
+    for dry in ([], ["--dry-run"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(["curate", name, "out", "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "--retries", "0", *dry])
+        assert str(exit_.value).startswith(f"threadweaver curate: {message}") and "\n" not in str(exit_.value)
+    assert not os.path.exists("out")
+
+
+def test_an_out_that_is_a_file_is_refused_first(tmp_path, monkeypatch):
+    """It was "[Errno 17] File exists: 'gen.jsonl'", after the traces were read."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gen.jsonl").write_text("mine\n")
+    for traces in ("missing.jsonl", "gen.jsonl"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["curate", traces, "gen.jsonl", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"])
+        assert str(exit_.value) == "threadweaver curate: OUT gen.jsonl: a file, not a folder"
+    with pytest.raises(SystemExit, match=r"cannot write into gen\.jsonl/out: .*gen\.jsonl is a file, not a folder"):
+        main(["curate", "gen.jsonl", "gen.jsonl/out", "--dry-run"])
+    assert (tmp_path / "gen.jsonl").read_text() == "mine\n"
+
+
+def test_a_dry_run_names_the_first_dropped_line_and_refuses_no_trace_as_the_run_does(tmp_path, capsys):
+    _, sequential = sequential_rows(2)
+    path, out = tmp_path / "t.jsonl", str(tmp_path / "out")
+    path.write_text("{not json\n" + "".join(json.dumps(row) + "\n" for row in sequential) + '{"id": "x"}\n')
+    main(["curate", str(path), out, "--dry-run", "--tokenizer", "synth"])
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "2 of 4 traces would be curated (2 dropped at ingest)"
+    assert printed[1].startswith("the first dropped: line 1: ingest, unreadable: not JSON (Expecting property name")
+    path.write_text("\n")
+    for dry in (["--dry-run"], ["--model", "m", "--base-url", "http://127.0.0.1:9/v1"]):  # the same refusal
+        with pytest.raises(SystemExit) as exit_:
+            main(["curate", str(path), out, "--tokenizer", "synth", *dry])
+        assert str(exit_.value) == f"threadweaver curate: {path}: no trace to curate"
+    assert not os.path.exists(out)

@@ -6,6 +6,7 @@ the embedded synth tokenizer and :func:`threadweaver.batch.trajectory_row` write
 
 import asyncio
 import json
+import os
 
 import pytest
 
@@ -177,5 +178,62 @@ def test_a_generated_token_id_past_the_tokenizers_length_is_read(synth, tmp_path
     padded["token_ids"][3] = len(load_tokenizer("synth")) + 3
     generated = tmp_path / "gen.jsonl"
     generated.write_text(json.dumps(padded) + "\n")
-    cli(["filter", str(generated), str(tmp_path / "kept.jsonl"), "--tokenizer", "synth"])
-    assert json.loads((tmp_path / "kept.jsonl.report.json").read_text())["rows"] == 1
+    cli(["filter", str(generated), str(tmp_path / "kept.jsonl"), "--tokenizer", "synth", "--keep-sequential"])
+    assert json.loads((tmp_path / "kept.jsonl.report.json").read_text())["rows"] == 1  # its tag's id replaced
+
+
+def test_a_run_that_keeps_no_row_fails_naming_the_first_dropped_and_writes_nothing(synth, tmp_path, capsys):
+    """As ``convert`` of a file of which no row converts: an earlier OUT (and its report) is finished work,
+    not to be emptied by a run with nothing to write, and a new OUT is not made empty."""
+    generated, out = tmp_path / "gen.jsonl", tmp_path / "kept.jsonl"
+    generated.write_text(json.dumps(row(synth, parallel(), answer=None)) + "\n")
+    earlier = "".join(json.dumps({"id": f"p{k}"}) + "\n" for k in range(5))
+    out.write_text(earlier)
+    (tmp_path / "kept.jsonl.report.json").write_text('{"kept": 5}')
+    with pytest.raises(SystemExit) as exit_:
+        cli(["filter", str(generated), str(out)])
+    message = str(exit_.value.code)
+    assert message == (
+        f"threadweaver filter: {generated}: no row kept of 1 (the first dropped: line 1: no_answer: the row has no "
+        f"'answer' to grade against); {out} is left as it was"
+    )
+    assert out.read_text() == earlier and (tmp_path / "kept.jsonl.report.json").read_text() == '{"kept": 5}'
+    assert "dropped, no_answer   1" in capsys.readouterr().out  # the counts
+    with pytest.raises(SystemExit, match=r"no row kept of 1 \(the first dropped: line 1: no_answer: "):
+        cli(["filter", str(generated), str(tmp_path / "new.jsonl")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen.jsonl", "kept.jsonl", "kept.jsonl.report.json"]
+
+
+@pytest.mark.parametrize(
+    "answer, why",
+    [(["x", 1], "is a list, not a string or a number"), (True, "is a boolean, not a string or a number")],
+    ids=["a list", "a boolean"],
+)
+def test_an_answer_that_is_no_string_or_number_is_unreadable_naming_the_field(synth, tmp_path, answer, why):
+    """Graded as text it was ``wrong`` ("math-verify"), hiding a broken problems file."""
+    good = row(synth, parallel())
+    generated, out = tmp_path / "gen.jsonl", tmp_path / "kept.jsonl"
+    generated.write_text(json.dumps(good) + "\n" + json.dumps({**good, "sample": 1, "answer": answer}) + "\n")
+    cli(["filter", str(generated), str(out)])
+    report = json.loads((tmp_path / "kept.jsonl.report.json").read_text())
+    assert report["dropped_rows"] == [
+        {"line": 2, "id": "line-2", "reason": "unreadable", "detail": f"field 'answer' {why}"}
+    ]
+    numeric = {**good, "answer": 10}  # a number is an answer, as its text
+    generated.write_text(json.dumps(numeric) + "\n")
+    cli(["filter", str(generated), str(out)])
+    assert json.loads(out.read_text()) == numeric
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no file can be made")
+@pytest.mark.parametrize("name", ["kept.jsonl", "nope/kept.jsonl"], ids=["in the folder", "in a folder to make"])
+def test_an_out_where_no_file_can_be_made_is_refused_before_any_row_is_read(synth, tmp_path, name):
+    """It was a traceback (the .tmp file, or the folder) after all the work; root may write anywhere but /proc."""
+    generated = tmp_path / "gen.jsonl"
+    generated.write_text("{not json\n")  # read first, this line would be the error
+    out = f"/proc/{name}"
+    with pytest.raises(SystemExit) as exit_:
+        cli(["filter", str(generated), out])
+    message = str(exit_.value.code)
+    assert message.startswith(f"threadweaver filter: {out}: cannot write a file in /proc (") and "\n" not in message
+    assert os.listdir(tmp_path) == ["gen.jsonl"]

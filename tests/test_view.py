@@ -228,11 +228,11 @@ def test_view_filter_and_stats_read_a_row_nested_a_thousand_deep_as_one_malforme
     deep = (
         "<Parallel><Outlines><Outline>1:A</Outline></Outlines><Thread>1:" * 1000 + "1" + "</Thread></Parallel>" * 1000
     )
-    good = "<Parallel><Outlines><Outline>1:A</Outline></Outlines><Thread>1:2</Thread></Parallel>1"
+    good = "<Parallel><Outlines><Outline>1:A</Outline></Outlines><Thread>1:2</Thread></Parallel>\\boxed{1}"
     path = tmp_path / "rows.jsonl"
     rows = [
         {"id": "deep", "prompt": "1", "completion": deep, "answer": "1"},
-        {"id": "good", "prompt": "1", "completion": good},
+        {"id": "good", "prompt": "1", "completion": good, "answer": "1"},
     ]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     main(["stats", str(path), "--json"])
@@ -245,10 +245,8 @@ def test_view_filter_and_stats_read_a_row_nested_a_thousand_deep_as_one_malforme
     assert [row["well_formed"] for row in payload((tmp_path / "page.html").read_text())["rows"]] == [False, True]
     main(["filter", str(path), str(tmp_path / "kept.jsonl")])
     report = json.loads((tmp_path / "kept.jsonl.report.json").read_text())
-    assert [(row["id"], row["reason"]) for row in report["dropped_rows"]] == [
-        ("deep", "malformed"),
-        ("good", "no_answer"),
-    ]
+    assert [(row["id"], row["reason"]) for row in report["dropped_rows"]] == [("deep", "malformed")]
+    assert [row["id"] for row in map(json.loads, (tmp_path / "kept.jsonl").read_text().splitlines())] == ["good"]
 
 
 def test_a_turn_the_chat_template_cannot_render_is_the_rows_fault_a_template_that_does_not_compile_the_tokenizers():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 
 class FieldError(ValueError):
@@ -149,13 +149,15 @@ def check_outputs(outputs: Iterable[str], inputs: Iterable[str], named: bool = T
                 raise ValueError(f"{out} is the input file {path}; name another")
 
 
-def check_writable(path: str) -> None:
+def check_writable(path: str, atomic: bool = False) -> None:
     """Refuse a file path where no file can be written, by writing: an existing file is opened to append
     (which changes nothing), else a file is made and removed in its folder, or the nearest one there is (the
-    writer makes the rest). :func:`os.access` says yes to root anywhere, /proc included."""
+    writer makes the rest). :func:`os.access` says yes to root anywhere, /proc included. ``atomic``: the file
+    is written beside itself and moved into place (:func:`write_jsonl`, :func:`write_json`), so its folder
+    must take a new file even where the file exists."""
     import tempfile
 
-    if os.path.isfile(path):
+    if os.path.isfile(path) and not atomic:
         try:
             open(path, "ab").close()
         except OSError as err:
@@ -216,10 +218,15 @@ def write_jsonl(path: str, rows: Iterable[dict]) -> None:
     """Write rows atomically: a crash never leaves a half-written file under ``path``."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an error in ``rows``, Ctrl-C: ``path`` is untouched, the half gone
+        with suppress(OSError):  # none made, or none removable: the first error is the one to tell
+            os.remove(tmp)
+        raise
 
 
 @contextmanager

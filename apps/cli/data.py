@@ -169,9 +169,9 @@ def _filter_arguments(p: argparse.ArgumentParser) -> None:
 
 def _filter(args: argparse.Namespace) -> None:
 
-    from threadweaver.jsonl import RowError, check_outputs, not_a_file_of_rows, write_json, write_jsonl
+    from threadweaver.jsonl import RowError, check_outputs, check_writable, not_a_file_of_rows, write_json, write_jsonl
     from threadweaver.progress import progress_bar
-    from threadweaver.selection import FilterConfig, format_report, select
+    from threadweaver.selection import FilterConfig, format_report, nothing_kept, select
 
     if problem := not_a_file_of_rows(args.generated):
         sys.exit(f"threadweaver filter: {args.generated}: {problem}")
@@ -180,6 +180,10 @@ def _filter(args: argparse.Namespace) -> None:
         config = from_args(FilterConfig, args)
     except ValueError as err:
         sys.exit(f"threadweaver filter: {err}")
+    try:  # before any row is read: the work is not lost to a folder that takes no file
+        check_writable(args.out, atomic=True)
+    except ValueError as err:
+        sys.exit(f"threadweaver filter: {args.out}: {err}")
 
     def bar(rows):
         return progress_bar(rows, desc="filter", unit=" rows")
@@ -201,8 +205,14 @@ def _filter(args: argparse.Namespace) -> None:
             f"(the first: line {first['line']}: {first['detail']})",
             file=sys.stderr,
         )
-    write_jsonl(args.out, kept)
-    write_json(report_path(args.out), report)
+    if not kept:  # as convert: nothing written, an earlier OUT and its report left as they were
+        print(format_report(report))
+        sys.exit(f"threadweaver filter: {args.generated}: {nothing_kept(report)}{_left_as_it_was(args.out)}")
+    try:
+        write_jsonl(args.out, kept)
+        write_json(report_path(args.out), report)
+    except OSError as err:  # the disk filled, or the folder changed since the check
+        sys.exit(f"threadweaver filter: {args.out}: cannot write ({err.strerror or err})")
     print(format_report(report))
     print(f"wrote {args.out} and {report_path(args.out)}")
 
@@ -218,10 +228,11 @@ def _convert_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _convert(args: argparse.Namespace) -> None:
+    import errno
 
     from threadweaver.convert import ConvertConfig, NothingConverted, convert_file, format_report
     from threadweaver.format import Format
-    from threadweaver.jsonl import check_outputs, not_a_file_of_rows
+    from threadweaver.jsonl import check_outputs, check_writable, not_a_file_of_rows
     from threadweaver.kit.tokenizers import load_tokenizer
     from threadweaver.progress import progress_bar
 
@@ -232,6 +243,13 @@ def _convert(args: argparse.Namespace) -> None:
         fail(f"{args.input}: {problem}")
     try:
         check_outputs([args.out, report_path(args.out)], [args.input])
+    except ValueError as err:
+        fail(str(err))
+    try:  # before any row is read: the work is not lost to a folder that takes no file
+        check_writable(args.out, atomic=True)
+    except ValueError as err:
+        fail(f"{args.out}: {err}")
+    try:
         config = from_args(ConvertConfig, args)
         fmt = Format.from_tokenizer(load_tokenizer(args.tokenizer))
     except (ValueError, OSError) as err:
@@ -246,7 +264,11 @@ def _convert(args: argparse.Namespace) -> None:
         if err.report["rows"]:
             print(format_report(err.report))
         fail(f"{args.input}: {err}{_left_as_it_was(args.out)}")
-    except (ValueError, OSError) as err:
+    except OSError as err:
+        if err.filename not in (None, args.input) or err.errno in (errno.ENOSPC, errno.EDQUOT):  # writing OUT
+            fail(f"{args.out}: cannot write ({err.strerror or err})")
+        fail(f"{args.input}: {err}")
+    except ValueError as err:
         fail(f"{args.input}: {err}")
     print(format_report(report))
     print(f"wrote {args.out} and {report_path(args.out)}")

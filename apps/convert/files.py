@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
@@ -142,12 +141,7 @@ def convert_file(
         if not any(o.row is not None for o in outcomes):  # before write_jsonl replaces ``out``
             raise NothingConverted(report(outcomes, source, config))
 
-    try:
-        write_jsonl(out, converted())
-    except BaseException:
-        if os.path.exists(out + ".tmp"):  # what write_jsonl had begun; ``out`` itself is untouched
-            os.remove(out + ".tmp")
-        raise
+    write_jsonl(out, converted())  # on an error, what it had begun goes; ``out`` itself is untouched
     stats = report(outcomes, source, config)
     write_json(report_path(out), stats)
     return stats

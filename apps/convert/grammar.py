@@ -167,7 +167,14 @@ class Converter:
     def convert(self) -> str:
         """Our text; ``self.cut``: where the last top-level block and its conclusion end in it."""
         self.cut = 0
-        return self.sequence(0, "", None)[0]
+        self.deepest = (0, 0)  # (depth, character) of the last block entered
+        try:
+            return self.sequence(0, "", None)[0]
+        except RecursionError:  # a max_depth of a few hundred, past Python's stack: a hostile row, not a crash
+            depth, pos = self.deepest
+            raise Refused(
+                "too_deep", f"the block at character {pos} is nested {depth} deep, too deep to read"
+            ) from None
 
     def peek(self) -> _Tag | _Text | None:
         return self.parts[self.i] if self.i < len(self.parts) else None
@@ -254,6 +261,7 @@ class Converter:
     def block(self, depth: int, path: str) -> tuple[str, bool]:
         s, start = self.syntax, self.peek()
         assert isinstance(start, _Tag)
+        self.deepest = (depth, start.pos)
         if depth > self.max_depth:
             raise Refused(
                 "too_deep", f"the block at character {start.pos} is nested {depth} deep; max_depth is {self.max_depth}"
@@ -328,9 +336,9 @@ def field_text(row: dict, name: str, reason: Reason) -> str:
     value = row.get(name)
     if not isinstance(value, str) or not value.strip():
         kind = json_kind(value)
-        found = "missing" if value is None else "empty" if isinstance(value, str) else kind
+        found = "missing" if name not in row else "empty" if isinstance(value, str) else kind  # kind: null too
         fields = ", ".join(repr(k) for k in list(row)[:_FIELDS_NAMED]) + (", ..." if len(row) > _FIELDS_NAMED else "")
-        has = f" (the row has {fields})" if value is None and row else ""
+        has = f" (the row has {fields})" if name not in row and row else ""
         raise Refused(reason, f"field {name!r} is {found}, not text{has}")
     return value
 

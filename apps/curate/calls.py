@@ -63,12 +63,24 @@ class CallCache:
     """Replies by call key, in one SQLite file; each reply is committed as it arrives."""
 
     def __init__(self, path: str):
+        """:class:`ValueError` names ``path`` and why where it cannot be read or written as a call cache: that
+        is known here, before any call, not as each paid reply fails to be kept."""
+        if os.path.isdir(path):
+            raise ValueError(f"{path} is a folder, not a call cache; move it away to ask every call again")
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self.path = path
-        self.db = sqlite3.connect(path)
+        try:
+            self.db = sqlite3.connect(path)
+        except sqlite3.Error as err:  # its folder not writable, say
+            raise ValueError(f"cannot open the call cache {path} ({err})") from None
         try:
             self.db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, stage TEXT, reply TEXT)")
             self.db.commit()
+            self.db.execute("INSERT OR REPLACE INTO replies VALUES ('', '', 'null')")  # a write, undone
+            self.db.rollback()
+        except sqlite3.OperationalError as err:  # read-only, its folder read-only (no journal), or locked
+            self.db.close()
+            raise ValueError(f"cannot write the call cache {path} ({err})") from None
         except sqlite3.DatabaseError as err:  # not SQLite (a file written over), or a broken one
             self.db.close()
             raise ValueError(f"{path} is not a call cache ({err}); move it away to ask every call again") from None

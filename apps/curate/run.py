@@ -16,7 +16,16 @@ from collections import Counter
 from threadweaver.batch import run_sync
 from threadweaver.format import Format, add_tags
 from threadweaver.interrupts import Stopped
-from threadweaver.jsonl import read_rows, write_json, write_jsonl
+from threadweaver.jsonl import (
+    InputError,
+    check_folder,
+    check_outputs,
+    check_writable,
+    not_a_file_of_rows,
+    read_rows,
+    write_json,
+    write_jsonl,
+)
 from threadweaver.rows import RowReader
 
 from . import prompts
@@ -73,10 +82,18 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     """
     from threadweaver.progress import progress_bar
 
+    check_paths(args)
     reader = target_reader(args.tokenizer)
     fmt = reader.fmt
-    traces, dropped = ingest(read_rows(args.traces), config, reader)
+    try:
+        traces, dropped = ingest(read_rows(args.traces), config, reader)
+    except InputError as err:
+        raise InputError(f"{args.traces}: {err}") from None
+    except OSError as err:  # a file that vanished, or that cannot be read
+        raise InputError(f"{args.traces}: {err.strerror or err}") from None
     if args.dry_run:
+        if not traces:  # as the run itself refuses
+            raise NothingCurated(report(dropped, {}, config), dropped, args.out, False, written=False)
         return estimate(traces, dropped, fmt, llm_args, config)
     if not llm_args.model:
         raise ValueError("name the model the endpoint serves: --model NAME")
@@ -85,7 +102,7 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     if not traces:
         raise NothingCurated(report(dropped, {}, config), dropped, args.out, kept_earlier, written=False)
     new_out = not os.path.exists(args.out)
-    cache = CallCache(os.path.join(args.out, "calls.sqlite"))
+    cache = CallCache(os.path.join(args.out, CACHE))
     bar = progress_bar(total=len(traces), desc="curate", unit=" traces")
     done: list[Outcome] = list(dropped)
     running: list[asyncio.Task] = []
@@ -139,6 +156,25 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     return stats
 
 
+RESULTS = ("train.jsonl", "dropped.jsonl", "report.json")
+"""The files a run writes in ``OUT`` at the end."""
+CACHE = "calls.sqlite"
+"""The call cache in ``OUT``, written as each reply arrives."""
+
+
+def check_paths(args: CurateArgs) -> None:
+    """Refuse, before any trace is read (the dry run too), an ``OUT`` that is a file or lies under one, traces
+    that are not a file of rows, an output that is the traces file (by any name) or a folder, and a call cache
+    that cannot be written; :class:`ValueError` names the path."""
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise ValueError(f"OUT {args.out}: a file, not a folder")
+    check_folder(args.out)
+    if problem := not_a_file_of_rows(args.traces):
+        raise InputError(f"{args.traces}: {problem}")
+    check_outputs([os.path.join(args.out, name) for name in (*RESULTS, CACHE)], [args.traces], named=False)
+    check_writable(os.path.join(args.out, CACHE))  # where no reply could be kept, none is paid for
+
+
 def _stop(running: list[asyncio.Task]) -> None:
     """Cancel the run's task where Ctrl-C left it, and let it unwind: its traces stop, the client closes."""
     if not running:
@@ -188,15 +224,21 @@ def estimate(traces, dropped: list[Outcome], fmt: Format, llm_args: LLMArgs, con
         "traces": len(traces) + len(dropped),
         "would_curate": len(traces),
         "dropped_at_ingest": len(dropped),
+        "first_dropped": dropped[0].drops[0] if dropped else None,
         "estimate": {**usage, "calls": 3 * len(traces), "cost_usd": config.cost(usage)},
     }
 
 
 def format_estimate(stats: dict) -> str:
     guess = stats["estimate"]
+    first = ""
+    if drop := stats.get("first_dropped"):  # its line and why, as the run's refusal names them
+        detail = " ".join(drop["detail"].split()).removeprefix(f"line {drop['line']}: ")
+        detail = detail if len(detail) <= 300 else detail[:300] + "..."
+        first = f"the first dropped: line {drop['line']}: {drop['stage']}, {drop['reason']}: {detail}\n"
     return (
         f"{stats['would_curate']} of {stats['traces']} traces would be curated "
-        f"({stats['dropped_at_ingest']} dropped at ingest)\n"
+        f"({stats['dropped_at_ingest']} dropped at ingest)\n{first}"
         f"about {guess['calls']} calls, {guess['prompt_tokens']} prompt and {guess['completion_tokens']} completion "
         f"tokens, {guess['cost_usd']:.4f} USD (one block per trace, every reply at its full budget)"
     )

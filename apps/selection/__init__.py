@@ -31,7 +31,7 @@ from typing import Literal, get_args
 from threadweaver.cli_args import SettingError, option
 from threadweaver.jsonl import RowError, read_rows
 from threadweaver.report import row_stats
-from threadweaver.reward import grade
+from threadweaver.reward import answer_text, grade
 from threadweaver.rows import RowReader
 from threadweaver.tree import TrajectoryFormatError
 
@@ -77,8 +77,13 @@ def judge(row: dict, line: int, reader: RowReader, config: FilterConfig) -> Verd
     except TrajectoryFormatError as err:
         stats, malformed = row_stats(row, line, reader), str(err)
     answer = row.get("answer")
+    if answer is not None:  # graded as the rewards grade it: a string or a finite number
+        try:
+            answer = answer_text(answer)
+        except ValueError as err:
+            raise RowError(line, f"field 'answer' {err}", shape=True) from None
     text = reader.fmt.decode(reader.trajectory(row))
-    graded = grade(text, str(answer)) if answer is not None else None
+    graded = grade(text, answer) if answer is not None else None
     correct = bool(graded and graded.correct)
     truncated = row.get("finish_reason") == "length"
     checks: list[tuple[Reason, bool, str]] = [
@@ -155,6 +160,16 @@ def report(verdicts: list[Verdict], config: FilterConfig) -> dict:
             if v.reason is not None
         ],
     }
+
+
+def nothing_kept(stats: dict) -> str:
+    """Why a report with no row kept keeps none: its first dropped row, with its line and reason (as
+    ``convert`` words a file of which no row converts)."""
+    if not stats["dropped_rows"]:
+        return "no row to filter"
+    first = stats["dropped_rows"][0]
+    why = f"{first['reason']}: {first['detail']}" if first["detail"] else first["reason"]
+    return f"no row kept of {stats['rows']} (the first dropped: line {first['line']}: {why})"
 
 
 def format_report(stats: dict) -> str:
