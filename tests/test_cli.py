@@ -71,6 +71,24 @@ def test_stats_table_and_token_ids_input(tmp_path):
     assert "r1" in out and "mean total tokens         3.0" in out
 
 
+@pytest.mark.parametrize("command", ["stats", "convert"])
+def test_a_byte_order_mark_is_read_past(tmp_path, command):
+    """A file saved with one (some Windows editors do): stats refused its first line ("Unexpected UTF-8 BOM"),
+    convert dropped it as unreadable."""
+    block = "<Parallel>\n<Outlines>\n<Outline>1: A</Outline>\n<Outline>2: B</Outline>\n</Outlines>\n"
+    block += "<Thread>\n1: a.\n</Thread><Thread>\n2: b.\n</Thread>\n</Parallel>"
+    chat = f"<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\n<think>\n{block}\nSo.\n</think>\n\n2<|im_end|>\n"
+    path = tmp_path / "bom.jsonl"
+    row = {"id": "r1", "uuid": "r1", "text": block, "qwen_text": chat}
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(row).encode() + b"\n")
+    if command == "stats":
+        assert json.loads(run("stats", str(path), "--json", "--tokenizer", "qwen").stdout)["rows"][0]["id"] == "r1"
+    else:
+        out = tmp_path / "out.jsonl"
+        run("convert", str(path), str(out), "--from", "reference", "--tokenizer", "qwen")
+        assert json.loads(out.read_text())["id"] == "r1"
+
+
 def test_strict_stats_names_the_line_and_position(tmp_path):
     path = tmp_path / "bad.jsonl"
     good = {"text": "<Parallel><Outlines><Outline>1:A</Outline></Outlines><Thread>1:1</Thread></Parallel>"}

@@ -100,11 +100,14 @@ def test_a_parquet_file_is_refused_as_not_jsonl(tmp_path, capsys):
     )
 
 
-def test_a_bom_is_refused_as_every_jsonl_reader_refuses_it(tmp_path, capsys):
-    source = problems(tmp_path, raw=b'\xef\xbb\xbf{"prompt": "1+1?", "answer": "2"}\n')
-    assert refused(capsys, str(tmp_path / "out"), "--problems", source, "--test", "1").startswith(
-        f"{source}: line 1: not JSON (Unexpected UTF-8 BOM"
+def test_a_byte_order_mark_is_read_past_as_every_jsonl_reader_reads_it(tmp_path):
+    """Some Windows editors save one: every reader refused its first line ("Unexpected UTF-8 BOM")."""
+    source = problems(
+        tmp_path, raw=b'\xef\xbb\xbf{"prompt": "1+1?", "answer": "2"}\n{"prompt": "2+2?", "answer": "4"}\n'
     )
+    data.main([str(tmp_path / "out"), "--problems", source, "--test", "1"])
+    test = pd.read_parquet(tmp_path / "out" / "test.parquet")
+    assert list(test["prompt"][0]) == [{"role": "user", "content": "1+1?"}]
 
 
 def test_too_few_problems_and_a_missing_file(tmp_path, capsys):

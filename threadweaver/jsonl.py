@@ -51,9 +51,10 @@ def read_jsonl(path: str) -> Iterator[tuple[int, dict]]:
 
 
 def parse_line(raw: bytes, line_no: int) -> dict | None:
-    """One JSONL line as a row (None: a blank line); :class:`RowError` says why it is not a JSON object in UTF-8."""
+    """One JSONL line as a row (None: a blank line); :class:`RowError` says why it is not a JSON object in UTF-8.
+    The first line may begin with a byte order mark, as files saved by some Windows editors do."""
     try:
-        line = raw.decode("utf-8")
+        line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
     except UnicodeDecodeError as err:
         raise RowError(
             line_no, f"not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1})", shape=True
@@ -83,7 +84,7 @@ def read_rows(path: str) -> Iterator[tuple[int, dict | RowError]]:
     says why, in its place, and reading goes on. A file that cannot be read as a whole raises
     :class:`InputError`."""
     if path.endswith(".json"):
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a byte order mark too
             try:
                 rows = json.load(f)
             except ValueError as err:  # not JSON, not UTF-8, or an integer of more digits than Python reads
