@@ -226,12 +226,14 @@ def test_user_errors_name_the_file_or_flag(tmp_path, source):
         ((source, tmp_path / "d"), {"chat_template": str(absent)}, f"{absent}: cannot read it"),
         ((source, tmp_path / "e"), {"gguf_file": "x.gguf"}, f"{source / 'x.gguf'}: no such GGUF file"),
         ((cut, tmp_path / "f"), {}, f"{cut}: cannot load its config: the file ends early, so it is no whole GGUF file"),
+        ((source, bad), {}, f"{bad}: a file, not a folder; give a new one"),
     ]
     for (model, out), flags, expected in cases:
         with pytest.raises(PrepareError) as err:
             prepare(PrepareArgs(model=str(model), out=str(out), check_vllm=False, **flags))
         assert str(err.value).startswith(expected) and "\n" not in str(err.value), str(err.value)
-        assert not os.path.exists(out) or os.listdir(out)  # nothing written
+        assert not os.path.isdir(out) or os.listdir(out)  # nothing written
+    assert bad.read_text() == NO_GENERATION_PROMPT
 
 
 def test_the_cli_says_an_error_in_one_line(tmp_path):

@@ -137,10 +137,12 @@ def _stats_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _stats(args: argparse.Namespace) -> None:
-    from threadweaver.jsonl import RowError
+    from threadweaver.jsonl import RowError, not_a_file_of_rows
     from threadweaver.progress import progress_bar
     from threadweaver.report import file_stats, format_summary, format_table, summary
 
+    if problem := not_a_file_of_rows(args.file):
+        sys.exit(f"threadweaver stats: {args.file}: {problem}")
     reader, explained = row_reader(args.tokenizer, [args.file], "stats")
     rows = file_stats(args.file, reader, strict=args.strict)
     try:
@@ -148,7 +150,7 @@ def _stats(args: argparse.Namespace) -> None:
     except RowError as err:
         sys.exit(f"threadweaver stats: {args.file}: {explained(err)}")
     except OSError as err:
-        sys.exit(f"threadweaver stats: {args.file}: {err}")
+        sys.exit(f"threadweaver stats: {args.file}: {err.strerror or err}")
     if not rows:
         sys.exit(f"threadweaver stats: {args.file}: no rows to count")
     if args.json:

@@ -113,7 +113,9 @@ def _source(args: PrepareArgs) -> tuple[str, str | None]:
 
 def _check_out(out: str) -> None:
     """Refuse, before loading anything, an OUT that is not new or empty, or that cannot be made."""
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise PrepareError(f"{out}: a file, not a folder; give a new one")
+    if os.path.exists(out) and os.listdir(out):
         raise PrepareError(f"{out}: exists and is not an empty directory; give a new one")
     try:
         check_folder(out)
