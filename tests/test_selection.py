@@ -182,9 +182,9 @@ def test_a_generated_token_id_past_the_tokenizers_length_is_read(synth, tmp_path
     assert json.loads((tmp_path / "kept.jsonl.report.json").read_text())["rows"] == 1  # its tag's id replaced
 
 
-def test_a_run_that_keeps_no_row_fails_naming_the_first_dropped_and_writes_nothing(synth, tmp_path, capsys):
-    """As ``convert`` of a file of which no row converts: an earlier OUT (and its report) is finished work,
-    not to be emptied by a run with nothing to write, and a new OUT is not made empty."""
+def test_a_run_that_keeps_no_row_fails_naming_the_first_dropped_and_leaves_out_as_it_was(synth, tmp_path, capsys):
+    """An earlier OUT is finished work, not to be emptied by a run with nothing to keep, and a new OUT is not
+    made empty; the run's report (a model's pass@1, why each row was dropped) is written."""
     generated, out = tmp_path / "gen.jsonl", tmp_path / "kept.jsonl"
     generated.write_text(json.dumps(row(synth, parallel(), answer=None)) + "\n")
     earlier = "".join(json.dumps({"id": f"p{k}"}) + "\n" for k in range(5))
@@ -195,13 +195,19 @@ def test_a_run_that_keeps_no_row_fails_naming_the_first_dropped_and_writes_nothi
     message = str(exit_.value.code)
     assert message == (
         f"threadweaver filter: {generated}: no row kept of 1 (the first dropped: line 1: no_answer: the row has no "
-        f"'answer' to grade against); {out} is left as it was"
+        f"'answer' to grade against); {out} is left as it was; why each row was dropped: {out}.report.json"
     )
-    assert out.read_text() == earlier and (tmp_path / "kept.jsonl.report.json").read_text() == '{"kept": 5}'
+    assert out.read_text() == earlier
+    assert json.loads((tmp_path / "kept.jsonl.report.json").read_text())["dropped"] == {"no_answer": 1}
     assert "dropped, no_answer   1" in capsys.readouterr().out  # the counts
     with pytest.raises(SystemExit, match=r"no row kept of 1 \(the first dropped: line 1: no_answer: "):
         cli(["filter", str(generated), str(tmp_path / "new.jsonl")])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen.jsonl", "kept.jsonl", "kept.jsonl.report.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "gen.jsonl",
+        "kept.jsonl",
+        "kept.jsonl.report.json",
+        "new.jsonl.report.json",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -3,10 +3,12 @@ out atomically or as they finish."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
+from typing import TextIO
 
 
 class FieldError(ValueError):
@@ -53,8 +55,10 @@ def read_jsonl(path: str) -> Iterator[tuple[int, dict]]:
 def parse_line(raw: bytes, line_no: int) -> dict | None:
     """One JSONL line as a row (None: a blank line); :class:`RowError` says why it is not a JSON object in UTF-8.
     The first line may begin with a byte order mark, as files saved by some Windows editors do."""
+    if line_no == 1:
+        raw = raw.removeprefix(codecs.BOM_UTF8)
     try:
-        line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+        line = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise RowError(
             line_no, f"not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1})", shape=True
@@ -207,27 +211,33 @@ def report_path(out: str) -> str:
     return out + ".report.json"
 
 
-def write_json(path: str, value) -> None:
-    """One JSON document, written atomically."""
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1)
-    os.replace(tmp, path)
-
-
-def write_jsonl(path: str, rows: Iterable[dict]) -> None:
-    """Write rows atomically: a crash never leaves a half-written file under ``path``."""
+@contextmanager
+def _replacing(path: str) -> Iterator[TextIO]:
+    """A file written beside ``path`` and moved over it once whole: on any error (a full disk, an error in what
+    is written, Ctrl-C) ``path`` is untouched and the half-written file gone."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = path + ".tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+            yield f
         os.replace(tmp, path)
-    except BaseException:  # a full disk, an error in ``rows``, Ctrl-C: ``path`` is untouched, the half gone
+    except BaseException:
         with suppress(OSError):  # none made, or none removable: the first error is the one to tell
             os.remove(tmp)
         raise
+
+
+def write_json(path: str, value) -> None:
+    """One JSON document, written atomically."""
+    with _replacing(path) as f:
+        json.dump(value, f, indent=1)
+
+
+def write_jsonl(path: str, rows: Iterable[dict]) -> None:
+    """Write rows atomically: a crash never leaves a half-written file under ``path``."""
+    with _replacing(path) as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
 
 
 @contextmanager

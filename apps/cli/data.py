@@ -207,15 +207,19 @@ def _filter(args: argparse.Namespace) -> None:
             f"(the first: line {first['line']}: {first['detail']})",
             file=sys.stderr,
         )
-    if not kept:  # as convert: nothing written, an earlier OUT and its report left as they were
-        print(format_report(report))
-        sys.exit(f"threadweaver filter: {args.generated}: {nothing_kept(report)}{_left_as_it_was(args.out)}")
-    try:
-        write_jsonl(args.out, kept)
+    try:  # the report too where none is kept (a model's pass@1, why each row was dropped): OUT is left as it was
+        if kept:
+            write_jsonl(args.out, kept)
         write_json(report_path(args.out), report)
     except OSError as err:  # the disk filled, or the folder changed since the check
-        sys.exit(f"threadweaver filter: {args.out}: cannot write ({err.strerror or err})")
+        written = (err.filename or args.out).removesuffix(".tmp")
+        sys.exit(f"threadweaver filter: {written}: cannot write ({err.strerror or err})")
     print(format_report(report))
+    if not kept:
+        sys.exit(
+            f"threadweaver filter: {args.generated}: {nothing_kept(report)}{_left_as_it_was(args.out)}; "
+            f"why each row was dropped: {report_path(args.out)}"
+        )
     print(f"wrote {args.out} and {report_path(args.out)}")
 
 

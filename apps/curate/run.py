@@ -1,6 +1,6 @@
 """Running ``curate`` over a file: the outputs, the progress bar, and the dry run.
 
-``OUT_DIR`` holds ``train.jsonl`` (rows ``threadweaver sft`` reads), ``dropped.jsonl`` (every
+``OUT`` holds ``train.jsonl`` (rows ``threadweaver sft`` reads), ``dropped.jsonl`` (every
 dropped trace and block with its stage and reason), ``report.json`` and ``calls.sqlite`` (the call
 cache). The three result files are written atomically at the end; the cache as each reply arrives,
 so rerunning the same command after a kill pays only for the calls that had not finished.
