@@ -74,22 +74,30 @@ def proxy(backend, tmp_path):
         yield process, urllib.parse.urlsplit(url).port, log
 
 
+def stop_twice(process: subprocess.Popen, log: Path, reply: http.client.HTTPResponse) -> str:
+    """SIGTERM, and once the proxy says it is stopping, a second one: it exits 0 and ``reply`` is cut (one left
+    open would time out). What its log said when the second signal went."""
+    process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while "stopping;" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    said = log.read_text()
+    process.send_signal(signal.SIGTERM)  # aiohttp's own handler made this exit 1, in the middle of the stop
+    assert process.wait(timeout=60) == 0
+    with pytest.raises(http.client.IncompleteRead):
+        while reply.read1(1 << 16):
+            pass
+    return said
+
+
 def test_a_second_sigterm_ends_the_replies_still_running_and_the_proxy_exits_0(proxy):
     process, port, log = proxy
     client = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     client.request("GET", "/endless")
     reply = client.getresponse()
     assert reply.status == 200 and reply.read1(5) == b"tick\n"
-    process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 60
-    while "stopping;" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert "threadweaver proxy: stopping; 1 reply still running gets 10 s to end" in log.read_text()
-    process.send_signal(signal.SIGTERM)  # aiohttp's own handler made this exit 1, in the middle of the stop
-    assert process.wait(timeout=60) == 0
-    with pytest.raises(http.client.IncompleteRead):  # the stream was cut (one left open would time out)
-        while reply.read1(1 << 16):
-            pass
+    said = stop_twice(process, log, reply)
+    assert "threadweaver proxy: stopping; 1 reply still running gets 10 s to end" in said
     assert "Traceback" not in log.read_text()
 
 
@@ -153,15 +161,7 @@ def test_stopping_cuts_a_passed_on_reply_as_it_is(proxy):
     client.request("POST", "/v1/completions", json.dumps({"prompt": "x"}), {"Content-Type": "application/json"})
     reply = client.getresponse()
     assert reply.status == 200 and reply.read1(5) == b"tick\n"
-    process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 60
-    while "stopping;" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) == 0
-    with pytest.raises(http.client.IncompleteRead):
-        while reply.read1(1 << 16):
-            pass
+    stop_twice(process, log, reply)
     said = log.read_text()
     assert "stopping; 1 reply still running" in said and "cut a reply short" not in said and "Traceback" not in said
 
