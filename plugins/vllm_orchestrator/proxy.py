@@ -255,11 +255,10 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
             stopped = APIError(STOPPED, status=503)
             if stream is None or not stream.prepared:  # an OpenAI client would retry a 503 (on a closed port)
                 return web.json_response(stopped.body(), status=stopped.status, headers={"x-should-retry": "false"})
-            if not ended:  # the stream ends as a failed one, which a client can tell from a network fault
-                with contextlib.suppress(ConnectionResetError):
-                    for event in error_events(stopped):
-                        await stream.write(event.encode())
-                    await stream.write_eof()
+            with contextlib.suppress(ConnectionResetError):  # it ends as a failed one, not as a network fault would
+                for event in error_events(stopped):
+                    await stream.write(event.encode())
+                await stream.write_eof()
             return stream
 
     async def other(request: web.Request) -> web.StreamResponse:
