@@ -175,3 +175,19 @@ def test_numpys_numbers_are_gold_answers_as_pythons_are():
     for bad, said in ((np.float64("nan"), "is nan, not a number"), (np.bool_(True), "is a bool, not a string")):
         with pytest.raises(ValueError, match=said):
             answer_text(bad)
+
+
+def test_row_answer_names_the_line_and_the_field():
+    """Every reader of gold answers (pgrpo, self-train, filter, verl's data) refuses a bad one in these words."""
+    from threadweaver.jsonl import RowError
+    from threadweaver.reward import row_answer
+
+    assert row_answer({"answer": 12}, 3) == "12"
+    for row, said in (
+        ({"prompt": "2+2?"}, "line 3: no 'answer' field"),
+        ({"answer": ["4"]}, "line 3: field 'answer' is a list, not a string or a number"),
+        ({"answer": " "}, "line 3: field 'answer' is empty"),
+    ):
+        with pytest.raises(RowError, match=said) as caught:
+            row_answer(row, 3)
+        assert caught.value.shape  # the row is at fault, not the tokenizer it was read with

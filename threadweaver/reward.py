@@ -28,7 +28,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Literal
 
-from threadweaver.jsonl import json_kind
+from threadweaver.jsonl import RowError, json_kind
 from threadweaver.stats import speedup
 
 _BOXED = "\\boxed{"
@@ -123,6 +123,17 @@ def answer_text(value) -> str:
     if not text.strip():
         raise ValueError("is empty")
     return text
+
+
+def row_answer(row: dict, line: int) -> str:
+    """A row's gold answer (its ``answer`` field) as :func:`answer_text` reads it; a row without one, or with one
+    no answer can be, raises :class:`~threadweaver.jsonl.RowError` naming its line and the field."""
+    if "answer" not in row:
+        raise RowError(line, "no 'answer' field (the gold answer the correctness reward grades against)", shape=True)
+    try:
+        return answer_text(row["answer"])
+    except ValueError as err:
+        raise RowError(line, f"field 'answer' {err}", shape=True) from None
 
 
 def last_boxed(text: str) -> str | None:

@@ -31,7 +31,7 @@ from typing import Literal, get_args
 from threadweaver.cli_args import SettingError, option
 from threadweaver.jsonl import RowError, read_rows
 from threadweaver.report import row_stats
-from threadweaver.reward import answer_text, grade
+from threadweaver.reward import grade, row_answer
 from threadweaver.rows import RowReader
 from threadweaver.tree import TrajectoryFormatError
 
@@ -76,12 +76,7 @@ def judge(row: dict, line: int, reader: RowReader, config: FilterConfig) -> Verd
         stats, malformed = row_stats(row, line, reader, strict=True), ""
     except TrajectoryFormatError as err:
         stats, malformed = row_stats(row, line, reader), str(err)
-    answer = row.get("answer")
-    if answer is not None:  # graded as the rewards grade it: a string or a finite number
-        try:
-            answer = answer_text(answer)
-        except ValueError as err:
-            raise RowError(line, f"field 'answer' {err}", shape=True) from None
+    answer = row_answer(row, line) if row.get("answer") is not None else None  # graded as the rewards grade it
     text = reader.fmt.decode(reader.trajectory(row))
     graded = grade(text, answer) if answer is not None else None
     correct = bool(graded and graded.correct)

@@ -85,8 +85,9 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
     from threadweaver.selection import select
 
     start = args.model if args.start == "model" else args.base  # the model fine-tuned
-    check_problems(args)
-    mixed = read_mix(args.mix, start) if args.mix else []
+    tokenizer = load_tokenizer(args.model)  # the sampled model's: it reads the problems and grades the samples
+    check_problems(args, tokenizer)
+    mixed = read_mix(args.mix, tokenizer if start == args.model else load_tokenizer(start)) if args.mix else []
     os.makedirs(args.out, exist_ok=True)
     recipe = Recipe(os.path.join(args.out, "recipe.json"))
     generated, done = os.path.join(args.out, GENERATED), os.path.join(args.out, GENERATED_DONE)
@@ -106,7 +107,7 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
         sample(args, sampling, limits)
         open(done, "w").close()
     print("[self-train] keeping the correct, well-formed, parallel samples", flush=True)
-    kept, _, report = select(generated, RowReader(load_tokenizer(args.model)), filtering)
+    kept, _, report = select(generated, RowReader(tokenizer), filtering)
     write_jsonl(os.path.join(args.out, "kept.jsonl"), kept)
     train = os.path.join(args.out, "train.jsonl")
     model_dir = os.path.join(args.out, "model")
@@ -145,14 +146,13 @@ def given(argv: list[str], name: str) -> bool:
     return any(arg.split("=")[0].replace("-", "_") == name.replace("-", "_") for arg in argv)
 
 
-def read_mix(path: str, model: str) -> list[dict]:
-    """The stage-1 rows of ``--mix``, each checked as sft reads it (with ``model``'s tokenizer) before any
-    sampling: a bad row names ``--mix``'s file and line, not the merged train.jsonl's."""
+def read_mix(path: str, tokenizer) -> list[dict]:
+    """The stage-1 rows of ``--mix``, each checked as sft reads it (with the fine-tuned model's ``tokenizer``)
+    before any sampling: a bad row names ``--mix``'s file and line, not the merged train.jsonl's."""
     from threadweaver.jsonl import RowError, read_jsonl
-    from threadweaver.kit.tokenizers import load_tokenizer
     from threadweaver.rows import RowReader
 
-    reader = RowReader(load_tokenizer(model))
+    reader = RowReader(tokenizer)
     rows = []
     try:
         for line, row in read_jsonl(path):  # a line that is not a JSON object: a RowError naming it
@@ -232,25 +232,19 @@ def generate_args(args: SelfTrainArgs):
     return GenerateArgs(args.problems, out, model=args.model, concurrency=args.concurrency, n=args.n)
 
 
-def check_problems(args: SelfTrainArgs) -> None:
+def check_problems(args: SelfTrainArgs, tokenizer) -> None:
     """Refuse, before OUT is touched or a server takes minutes to start, a problems file that ``generate`` would
     refuse, or with a row the filter could not grade (every sample of it would be dropped)."""
     from threadweaver.batch import problem_jobs
     from threadweaver.jsonl import RowError
-    from threadweaver.kit.tokenizers import load_tokenizer
-    from threadweaver.reward import answer_text
+    from threadweaver.reward import row_answer
     from threadweaver.vllm_orchestrator.generate import checked_problems
 
     try:
         problems = checked_problems(generate_args(args))
         for line, _, row in problems:
-            if "answer" not in row:
-                raise RowError(line, "no 'answer' field (the gold answer the filter keeps correct samples by)")
-            try:
-                answer_text(row["answer"])
-            except ValueError as err:
-                raise RowError(line, f"field 'answer' {err}") from None
-        list(problem_jobs(problems, load_tokenizer(args.model), 1))  # every prompt read
+            row_answer(row, line)
+        list(problem_jobs(problems, tokenizer, 1))  # every prompt read with the model's ``tokenizer``
     except RowError as err:
         raise ValueError(f"{args.problems}: {err}") from None
 

@@ -13,7 +13,7 @@ import os
 from threadweaver.cli_args import SettingError, spellings
 from threadweaver.hf_collator.sft import check_paths, resume_point, run_defaults
 from threadweaver.jsonl import RowError, read_jsonl, write_json
-from threadweaver.reward import answer_text
+from threadweaver.reward import row_answer
 from threadweaver.rows import RowReader, prompt_messages
 
 DEFAULTS = {
@@ -77,8 +77,7 @@ def problem_rows(path: str, reader: RowReader) -> list[dict]:
     """``{prompt, answer}`` rows for TRL; a row without a prompt or an answer names its line."""
     rows = []
     for line, row in read_jsonl(path):
-        if "answer" not in row:
-            raise RowError(line, "no 'answer' field (the gold answer the correctness reward grades against)")
+        answer = row_answer(row, line)
         if "messages" not in row and "prompt" not in row:
             raise RowError(line, "no prompt: expected 'messages' or 'prompt'")
         try:
@@ -86,10 +85,6 @@ def problem_rows(path: str, reader: RowReader) -> list[dict]:
             reader.prompt({"prompt": prompt})
         except ValueError as err:
             raise RowError.at(line, err) from None
-        try:
-            answer = answer_text(row["answer"])
-        except ValueError as err:
-            raise RowError(line, f"field 'answer' {err}") from None
         rows.append({"prompt": prompt, "answer": answer})
     if not rows:
         raise ValueError(f"{path}: no problems")

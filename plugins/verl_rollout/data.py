@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from threadweaver.dataset import synth_splits
 from threadweaver.jsonl import RowError, check_folder, json_kind, read_jsonl
-from threadweaver.reward import answer_text
+from threadweaver.reward import row_answer
 from threadweaver.synth import SynthConfig
 from threadweaver.verl_rollout import AGENT_LOOPS
 
@@ -48,25 +48,18 @@ def read_prompts_and_answers(path: str) -> list[dict]:
     with open(path, "rb") as f:
         if f.read(4) == b"PAR1":
             raise ValueError("a parquet file; --problems expects a JSONL file of {prompt, answer} rows")
-    return [
-        {"prompt": _field(row, "prompt", line), "answer": _field(row, "answer", line)} for line, row in read_jsonl(path)
-    ]
+    return [{"prompt": _prompt(row, line), "answer": row_answer(row, line)} for line, row in read_jsonl(path)]
 
 
-def _field(row: dict, name: str, line: int) -> str:
-    """A non-empty string field; ``answer`` as the correctness reward reads it (a number too)."""
-    if name not in row:
-        raise RowError(line, f"no {name!r} field; a row needs 'prompt' and 'answer'")
-    value = row[name]
-    try:
-        if name == "answer":
-            return answer_text(value)
-        if not isinstance(value, str):
-            raise ValueError(f"is {json_kind(value)}, not a string")
-        if not value.strip():
-            raise ValueError("is empty")
-    except ValueError as err:
-        raise RowError(line, f"field {name!r} {err}") from None
+def _prompt(row: dict, line: int) -> str:
+    """The row's ``prompt``: a non-empty string."""
+    if "prompt" not in row:
+        raise RowError(line, "no 'prompt' field; a row needs 'prompt' and 'answer'")
+    value = row["prompt"]
+    if not isinstance(value, str):
+        raise RowError(line, f"field 'prompt' is {json_kind(value)}, not a string")
+    if not value.strip():
+        raise RowError(line, "field 'prompt' is empty")
     return value
 
 
