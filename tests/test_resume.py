@@ -7,6 +7,7 @@ whole is still there, byte for byte.
 """
 
 import asyncio
+import codecs
 import json
 
 import pytest
@@ -107,3 +108,15 @@ def test_appending_after_a_crash_starts_a_line_of_its_own(tmp_path):
             append({"id": "b"})
         expected = [{"id": "z"}, *([{"id": "a"}] if tail == b'{"id": "a"}' else []), {"id": "b"}]
         assert [json.loads(line) for line in path.read_text().splitlines()] == expected
+
+
+def test_a_byte_order_mark_before_the_first_finished_row_is_read_past(tmp_path):
+    """An OUT saved again by an editor that writes a BOM: its first row is still finished, not set aside."""
+    path = tmp_path / "out.jsonl"
+    decode(JOBS[:2], path)
+    rows = path.read_bytes()
+    for damaged in (codecs.BOM_UTF8 + rows, codecs.BOM_UTF8 + rows.rstrip(b"\n")):
+        path.write_bytes(damaged)
+        done, set_aside = finished_keys(str(path))
+        assert done == {("p0", 0), ("p0", 1)} and set_aside == 0
+        assert not (tmp_path / f"out.jsonl{SET_ASIDE}").exists()

@@ -273,8 +273,8 @@ SET_ASIDE = ".set-aside"
 
 def _scan(path: str) -> tuple[set[tuple[str, int]], list[bytes], list[bytes], bytes, int]:
     """(finished keys, lines kept, lines to set aside, the torn last line, how many whole lines) of an output."""
-    with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
+    with open(path, "rb") as f:  # a byte order mark (OUT saved again by some Windows editor) is read past
+        lines = f.read().removeprefix(codecs.BOM_UTF8).split(b"\n")
     torn = lines.pop()  # b"" when the file ends with a newline
     keys: set[tuple[str, int]] = set()
     kept, aside = [], []
