@@ -414,6 +414,14 @@ def test_a_file_goes_on_past_bad_rows_and_lists_each_with_its_line(tmp_path, fmt
     assert not (tmp_path / "out.jsonl.tmp").exists()
 
 
+def test_the_command_line_names_the_lines_it_could_not_read(tmp_path, capsys):
+    """As ``filter`` and ``curate`` do: a torn line costs itself, and stderr says which it was."""
+    source = jsonl(tmp_path / "mv.jsonl", [mv_row(), "{not json", mv_row(), "[1]"])
+    cli(["convert", source, str(tmp_path / "out.jsonl"), "--from", "multiverse"])
+    said = capsys.readouterr().err
+    assert f"threadweaver convert: {source}: 2 unreadable lines dropped (the first: line 2: not JSON (" in said
+
+
 def test_reference_parquet_round_trip(tmp_path, fmt):
     import pyarrow as pa
     import pyarrow.parquet as pq

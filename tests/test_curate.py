@@ -138,7 +138,7 @@ def test_a_rerun_pays_for_nothing_and_a_changed_prompt_reruns_its_stage_only(tmp
     assert stand_in.answered == {"segment": 6, "decouple": 6, "outline": 12}
 
 
-def test_the_report_accounts_for_every_row_including_bad_ones(tmp_path):
+def test_the_report_accounts_for_every_row_including_bad_ones(tmp_path, capsys):
     rows, sequential = sequential_rows(3)
     wrong = {**sequential[2], "answer": "1"}
     short = {"id": "short", "problem": "1+1", "response": "<think>\nit is 2\n</think>\n\\boxed{2}", "answer": "2"}
@@ -156,6 +156,8 @@ def test_the_report_accounts_for_every_row_including_bad_ones(tmp_path):
         5: ("ingest", "unreadable"),
     }
     assert "line 2: no gold answer" in next(d["detail"] for d in dropped if d["line"] == 2)
+    said = capsys.readouterr().err  # the unreadable lines named before any call: no need to open dropped.jsonl
+    assert f"threadweaver curate: {path}: 2 unreadable lines dropped (the first: line 2: no gold answer" in said
     assert stats["traces"] == 5 and stats["funnel"]["traces"]["ingest"] == 1
     used = stats["tokens"]["segment"]
     assert used["cost_usd"] == pytest.approx((used["prompt_tokens"] * 2 + used["completion_tokens"] * 8) / 1e6)

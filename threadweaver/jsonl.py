@@ -114,6 +114,15 @@ def read_rows(path: str) -> Iterator[tuple[int, dict | RowError]]:
                     yield number, row
 
 
+def unreadable_note(path: str, unreadable: list[tuple[int, str]]) -> str | None:
+    """One line for stderr where ``read_rows`` gave lines of ``path`` it could not read ((line, why) each), which
+    a command dropped and went on without: how many, and the first with why; None where there were none."""
+    if not unreadable:
+        return None
+    (line, why), n = unreadable[0], len(unreadable)
+    return f"{path}: {n} unreadable line{'s' if n > 1 else ''} dropped (the first: line {line}: {why})"
+
+
 def _parquet_rows(path: str) -> Iterator[tuple[int, dict]]:
     import pyarrow.parquet as pq
 

@@ -98,6 +98,16 @@ def _same_tokenizer(recorded: str, given: str) -> bool:
     return all(os.path.exists(path) for path in paths) and os.path.samefile(*paths)
 
 
+def _say_unreadable(command: str, path: str, dropped_rows: list[dict]) -> None:
+    """On stderr: the lines of ``path`` that could not be read, which a run that went on dropped (its report
+    lists every one)."""
+    from threadweaver.jsonl import unreadable_note
+
+    unreadable = [(d["line"], d["detail"]) for d in dropped_rows if d["reason"] == "unreadable"]
+    if note := unreadable_note(path, unreadable):
+        print(f"threadweaver {command}: {note}", file=sys.stderr)
+
+
 def _left_as_it_was(out: str) -> str:
     """What a refusal adds where ``out`` holds an earlier run's work, which it did not touch."""
     return f"; {out} is left as it was" if os.path.exists(out) else ""
@@ -199,14 +209,7 @@ def _filter(args: argparse.Namespace) -> None:
         sys.exit(f"threadweaver filter: {args.generated}: {err}")
     if not report["rows"]:
         sys.exit(f"threadweaver filter: {args.generated}: no rows to filter{_left_as_it_was(args.out)}")
-    if unreadable := [d for d in report["dropped_rows"] if d["reason"] == "unreadable"]:
-        first = unreadable[0]
-        print(
-            f"threadweaver filter: {args.generated}: {len(unreadable)} unreadable line"
-            f"{'s' if len(unreadable) > 1 else ''} dropped "
-            f"(the first: line {first['line']}: {first['detail']})",
-            file=sys.stderr,
-        )
+    _say_unreadable("filter", args.generated, report["dropped_rows"])
     try:  # the report too where none is kept (a model's pass@1, why each row was dropped): OUT is left as it was
         if kept:
             write_jsonl(args.out, kept)
@@ -276,6 +279,7 @@ def _convert(args: argparse.Namespace) -> None:
         fail(f"{args.input}: {err}")
     except ValueError as err:
         fail(f"{args.input}: {err}")
+    _say_unreadable("convert", args.input, report["dropped_rows"])
     print(format_report(report))
     print(f"wrote {args.out} and {report_path(args.out)}")
 

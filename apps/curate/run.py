@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sys
 from collections import Counter
 
 from threadweaver.batch import run_sync
@@ -23,6 +24,7 @@ from threadweaver.jsonl import (
     check_writable,
     not_a_file_of_rows,
     read_rows,
+    unreadable_note,
     write_json,
     write_jsonl,
 )
@@ -101,6 +103,14 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     kept_earlier = os.path.exists(train) and os.path.getsize(train) > 0  # rows a run with none must not replace
     if not traces:
         raise NothingCurated(report(dropped, {}, config), dropped, args.out, kept_earlier, written=False)
+    unreadable = [
+        (d["line"], d["detail"].removeprefix(f"line {d['line']}: "))
+        for o in dropped
+        for d in o.drops
+        if d["reason"] == "unreadable"
+    ]
+    if note := unreadable_note(args.traces, unreadable):  # before any call is paid for
+        print(f"threadweaver curate: {note}", file=sys.stderr, flush=True)
     new_out = not os.path.exists(args.out)
     cache = CallCache(os.path.join(args.out, CACHE))
     bar = progress_bar(total=len(traces), desc="curate", unit=" traces")
