@@ -74,15 +74,17 @@ def proxy(backend, tmp_path):
         yield process, urllib.parse.urlsplit(url).port, log
 
 
-def stop_twice(process: subprocess.Popen, log: Path, reply: http.client.HTTPResponse) -> str:
-    """SIGTERM, and once the proxy says it is stopping, a second one: it exits 0 and ``reply`` is cut (one left
+def stop_twice(
+    process: subprocess.Popen, log: Path, reply: http.client.HTTPResponse, signum: int = signal.SIGTERM
+) -> str:
+    """``signum``, and once the proxy says it is stopping, a second one: it exits 0 and ``reply`` is cut (one left
     open would time out). What its log said when the second signal went."""
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signum)
     deadline = time.monotonic() + 60
     while "stopping;" not in log.read_text() and time.monotonic() < deadline:
         time.sleep(0.1)
     said = log.read_text()
-    process.send_signal(signal.SIGTERM)  # aiohttp's own handler made this exit 1, in the middle of the stop
+    process.send_signal(signum)  # aiohttp's own handler made this exit 1, in the middle of the stop
     assert process.wait(timeout=60) == 0
     with pytest.raises(http.client.IncompleteRead):
         while reply.read1(1 << 16):
@@ -90,18 +92,22 @@ def stop_twice(process: subprocess.Popen, log: Path, reply: http.client.HTTPResp
     return said
 
 
-def test_a_second_sigterm_ends_the_replies_still_running_and_the_proxy_exits_0(proxy):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup"])
+def test_a_second_sigterm_ends_the_replies_still_running_and_the_proxy_exits_0(proxy, signum):
+    """A closed terminal's SIGHUP stops it as SIGTERM does: a second one exited 129 in the middle of the stop."""
     process, port, log = proxy
     client = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     client.request("GET", "/endless")
     reply = client.getresponse()
     assert reply.status == 200 and reply.read1(5) == b"tick\n"
-    said = stop_twice(process, log, reply)
+    said = stop_twice(process, log, reply, signum)
     assert "threadweaver proxy: stopping; 1 reply still running gets 10 s to end" in said
     assert "Traceback" not in log.read_text()
 
 
-@pytest.mark.parametrize("signals", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGINT)])
+@pytest.mark.parametrize(
+    "signals", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGINT), (signal.SIGHUP, signal.SIGHUP)]
+)
 def test_signals_in_quick_succession_still_exit_0(proxy, signals):
     """aiohttp gives the signals back to their defaults before the interpreter's exit: a second one killed it."""
     process, _, log = proxy

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import re
 import secrets
 import signal
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 from threadweaver.cli_args import check_counts, check_port, check_url, option
 from threadweaver.engine import EngineError
+from threadweaver.interrupts import STOPPING_SIGNALS, raise_keyboard_interrupt
 from threadweaver.model_dirs import check_model_dir
 from threadweaver.orchestrator import Limits
 
@@ -400,6 +402,9 @@ def serve_proxy(args: ProxyArgs, limits: Limits = Limits()) -> None:
         print(f"{url} (fork-join in front of {args.backend}; Ctrl-C stops)", flush=True)
 
     logging.getLogger("aiohttp.server").addFilter(_no_bad_request_tracebacks)
+    hang_ups = [s for s in STOPPING_SIGNALS if s != signal.SIGTERM and signal.getsignal(s) is raise_keyboard_interrupt]
+    for hang_up in hang_ups:  # a closed terminal's SIGHUP (not where ignored, as under nohup)
+        signal.signal(hang_up, _as_sigterm)
     try:
         # A client that leaves cancels its handler, so its trajectory stops and frees the engine.
         web.run_app(
@@ -410,10 +415,16 @@ def serve_proxy(args: ProxyArgs, limits: Limits = Limits()) -> None:
             shutdown_timeout=STOP_GRACE_S,  # for replies to end once stopped (aiohttp waits 60 s, twice)
         )
     finally:  # one more signal must not cut the exit short (torch's clean-up included)
-        for stopping in (signal.SIGINT, signal.SIGTERM):
+        for stopping in (signal.SIGINT, signal.SIGTERM, *hang_ups):
             signal.signal(stopping, signal.SIG_IGN)
         if "sock" in listening:  # aiohttp closes it once it served; not where the proxy did not start
             listening["sock"].close()
+
+
+def _as_sigterm(*_) -> None:
+    """A signal handler: the signal stops the proxy as SIGTERM does (a second one ends the replies still running,
+    and it exits 0), where a KeyboardInterrupt would cut the stop short."""
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _free_port(host: str) -> socket.socket:

@@ -27,7 +27,8 @@ def running_proxy(
     operator stops it (Ctrl-C), given ``stop_within_s`` to exit, then killed."""
     command = [CLI, "proxy", "--port", "0", *args]
     log = open(log_path, "w+") if log_path is not None else tempfile.TemporaryFile("w+")
-    with log, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True) as process:
+    as_from_a_terminal = {"preexec_fn": _hang_up_as_by_default} if hasattr(signal, "SIGHUP") else {}
+    with log, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, **as_from_a_terminal) as process:
         try:
             listening = select.select([process.stdout], [], [], PROXY_STARTS_WITHIN_S)[0]
             line = process.stdout.readline() if listening else ""
@@ -41,3 +42,8 @@ def running_proxy(
                 process.wait(timeout=stop_within_s)
             finally:
                 process.kill()
+
+
+def _hang_up_as_by_default() -> None:
+    """SIGHUP as a terminal's process has it, where the tests run under ``nohup`` (which ignores it)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
