@@ -4,7 +4,7 @@
 #   MODEL=/path/to/sft-model ./examples/verl/run_pgrpo.sh [more hydra overrides]
 #   MODEL=... CONFIG=threadweaver_sequential ./examples/verl/run_pgrpo.sh   # the sequential baseline
 #
-# Needs: pip install ".[verl]" vllm (GPU) in the checkout, in a venv of its own (verl pins
+# Needs: pip install ".[verl]" "verl[vllm]==0.9.1" (GPU) in the checkout, in a venv of its own (verl pins
 # transformers<5.11; examples/ is not in the wheel). MODEL is an SFT'd ThreadWeaver model
 # (`threadweaver sft`), or for the baseline a sequential one (`threadweaver sft --no-branching`:
 # a ThreadWeaver model decoded without branching writes its tags as text); DATA holds train.parquet and test.parquet (made from the synthetic task
