@@ -189,9 +189,9 @@ def test_padding_free_trains_to_the_padded_losses(tmp_path, monkeypatch, caplog)
         ), shapes
     assert len(losses["true"]) == 2
     assert losses["true"] == pytest.approx(losses["false"], rel=1e-4)
-    warned = [r.getMessage() for r in caplog.records if r.name == sft.__name__ and "--padding_free" in r.getMessage()]
+    warned = [r.getMessage() for r in caplog.records if r.name == sft.__name__ and "--padding-free" in r.getMessage()]
     assert len(warned) == 1 and "--attention sdpa" in warned[0], warned
-    with pytest.raises(ValueError, match="--padding_free true packs a batch's rows whole"):  # not TRL's packing
+    with pytest.raises(ValueError, match="--padding-free true packs a batch's rows whole"):  # not TRL's packing
         sft.main([str(tmp_path / "kit"), data, "--packing", "true", "--output-dir", str(tmp_path / "packing")])
 
 
@@ -264,7 +264,7 @@ def test_flex_backend_needs_flex_attention_on_trie_rows_and_flash_needs_flash_at
 
     args = [str(tmp_path / "model"), str(tmp_path / "data.jsonl"), "--flex_backend=FLASH"]
     for other in (["--attention=sdpa"], ["--attention=flex_attention", "--no-branching"]):
-        with pytest.raises(ValueError, match="--flex_backend FLASH picks FlexAttention's kernels for trie rows"):
+        with pytest.raises(ValueError, match="--flex-backend FLASH picks FlexAttention's kernels for trie rows"):
             sft.main([*args, *other])
     with pytest.raises(ValueError, match="--attention flex_attention trains on a GPU only"):
         sft.main([*args, "--attention=flex_attention"])

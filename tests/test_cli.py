@@ -295,6 +295,19 @@ def test_a_file_of_synth_or_kit_that_a_folder_holds_the_place_of_is_refused_befo
         assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
+def test_kit_leaves_a_trained_model_in_its_out_as_it_was(tmp_path):
+    """``kit --out`` on a trained model's folder replaced its weights with random ones, exit 0; the same kit
+    written again is taken."""
+    kit = tmp_path / "kit"
+    run("kit", "--out", str(kit), "--hidden-size", "32")
+    run("kit", "--out", str(kit), "--hidden-size", "32")  # again, the same files
+    (kit / "model.safetensors").write_bytes(b"trained weights")
+    done = run("kit", "--out", str(kit), "--hidden-size", "32", check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"{kit} already holds model.safetensors unlike this kit's: writing it would replace" in done.stderr
+    assert (kit / "model.safetensors").read_bytes() == b"trained weights"
+
+
 EMBEDDED = os.path.join(os.path.dirname(__file__), "..", "apps", "quickstart", "models", "parallel")
 
 
@@ -433,3 +446,59 @@ def test_view_of_more_than_two_files_is_a_usage_error(data):
 )
 def test_on_off_flags_show_their_default_in_help(command, shown):
     assert shown in " ".join(run(command, "--help").stdout.split())
+
+
+NO_FOLDER = "/proc/tw-no-folder"
+"""A folder no one can make, root included (``os.access`` says yes to root anywhere)."""
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+
+
+@needs_proc
+def test_synth_into_a_folder_that_cannot_be_made_or_an_empty_out_is_one_line(tmp_path):
+    """/proc/x was a FileNotFoundError traceback; "" wrote into the current directory."""
+    cases = {
+        NO_FOLDER: "threadweaver synth: cannot write a file in /proc (",
+        "": "threadweaver synth: --out must name a folder to write into, not ''\n",
+    }
+    for out, message in cases.items():
+        done = subprocess.run([CLI, "synth", "--out", out], capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 1 and done.stderr.startswith(message), (out, done.stderr)
+        assert done.stderr.count("\n") == 1
+    assert os.listdir(tmp_path) == []
+
+
+@needs_proc
+def test_quickstart_refuses_an_out_it_cannot_write_into_before_anything_starts(tmp_path):
+    """A file was a FileExistsError traceback, a folder under one or under /proc a traceback too."""
+    (tmp_path / "afile").write_text("x")
+    afile = tmp_path / "afile"
+    cases = {
+        str(afile): f"cannot write into {afile}: {afile} is a file, not a folder\n",
+        str(afile / "sub"): f"cannot write into {afile / 'sub'}: {afile} is a file, not a folder\n",
+        NO_FOLDER: "cannot write a file in /proc (",
+        "": "--out must name a folder to write into, not ''\n",
+    }
+    for out, message in cases.items():
+        done = subprocess.run([CLI, "quickstart", "--out", out], capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 1 and done.stderr.startswith(f"threadweaver quickstart: {message}"), done.stderr
+        assert done.stderr.count("\n") == 1
+    assert os.listdir(tmp_path) == ["afile"] and afile.read_text() == "x"
+
+
+def test_pgrpo_an_output_dir_that_cannot_be_made_is_one_line(tmp_path, monkeypatch, capsys):
+    """TRL's trainer makes --output-dir once the model has loaded: under a file (or under /proc) that was a
+    NotADirectoryError (FileNotFoundError) traceback. The run is stood in for (it loads TRL, then a model) by
+    one that makes --output-dir as the trainer does."""
+    import sys
+    import types
+
+    from threadweaver.cli import main
+
+    (tmp_path / "afile").write_text("x")
+    output_dir = str(tmp_path / "afile" / "sub")
+    command = types.SimpleNamespace(main=lambda argv: os.makedirs(argv[-1], exist_ok=True))
+    monkeypatch.setitem(sys.modules, "threadweaver.trl_pgrpo", types.SimpleNamespace(command=command))
+    with pytest.raises(SystemExit) as exit_:
+        main(["pgrpo", "MODEL", "problems.jsonl", "--output-dir", output_dir])
+    assert exit_.value.code == f"threadweaver pgrpo: {output_dir}: Not a directory"
+    assert (tmp_path / "afile").read_text() == "x"

@@ -177,3 +177,30 @@ def test_a_run_that_starts_servers_without_vllm_is_refused_before_anything_train
     with pytest.raises(RuntimeError, match="vLLM is not installed, and this run starts vLLM servers"):
         run(QuickstartArgs(out=str(tmp_path / "run"), retrain=True))
     assert not (tmp_path / "run").exists()
+
+
+def test_a_model_or_baseline_with_nothing_there_is_refused_before_vllm_starts(tmp_path, monkeypatch):
+    """vLLM started on it and died a minute later with 60 lines of traceback."""
+    import re
+
+    import threadweaver.quickstart as quickstart
+    from threadweaver.quickstart import QuickstartArgs, check_models, run
+    from threadweaver.quickstart.recipe import embedded_models
+
+    def started(*args, **kwargs):
+        raise AssertionError("vLLM started")
+
+    monkeypatch.setattr(quickstart, "served", started)
+    out, missing, parallel = str(tmp_path / "run"), str(tmp_path / "nokit"), str(embedded_models()["parallel"])
+    cases = {
+        "--model": QuickstartArgs(out=out, model=missing),
+        "--baseline": QuickstartArgs(out=out, model=parallel, baseline=missing),
+    }
+    for flag, args in cases.items():
+        with pytest.raises(
+            ValueError, match=re.escape(f"{flag} {missing}: no such directory (a hub id reads org/name)")
+        ):
+            run(args)
+    assert not (tmp_path / "run").exists()
+    check_models(QuickstartArgs(model="the-served-name", base_url="http://127.0.0.1:9"))  # the server's to judge
+    check_models(QuickstartArgs(model="org/model"))  # a hub id: the hub's

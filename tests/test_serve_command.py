@@ -73,6 +73,41 @@ def test_serve_and_proxy_refuse_bad_settings_naming_the_flag_before_anything_sta
 
 
 @pytest.mark.parametrize(
+    "host, reason",
+    [
+        ("bad host", "must be a host name or IP address to listen on (127.0.0.1, 0.0.0.0, ::), not 'bad host'"),
+        ("", "must be a host name or IP address to listen on (127.0.0.1, 0.0.0.0, ::), not ''"),
+        (
+            "http://127.0.0.1",
+            "must be a host name or IP address to listen on (127.0.0.1, 0.0.0.0, ::), not a URL: 'http://127.0.0.1'",
+        ),
+        ("localhost:8000", "must be a host without a port (give the port as --port), not 'localhost:8000'"),
+        ("[::1]", "must be an IPv6 address without brackets (::1), not '[::1]'"),
+    ],
+)
+def test_a_host_that_cannot_be_one_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys, host, reason):
+    """serve once started vLLM with it, then stopped with an InvalidURL traceback; the proxy shares the rule,
+    and so does every ServeArgs (quickstart's and self-train's servers)."""
+    from threadweaver.cli import main
+    from threadweaver.cli_args import SettingError
+    from threadweaver.vllm_orchestrator import proxy, serve
+
+    monkeypatch.setattr(serve.VLLMServer, "start", lambda self: pytest.fail("vLLM started"))
+    monkeypatch.setattr(proxy, "serve_proxy", lambda *args: pytest.fail("the proxy started"))
+    (tmp_path / "kit").mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (tmp_path / "kit" / name).write_text("{}")
+    for command in (["serve", str(tmp_path / "kit")], ["proxy"]):
+        with pytest.raises(SystemExit) as exit_:
+            main([*command, "--host", host])
+        assert exit_.value.code == f"threadweaver {command[0]}: --host {reason}"
+    with pytest.raises(SettingError, match="host must be"):
+        ServeArgs("m", host=host)
+    for fine in ("127.0.0.1", "0.0.0.0", "::", "::1", "localhost", "gpu-node_3.cluster.local"):
+        assert ServeArgs("m", host=fine).host == fine
+
+
+@pytest.mark.parametrize(
     "argv, model, extra",
     [
         (["{tmp}/m.gguf", "--tokenizer", "{kit}"], "{tmp}/m.gguf", ["--tokenizer", "{kit}"]),  # GGUF, its tokenizer

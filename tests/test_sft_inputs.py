@@ -37,9 +37,9 @@ def test_bad_paths_and_settings_are_named_before_anything_loads(kit):
         (model, str(kit / "s")): f"{kit / 's'}: a folder, not a file of rows",
         (data, model): f"{data}: a file, not a model directory (sft takes MODEL, then DATA)",
         (str(kit / "nomodel"), data): f"{kit / 'nomodel'}: no such directory (a hub id reads org/name)",
-        (model, data, "--output_dir", data): f"--output_dir {data}: a file, not a folder",
-        (model, data, "--output_dir", ""): "--output_dir is empty",
-        (model, data, "--output_dir", model): f"--output_dir {model} is MODEL: saving there would overwrite it",
+        (model, data, "--output_dir", data): f"--output-dir {data}: a file, not a folder",
+        (model, data, "--output_dir", ""): "--output-dir is empty",
+        (model, data, "--output_dir", model): f"--output-dir {model} is MODEL: saving there would overwrite it",
         (model, data, "--max_length", "0"): "--max-length must be a whole number of at least 1 (or none), not 0",
         (model, data, "--max-length", "-1"): "--max-length must be a whole number of at least 1 (or none), not -1",
         (model, data, "--learning-rate", "-1"): "--learning-rate must be a finite number of at least 0, not -1.0",
@@ -47,12 +47,13 @@ def test_bad_paths_and_settings_are_named_before_anything_loads(kit):
         (model, data, "--per-device-train-batch-size", "0"): "--per-device-train-batch-size must be a whole number",
         (model, data, "--gradient-accumulation-steps", "0"): "--gradient-accumulation-steps must be a whole number",
         (model, data, "--max-depth", "0"): "--max-depth must be a whole number of at least 1, not 0",
-        (model, data, "--max_steps", "0", "--num_train_epochs", "0"): "--max_steps and --num_train_epochs are both 0",
-        (model, data, "--truncation_mode", "keep_end"): "--truncation_mode keep_end is not applied here: the collator",
-        (model, data, "--completion_only_loss", "false"): "--completion_only_loss False is not applied here",
-        (model, data, "--assistant_only_loss", "true"): "--assistant_only_loss True is not applied here",
-        (model, data, "--resume_from_checkpoint", "last"): "--resume_from_checkpoint last: no checkpoint-N folder",
-        (model, data, "--resume_from_checkpoint", model): f"--resume_from_checkpoint {model}: not a checkpoint",
+        (model, data, "--max_steps", "0"): "--max-steps is 0: nothing would be trained",
+        (model, data, "--max_steps", "-1", "--num_train_epochs", "0"): "--max-steps is -1 (train by epochs) and",
+        (model, data, "--truncation_mode", "keep_end"): "--truncation-mode keep_end is not applied here: the collator",
+        (model, data, "--completion_only_loss", "false"): "--completion-only-loss False is not applied here",
+        (model, data, "--assistant_only_loss", "true"): "--assistant-only-loss True is not applied here",
+        (model, data, "--resume_from_checkpoint", "last"): "--resume-from-checkpoint last: no whole checkpoint-N",
+        (model, data, "--resume_from_checkpoint", model): f"--resume-from-checkpoint {model}: not a whole checkpoint",
     }
     out = ["--output_dir", str(kit / "out")]
     for argv, message in cases.items():
@@ -107,3 +108,63 @@ def test_a_gguf_file_for_model_says_that_prepare_makes_a_model_of_it(kit, tmp_pa
         ValueError, match=r"a file, not a model directory \(sft takes MODEL, then DATA\): `threadweaver prepare` makes"
     ):
         sft.main([str(gguf), data, "--output_dir", str(tmp_path / "out")])
+
+
+def checkpoint(out, step: int, whole: bool = True):
+    """A ``checkpoint-N`` folder as the Trainer leaves it: whole, or cut short before its trainer_state.json."""
+    folder = out / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    if whole:
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return folder
+
+
+def test_a_run_that_starts_anew_refuses_an_output_dir_holding_an_earlier_run(kit, tmp_path):
+    """The Trainer wrote over the earlier model, and with --save-total-limit deleted the earlier checkpoints."""
+    model, data = str(kit / "k"), str(kit / "s" / "parallel" / "train.jsonl")
+    saved, stopped = tmp_path / "saved", tmp_path / "stopped"
+    saved.mkdir()
+    (saved / "model.safetensors").write_bytes(b"a finished run's weights")
+    checkpoint(stopped, 50)
+    checkpoint(stopped, 100)
+    for out, held in ((saved, "a saved model"), (stopped, "checkpoint-50, checkpoint-100")):
+        with pytest.raises(ValueError) as refused:
+            sft.main([model, data, "--output-dir", str(out), "--report-to", "none"])
+        assert str(refused.value).startswith(f"--output-dir {out} holds an earlier run ({held}): a run that starts")
+        assert ("--resume-from-checkpoint last goes on" in str(refused.value)) == (out == stopped)
+    assert (saved / "model.safetensors").read_bytes() == b"a finished run's weights"
+    assert sorted(p.name for p in stopped.iterdir()) == ["checkpoint-100", "checkpoint-50"]
+
+
+def test_resuming_from_the_last_checkpoint_passes_over_one_cut_short_as_it_was_saved(tmp_path, caplog):
+    from types import SimpleNamespace
+
+    out = tmp_path / "out"
+    checkpoint(out, 2)
+    checkpoint(out, 4, whole=False)  # Ctrl-C as it was saved: a SafetensorError traceback on resuming from it
+    config = SimpleNamespace(output_dir=str(out), resume_from_checkpoint="last", max_steps=10)
+    assert sft.resume_point(config) == str(out / "checkpoint-2")
+    assert "checkpoint-4 was cut short as it was saved" in caplog.text
+    config.max_steps = 2  # the Trainer trained no step and said nothing
+    with pytest.raises(ValueError, match="it is at step 2, and --max-steps is 2: no step is left to train"):
+        sft.resume_point(config)
+    (out / "checkpoint-2" / "trainer_state.json").unlink()
+    config.max_steps = 10
+    all_cut = "no whole checkpoint-N folder in --output-dir .*; checkpoint-2, checkpoint-4: cut short as saved"
+    with pytest.raises(ValueError, match=all_cut):
+        sft.resume_point(config)
+
+
+def test_a_stopped_run_says_how_to_go_on_from_the_checkpoint_it_kept(tmp_path):
+    from threadweaver.interrupts import Stopped
+
+    with pytest.raises(KeyboardInterrupt), sft.saying_how_to_go_on(str(tmp_path)):  # no checkpoint: nothing to say
+        raise KeyboardInterrupt
+    checkpoint(tmp_path, 3)
+    with pytest.raises(Stopped) as stopped, sft.saying_how_to_go_on(str(tmp_path)):
+        raise KeyboardInterrupt("SIGTERM")
+    assert str(stopped.value) == (
+        f"stopped; {tmp_path / 'checkpoint-3'} is kept: rerun with --resume-from-checkpoint last to go on"
+    )
+    assert stopped.value.status == 143

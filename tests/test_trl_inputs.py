@@ -18,9 +18,8 @@ from threadweaver.trl_pgrpo import PGRPOConfig, PGRPOTrainer
 
 
 def config(tmp_path, **settings) -> PGRPOConfig:
-    return PGRPOConfig(
-        str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4, num_generations=4, **settings
-    )
+    settings = {"per_device_train_batch_size": 4, "num_generations": 4, **settings}
+    return PGRPOConfig(str(tmp_path), use_cpu=True, report_to="none", **settings)
 
 
 @pytest.mark.parametrize(
@@ -39,6 +38,36 @@ def test_a_sampling_setting_the_rollouts_would_ignore_is_refused(tmp_path, name,
 
 def test_sampling_settings_that_change_nothing_are_taken(tmp_path):
     config(tmp_path, min_p=0.0, repetition_penalty=1.0, generation_kwargs={})
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"num_generations": 1}, "num_generations must be a whole number of at least 2, not 1"),
+        ({"max_completion_length": 0}, "max_completion_length must be a whole number of at least 1, not 0"),
+        ({"epsilon": -1.0}, "epsilon must be a finite number of at least 0, not -1.0"),
+        ({"epsilon_high": float("inf")}, "epsilon_high must be a finite number of at least 0, not inf"),
+        ({"beta": -0.1}, "beta must be a finite number of at least 0, not -0.1"),
+        ({"top_k": -3}, "top_k must be -1 or 0 (every token) or at least 1, not -3"),
+        ({"reward_weights": [1.0, float("nan")]}, "reward_weights must be finite numbers, not [1.0, nan]"),
+        ({"branching": False, "acceleration_factor": 3.0}, "acceleration_factor is 3.0, but branching is off: the"),
+        ({"branching": False, "acceleration_clip": 0.5}, "acceleration_clip is 0.5, but branching is off: the"),
+    ],
+)
+def test_a_nonsense_rollout_or_loss_setting_is_refused(tmp_path, settings, message):
+    """Each was taken (or refused by TRL only once the model had loaded, or by transformers at the first rollout)."""
+    with pytest.raises(SettingError, match=f"^{re.escape(message)}"):
+        config(tmp_path, **settings)
+
+
+def test_the_settings_that_disable_or_agree_with_the_baseline_are_taken(tmp_path):
+    """top_k -1 and 0 both mean every token (vLLM's and TRL's); the sequential baseline takes the acceleration
+    defaults, and a factor of 0, which is what it trains with."""
+    for top_k in (-1, 0, 5):
+        config(tmp_path, top_k=top_k)
+    assert config(tmp_path, branching=False).reward_config().factor == 0.0
+    config(tmp_path, branching=False, acceleration_factor=0.0)
+    config(tmp_path, reward_weights=[1.0, 0.0], epsilon_high=None, beta=0.0)
 
 
 @pytest.mark.parametrize("max_length", [0, -1, 2.5])
@@ -109,6 +138,24 @@ def test_a_gold_answer_the_reward_cannot_grade_is_named_by_its_line(tmp_path, an
     assert problem_rows(str(data), reader) == [{"prompt": "A=1+2\nA=?", "answer": "3"}]
 
 
+@pytest.mark.parametrize("prompt", ["", "   ", "\n\t"])
+def test_an_empty_prompt_is_named_by_its_line(tmp_path, prompt):
+    """It was taken: the rollouts would answer the chat template alone."""
+    import json
+
+    from threadweaver.jsonl import RowError
+    from threadweaver.rows import RowReader
+    from threadweaver.trl_pgrpo.command import problem_rows
+
+    data = tmp_path / "problems.jsonl"
+    data.write_text(
+        json.dumps({"prompt": "A=1+2\nA=?", "answer": 3}) + "\n" + json.dumps({"prompt": prompt, "answer": 3})
+    )
+    reader = RowReader(AutoTokenizer.from_pretrained(embedded_models()["parallel"]))
+    with pytest.raises(RowError, match="^line 2: field 'prompt' is empty$"):
+        problem_rows(str(data), reader)
+
+
 def test_the_rewards_refuse_a_gold_answer_no_response_should_match():
     """A dataset's missing answer is None: as text, 'None', which \\boxed{None} matched."""
     from threadweaver.trl_pgrpo import pgrpo_rewards
@@ -147,7 +194,7 @@ def test_a_checkpoint_to_resume_from_is_checked_before_anything_loads(tmp_path):
     model, data = str(embedded_models()["parallel"]), str(tmp_path / "problems.jsonl")
     (tmp_path / "problems.jsonl").write_text('{"prompt": "1+1?", "answer": "2"}\n')
     out = ["--output_dir", str(tmp_path / "out"), "--report_to", "none"]
-    with pytest.raises(ValueError, match="^--resume_from_checkpoint last: no checkpoint-N folder in --output_dir"):
+    with pytest.raises(ValueError, match="^--resume-from-checkpoint last: no whole checkpoint-N folder"):
         main([model, data, *out, "--resume_from_checkpoint", "last"])
-    with pytest.raises(ValueError, match=f"^--resume_from_checkpoint {re.escape(model)}: not a checkpoint"):
+    with pytest.raises(ValueError, match=f"^--resume-from-checkpoint {re.escape(model)}: not a whole checkpoint"):
         main([model, data, *out, "--resume_from_checkpoint", model])

@@ -7,6 +7,7 @@ The module needs no verl (pandas only), so it is tested here; the layout is read
 from __future__ import annotations
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -135,3 +136,18 @@ def test_the_synthetic_tasks_settings_are_refused_with_problems(tmp_path, capsys
     message = refused(capsys, str(tmp_path / "out"), "--problems", source, "--test", "1", *flags, status=2)
     assert message == f"{flags[0]} set the synthetic problems; from --problems, every row but the first --test trains"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no folder can be made")
+def test_an_out_that_cannot_be_made_or_is_empty_is_refused_before_any_row_is_read(tmp_path, capsys):
+    """/proc/x and "" were a FileNotFoundError traceback from os.makedirs, once the rows were made. The
+    problems file here is missing: a refusal after reading it would name it instead."""
+    missing = str(tmp_path / "missing.jsonl")
+    cases = {
+        "/proc/tw-verl-data": "cannot write a file in /proc (",
+        "": "OUT must name a folder for train.parquet and test.parquet, not ''",
+    }
+    for out, message in cases.items():
+        assert refused(capsys, out, "--problems", missing).startswith(message), out
+        assert refused(capsys, out).startswith(message), out  # the synthetic task's rows
+    assert os.listdir(tmp_path) == []

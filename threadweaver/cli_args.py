@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import math
+import re
 import types
 import typing
 import urllib.parse
@@ -101,6 +103,38 @@ def check_url(config, name: str, url: str | None = None) -> None:
     """Refuse a server URL (``url``, else the field ``name``'s value) that :func:`url_problem` refuses."""
     url = getattr(config, name) if url is None else url
     if problem := url_problem(url):
+        raise SettingError(name, problem)
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")
+"""A host name: labels of letters, digits, ``-`` and ``_`` (as resolvers take them), dot-separated."""
+
+
+def host_problem(host) -> str | None:
+    """Why ``host`` cannot be an address a server listens on (a host name, an IPv4 or IPv6 address), or None:
+    the one rule for every ``--host``. An IPv6 address is written bare (``::1``), as vLLM and aiohttp take it."""
+    example = "a host name or IP address to listen on (127.0.0.1, 0.0.0.0, ::)"
+    if not isinstance(host, str) or not host.strip():
+        return f"must be {example}, not {host!r}"
+    if "://" in host:
+        return f"must be {example}, not a URL: {host!r}"
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(bare)
+    except ValueError:
+        pass
+    else:
+        return None if bare == host else f"must be an IPv6 address without brackets ({bare}), not {host!r}"
+    if ":" in host:
+        return f"must be a host without a port (give the port as --port), not {host!r}"
+    if not _HOST_NAME.fullmatch(host):
+        return f"must be {example}, not {host!r}"
+    return None
+
+
+def check_listen_host(config, name: str = "host") -> None:
+    """Refuse a config whose field ``name`` is an address no server can listen on (:func:`host_problem`)."""
+    if problem := host_problem(getattr(config, name)):
         raise SettingError(name, problem)
 
 

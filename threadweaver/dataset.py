@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict
 
-from threadweaver.jsonl import check_outputs, write_json, write_jsonl
+from threadweaver.jsonl import check_outputs, check_writable, write_json, write_jsonl
 from threadweaver.rows import TOKENIZER_FIELD
 from threadweaver.synth import SynthConfig, chat_row, make_rows
 
@@ -32,6 +32,7 @@ def write_synth(out: str, config: SynthConfig, n_train: int, n_validation: int, 
     cannot be a file is refused (``ValueError``) before any is written."""
     paths = {(form, split): os.path.join(out, form, f"{split}.jsonl") for form in FORMS for split in SPLITS}
     check_outputs([*paths.values(), os.path.join(out, "recipe.json")], [], named=False)
+    check_writable(os.path.join(out, "recipe.json"), atomic=True)  # a folder that cannot be made: /proc/x
     splits = synth_splits(config, n_train, n_validation, seed)
     # digit strings are written for the embedded models' tokenizer; sentences for any model's
     recorded = {TOKENIZER_FIELD: "synth"} if config.task == "digits" else {}

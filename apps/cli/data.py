@@ -130,10 +130,15 @@ def _synth(args: argparse.Namespace) -> None:
     for flag, count in (("--train", args.train), ("--validation", args.validation)):
         if count < 0:
             sys.exit(f"threadweaver synth: {flag} must be 0 or more problems, not {count}")
+    if not args.out:  # "" would write into the current directory
+        sys.exit(f"threadweaver synth: --out must name a folder to write into, not {args.out!r}")
     try:
         paths = write_synth(args.out, from_args(SynthConfig, args), args.train, args.validation, args.seed)
     except ValueError as err:
         sys.exit(f"threadweaver synth: {err}")
+    except OSError as err:  # what the checks before writing cannot foresee: a full disk, a folder made read-only
+        where = f"{err.filename}: " if err.filename else ""
+        sys.exit(f"threadweaver synth: {where}{err.strerror or err}")
     for path in paths:
         print(path)
 
@@ -499,10 +504,22 @@ def _kit(args: argparse.Namespace) -> None:
             check_outputs([os.path.join(args.out, name) for name in names], [], named=False)
         except ValueError as err:
             sys.exit(f"threadweaver kit: {err}")
+        if other := [n for n in names if _differs(os.path.join(staging, n), os.path.join(args.out, n))]:
+            sys.exit(  # a trained model's weights, say: a kit written again with the same settings is left as it is
+                f"threadweaver kit: {args.out} already holds {', '.join(other)} unlike this kit's: "
+                "writing it would replace them; give another --out, or remove them"
+            )
         os.makedirs(args.out, exist_ok=True)
         for name in names:
             shutil.move(os.path.join(staging, name), os.path.join(args.out, name))
     print(args.out)
+
+
+def _differs(new: str, old: str) -> bool:
+    """Whether ``old`` exists with other bytes than ``new``."""
+    import filecmp
+
+    return os.path.isfile(old) and not filecmp.cmp(new, old, shallow=False)
 
 
 DATA_COMMANDS = (

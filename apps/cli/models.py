@@ -47,6 +47,9 @@ def _pgrpo(args: argparse.Namespace) -> None:
         out = command.main(args.rest)
     except (ValueError, TypeError) as err:
         sys.exit(f"threadweaver pgrpo: {err}")
+    except OSError as err:  # an --output-dir that cannot be made (under /proc, under a file), a full disk
+        where = f"{err.filename}: " if err.filename else ""
+        sys.exit(f"threadweaver pgrpo: {where}{err.strerror or err}")
     print(f"saved model and tokenizer to {out}")
 
 
@@ -166,7 +169,7 @@ def _quickstart(args: argparse.Namespace) -> None:
 
     try:
         run(from_args(QuickstartArgs, args))
-    except (ValueError, RuntimeError, FileNotFoundError) as err:
+    except (ValueError, RuntimeError, OSError) as err:
         sys.exit(f"threadweaver quickstart: {err}")
 
 

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from threadweaver.cli_args import check_counts, check_url, option
+from threadweaver.jsonl import check_folder, check_writable
+from threadweaver.model_dirs import check_model_dir
 from threadweaver.quickstart.compare import format_table, per_problem_speedups, problems, table
 from threadweaver.quickstart.evaluate import MODES, SHORT_CONTEXT, Endpoint, check_task, evaluate, served
 from threadweaver.quickstart.recipe import (
@@ -239,10 +241,33 @@ def check_vllm(args: QuickstartArgs) -> None:
         )
 
 
+def check_out(out: str) -> None:
+    """Refuse, before anything trains or starts, an --out where no folder can be written: empty (the current
+    directory), a file, one under a file, or one that cannot be made (under /proc, a read-only disk)."""
+    if not out:
+        raise ValueError(f"--out must name a folder to write into, not {out!r}")
+    check_folder(out)
+    check_writable(os.path.join(out, "summary.json"), atomic=True)
+
+
+def check_models(args: QuickstartArgs) -> None:
+    """Refuse, before vLLM starts (its own error is a minute and 60 lines of traceback later), a --model or
+    --baseline this run serves or loads that names a local path with nothing there; a hub id is the hub's to
+    judge, and a model on a --base-url or --baseline-url server is the server's."""
+    for flag, model, url in (("--model", args.model, args.base_url), ("--baseline", args.baseline, args.baseline_url)):
+        if model and not url:
+            try:
+                check_model_dir(model, contents=False)
+            except ValueError as err:
+                raise ValueError(f"{flag} {err}") from None
+
+
 def run(args: QuickstartArgs) -> dict:
     from threadweaver.quickstart.plot import check_matplotlib, speedup_plot
     from threadweaver.view import timelines_page
 
+    check_out(args.out)
+    check_models(args)
     check_matplotlib()  # before the runs, not after them
     check_vllm(args)
     if args.task:

@@ -138,7 +138,9 @@ def retrain(out: str, recipe: Recipe = RECIPE, base: str | None = None) -> dict[
     models = {}
     for name in MODELS:
         print(f"      training the {name} model ({recipe.max_steps} steps)", flush=True)
-        models[name] = Path(sft.main(recipe.sft_argv(name, base, data, os.path.join(out, "models", name))))
+        model = os.path.join(out, "models", name)
+        shutil.rmtree(model, ignore_errors=True)  # rebuilt from scratch: sft refuses a folder with an earlier run
+        models[name] = Path(sft.main(recipe.sft_argv(name, base, data, model)))
     return models
 
 

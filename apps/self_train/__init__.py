@@ -135,10 +135,12 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
 
 
 def last_checkpoint(model_dir: str) -> str | None:
-    """The newest ``checkpoint-N`` folder a stopped ``sft`` left in ``model_dir`` (with ``--save_strategy steps``)."""
-    from transformers.trainer_utils import get_last_checkpoint
+    """The newest whole ``checkpoint-N`` folder a stopped ``sft`` left in ``model_dir`` (with ``--save-strategy
+    steps``): one cut short as it was saved is passed over."""
+    from threadweaver.hf_collator.sft import checkpoints
 
-    return get_last_checkpoint(model_dir) if os.path.isdir(model_dir) else None
+    whole, _ = checkpoints(model_dir)
+    return os.path.join(model_dir, whole[-1]) if whole else None
 
 
 def given(argv: list[str], name: str) -> bool:

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import types
 
 from threadweaver.cli_args import SettingError, add_arguments, check_counts, check_numbers, spellings
@@ -218,50 +219,138 @@ def check_trainer_numbers(config) -> None:
     check_numbers(config, ("learning_rate",))
 
 
+def check_steps(config) -> None:
+    """Refuse a run of no step: the Trainer saved the model untrained and said nothing."""
+    if config.max_steps == 0:  # transformers reads 0 as 0 steps, below 0 as "train --num-train-epochs epochs"
+        raise ValueError("--max-steps is 0: nothing would be trained")
+    if config.max_steps < 0 and config.num_train_epochs <= 0:
+        raise ValueError(
+            f"--max-steps is {config.max_steps} (train by epochs) and --num-train-epochs is "
+            f"{config.num_train_epochs}: nothing would be trained"
+        )
+
+
 def check_paths(model_dir: str, data: str, output_dir: str, command: str = "sft") -> None:
-    """Refuse, before anything loads, a MODEL, DATA or --output_dir that cannot be one (the two swapped,
-    say), and an --output_dir that is MODEL: training would overwrite the model it starts from."""
+    """Refuse, before anything loads, a MODEL, DATA or --output-dir that cannot be one (the two swapped,
+    say), and an --output-dir that is MODEL: training would overwrite the model it starts from."""
     from threadweaver.model_dirs import check_model_dir
 
     check_model_dir(model_dir, what=f"a model directory ({command} takes MODEL, then DATA)")
     if problem := not_a_file_of_rows(data):
         raise ValueError(f"{data}: {problem}")
     if not output_dir:
-        raise ValueError("--output_dir is empty: name the folder to save the model in")
+        raise ValueError("--output-dir is empty: name the folder to save the model in")
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise ValueError(f"--output_dir {output_dir}: a file, not a folder")
+        raise ValueError(f"--output-dir {output_dir}: a file, not a folder")
     if os.path.isdir(output_dir) and os.path.isdir(model_dir) and os.path.samefile(output_dir, model_dir):
-        raise ValueError(f"--output_dir {output_dir} is MODEL: saving there would overwrite it; name another folder")
+        raise ValueError(f"--output-dir {output_dir} is MODEL: saving there would overwrite it; name another folder")
 
 
 RESUME_LAST = ("true", "last")
-"""``--resume_from_checkpoint`` values that mean the newest ``checkpoint-N`` folder in ``--output_dir``."""
+"""``--resume-from-checkpoint`` values that mean the newest ``checkpoint-N`` folder in ``--output-dir``."""
 
 
 def resume_point(config) -> str | None:
-    """The checkpoint ``config.resume_from_checkpoint`` names, checked before anything loads.
+    """The checkpoint this run goes on from (None: it starts anew), checked before anything loads.
 
-    transformers' ``Trainer`` leaves that flag to the script that runs it (``train()`` reads an argument
-    instead), so without this it was taken and ignored: the run trained from the first step."""
-    from transformers.trainer_utils import get_last_checkpoint
-
+    transformers' ``Trainer`` leaves ``--resume-from-checkpoint`` to the script that runs it (``train()`` reads an
+    argument instead), so without this it was taken and ignored: the run trained from the first step. A run that
+    starts anew refuses an ``--output-dir`` that holds an earlier run (:func:`check_no_earlier_run`)."""
     given = config.resume_from_checkpoint
     if given is None:
+        check_no_earlier_run(config.output_dir)
         return None
     if given.lower() in RESUME_LAST:
-        last = get_last_checkpoint(config.output_dir) if os.path.isdir(config.output_dir) else None
-        if last is None:
+        whole, torn = checkpoints(config.output_dir)
+        if not whole:
+            cut = f"; {', '.join(torn)}: cut short as saved (no {TRAINER_STATE})" if torn else ""
             raise ValueError(
-                f"--resume_from_checkpoint {given}: no checkpoint-N folder in --output_dir {config.output_dir} "
-                "(a run saves them with --save_strategy steps --save_steps N)"
+                f"--resume-from-checkpoint {given}: no whole checkpoint-N folder in --output-dir "
+                f"{config.output_dir}{cut} (a run saves them with --save-strategy steps --save-steps N)"
             )
-        return last
-    if not os.path.isfile(os.path.join(given, "trainer_state.json")):
+        if torn and _number(torn[-1]) > _number(whole[-1]):
+            logger.warning(
+                "%s was cut short as it was saved (it has no trainer_state.json): going on from %s", torn[-1], whole[-1]
+            )
+        given = os.path.join(config.output_dir, whole[-1])
+    elif not os.path.isfile(os.path.join(given, TRAINER_STATE)):
         raise ValueError(
-            f"--resume_from_checkpoint {given}: not a checkpoint (a checkpoint-N folder with trainer_state.json; "
-            f"'last' takes the newest in --output_dir)"
+            f"--resume-from-checkpoint {given}: not a whole checkpoint (a checkpoint-N folder with {TRAINER_STATE}; "
+            f"'last' takes the newest in --output-dir)"
         )
+    check_steps_left(given, config)
     return given
+
+
+TRAINER_STATE = "trainer_state.json"
+"""What the Trainer writes last into a checkpoint: a checkpoint without it was cut short as it was saved."""
+
+
+def checkpoints(output_dir: str) -> tuple[list[str], list[str]]:
+    """(the whole ``checkpoint-N`` folders in ``output_dir``, those cut short as they were saved), oldest first."""
+    if not os.path.isdir(output_dir):
+        return [], []
+    names = sorted((n for n in os.listdir(output_dir) if _CHECKPOINT.fullmatch(n)), key=_number)
+    whole = [n for n in names if os.path.isfile(os.path.join(output_dir, n, TRAINER_STATE))]
+    return whole, [n for n in names if n not in whole]
+
+
+_CHECKPOINT = re.compile(r"checkpoint-\d+")
+
+
+def _number(checkpoint: str) -> int:
+    return int(checkpoint.rpartition("-")[2])
+
+
+def check_no_earlier_run(output_dir: str) -> None:
+    """Refuse an ``--output-dir`` that holds an earlier run (its saved model or checkpoints) for a run that starts
+    anew: the Trainer would write over the model, and with ``--save-total-limit`` delete the earlier checkpoints."""
+    if not os.path.isdir(output_dir):
+        return
+    names = os.listdir(output_dir)
+    whole, torn = checkpoints(output_dir)
+    saved = [n for n in names if n in (TRAINER_STATE, "config.json") or n.endswith((".safetensors", ".bin"))]
+    if not (whole or torn or saved):
+        return
+    held = ", ".join([*(["a saved model"] if saved else []), *[*whole, *torn][-3:]])
+    go_on = "--resume-from-checkpoint last goes on from its newest checkpoint; " if whole else ""
+    raise ValueError(
+        f"--output-dir {output_dir} holds an earlier run ({held}): a run that starts anew would write over it; "
+        f"{go_on}to start anew, name another folder or remove that one"
+    )
+
+
+def check_steps_left(checkpoint: str, config) -> None:
+    """Refuse a resumed run with no step left to train: the Trainer trained none and said nothing."""
+    import json
+
+    try:
+        with open(os.path.join(checkpoint, TRAINER_STATE)) as f:
+            step = json.load(f)["global_step"]
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"--resume-from-checkpoint {checkpoint}: cannot read its {TRAINER_STATE} ({err})") from None
+    if 0 < config.max_steps <= step:
+        raise ValueError(
+            f"--resume-from-checkpoint {checkpoint}: it is at step {step}, and --max-steps is {config.max_steps}: "
+            "no step is left to train; raise --max-steps"
+        )
+
+
+@contextlib.contextmanager
+def saying_how_to_go_on(output_dir: str):
+    """A run stopped (Ctrl-C, SIGTERM) after it saved a checkpoint: its message says how to go on from it."""
+    from threadweaver.interrupts import Stopped
+
+    try:
+        yield
+    except KeyboardInterrupt as interrupt:
+        whole, _ = checkpoints(output_dir)
+        if not whole:
+            raise
+        kept = os.path.join(output_dir, whole[-1])
+        raise Stopped(
+            f"stopped; {kept} is kept: rerun with --resume-from-checkpoint last to go on", interrupt
+        ) from None
 
 
 IGNORED_TRL_SETTINGS = (
@@ -276,7 +365,7 @@ def _refuse_ignored(config) -> None:
     for name, honoured, why in IGNORED_TRL_SETTINGS:
         value = getattr(config, name)
         if value not in honoured:
-            raise ValueError(f"--{name} {value} is not applied here: {why}")
+            raise ValueError(f"--{name.replace('_', '-')} {value} is not applied here: {why}")
 
 
 def train(
@@ -292,30 +381,29 @@ def train(
     check_trainer_numbers(config)
     # the collator takes a max_depth of 0, which refuses every parallel row
     check_counts(types.SimpleNamespace(max_depth=collator_settings.get("max_depth", 1)), ("max_depth",))
-    if config.max_steps <= 0 and config.num_train_epochs <= 0:
-        raise ValueError("--max_steps and --num_train_epochs are both 0 or less: nothing would be trained")
+    check_steps(config)
     if config.packing:
         raise ValueError(
             "--packing concatenates and cuts token sequences, which would cut the trajectories' trees: "
-            "--padding_free true packs a batch's rows whole, each its own tree"
+            "--padding-free true packs a batch's rows whole, each its own tree"
         )
     _refuse_ignored(config)
     cuda = torch.cuda.is_available()
     attention = attention if attention != "auto" else ("flex_attention" if cuda else "sdpa")
     if flex_backend != "AUTO" and (attention != "flex_attention" or not collator_settings.get("branching", True)):
         raise ValueError(
-            f"--flex_backend {flex_backend} picks FlexAttention's kernels for trie rows: "
+            f"--flex-backend {flex_backend} picks FlexAttention's kernels for trie rows: "
             "use --attention flex_attention, with branching"
         )
     if attention in NEEDS_CUDA and not cuda:
         raise ValueError(f"--attention {attention} trains on a GPU only; on CPU train with --attention sdpa")
     if flex_backend == "FLASH" and not (config.bf16 or config.fp16):
         raise ValueError(
-            "--flex_backend FLASH: FlashAttention 4 runs in bf16 or fp16, not float32: train with --bf16 true "
+            "--flex-backend FLASH: FlashAttention 4 runs in bf16 or fp16, not float32: train with --bf16 true "
             "(the default on a GPU that has bf16) or --fp16 true"
         )
     if flex_backend == "FLASH" and (missing := flash_attention_4_missing()):
-        raise ValueError(f"--flex_backend FLASH: {missing}")
+        raise ValueError(f"--flex-backend FLASH: {missing}")
     check_paths(model_dir, data, config.output_dir)  # after the flags' refusals, which read flags only
     resume = resume_point(config)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -335,7 +423,7 @@ def train(
         use_tree_attention(model, attention, {"BACKEND": flex_backend} if flex_backend != "AUTO" else None)
     if collator.padding_free and (attention if collator.branching else base) in DENSE_MASK:
         logger.warning(
-            "--padding_free with --attention %s: a dense mask over the whole packed row costs the square of the "
+            "--padding-free with --attention %s: a dense mask over the whole packed row costs the square of the "
             "batch's tokens, not of each row's; padded batches train faster with it (bench/RESULTS.md). Pack on "
             "a GPU, with flex_attention (or varlen, for trie rows), which skip what the mask hides",
             attention,
@@ -348,12 +436,12 @@ def train(
     trainer = SFTTrainer(
         model=model, args=config, train_dataset=_table(rows), processing_class=tokenizer, data_collator=collator
     )
-    with keep_freed_memory() if not cuda else contextlib.nullcontext():
+    with keep_freed_memory() if not cuda else contextlib.nullcontext(), saying_how_to_go_on(config.output_dir):
         trainer.train(resume_from_checkpoint=resume)
     if collator.skipped:
         logger.warning("%d malformed rows skipped in all", collator.skipped)
     model.set_attn_implementation("sdpa")
     trainer.save_model(config.output_dir)
     tokenizer.save_pretrained(config.output_dir)
-    trainer.state.save_to_json(os.path.join(config.output_dir, "trainer_state.json"))
+    trainer.state.save_to_json(os.path.join(config.output_dir, TRAINER_STATE))
     return config.output_dir

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from threadweaver.cli_args import SettingError, spellings
-from threadweaver.hf_collator.sft import check_paths, resume_point, run_defaults
+from threadweaver.hf_collator.sft import check_paths, check_steps, resume_point, run_defaults, saying_how_to_go_on
 from threadweaver.jsonl import RowError, read_jsonl, write_json
 from threadweaver.reward import row_answer
 from threadweaver.rows import RowReader, prompt_messages
@@ -85,10 +85,47 @@ def problem_rows(path: str, reader: RowReader) -> list[dict]:
             reader.prompt({"prompt": prompt})
         except ValueError as err:
             raise RowError.at(line, err) from None
+        if isinstance(prompt, str) and not prompt.strip():  # the rollouts would answer the chat template alone
+            raise RowError(line, "field 'prompt' is empty")
         rows.append({"prompt": prompt, "answer": answer})
     if not rows:
         raise ValueError(f"{path}: no problems")
     return rows
+
+
+def check_settings(config) -> None:
+    """Refuse settings that would train nothing, or weight the rewards wrongly, before anything loads."""
+    from threadweaver.trl_pgrpo import pgrpo_rewards
+
+    check_steps(config)
+    weights = config.reward_weights
+    rewards = [reward.__name__ for reward in pgrpo_rewards(config.reward_config())]  # what PGRPOTrainer grades by
+    if weights is not None and len(weights) != len(rewards):
+        raise ValueError(
+            f"--reward-weights takes {len(rewards)} weights, one per reward ({', '.join(rewards)}), "
+            f"not {len(weights)}: {weights}"
+        )
+    if weights is not None and min(weights) < 0:
+        raise ValueError(
+            f"--reward-weights must be at least 0, not {weights}: a negative weight on {', '.join(rewards)} "
+            "would train towards wrong or slower answers"
+        )
+
+
+def check_problem_count(path: str, rows: list[dict], config) -> None:
+    """Refuse fewer problems than a step rolls out: TRL's sampler keeps only full batches of problems, so no
+    batch would be drawn, and the Trainer would save the model untrained as if all went well."""
+    per_step = config.per_device_train_batch_size // config.num_generations
+    needed = config.generation_batch_size // config.num_generations
+    if len(rows) >= needed:
+        return
+    takes = f"--prompts-per-step {per_step}"
+    if needed != per_step:
+        takes = f"{needed} ({takes} x --gradient-accumulation-steps and processes)"
+    raise ValueError(
+        f"{path} has {len(rows)} problem{'s' * (len(rows) != 1)}, fewer than a step rolls out ({takes}): "
+        "nothing would be trained"
+    )
 
 
 def train(model_dir: str, problems: str, config) -> str:
@@ -99,15 +136,18 @@ def train(model_dir: str, problems: str, config) -> str:
 
     from threadweaver.trl_pgrpo import PGRPOTrainer
 
+    check_settings(config)
     check_paths(model_dir, problems, config.output_dir, "pgrpo")
     resume = resume_point(config)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = problem_rows(problems, RowReader(tokenizer))
+    check_problem_count(problems, rows, config)
     # float32 weights, under autocast where --bf16 (as sft trains): AdamW's steps of about the learning rate
     # (the paper's 1e-6) round away on bf16 weights, so a bf16 policy would barely move
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
     trainer = PGRPOTrainer(model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
-    trainer.train(resume_from_checkpoint=resume)
+    with saying_how_to_go_on(config.output_dir):
+        trainer.train(resume_from_checkpoint=resume)
     model.set_attn_implementation("sdpa")
     trainer.save_model(config.output_dir)
     tokenizer.save_pretrained(config.output_dir)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from threadweaver.cli_args import SettingError, check_counts, check_numbers
+from threadweaver.cli_args import SettingError, check_counts, check_numbers, is_number
 from threadweaver.engine import Sampling
 from threadweaver.hf_collator.sft import check_trainer_numbers
 from threadweaver.orchestrator import Limits
@@ -79,10 +80,17 @@ class PGRPOConfig(GRPOConfig):
     def __post_init__(self) -> None:
         # before TRL's own checks: num_generations 0 is a ZeroDivisionError there, and the others would
         # be found only once the model has loaded (by torch, the Trainer) and the first rollout starts
-        check_counts(self, ("num_generations", "max_threads", "max_depth"))
+        # GRPO's advantages compare a prompt's rollouts: TRL refuses 1 only once the model has loaded
+        check_counts(self, ("num_generations",), least=2)
+        # max_completion_length 0 was transformers' "max_new_tokens must be greater than 0", after the model loaded
+        check_counts(self, ("max_threads", "max_depth", "max_completion_length"))
         check_trainer_numbers(self)
-        check_numbers(self, ("acceleration_factor", "acceleration_clip"))
-        Sampling(temperature=self.temperature, top_p=self.top_p)
+        check_numbers(self, ("acceleration_factor", "acceleration_clip", "epsilon", "beta"))
+        if self.epsilon_high is not None:
+            check_numbers(self, ("epsilon_high",))
+        self._check_reward_weights()
+        self._check_baseline()
+        Sampling(temperature=self.temperature, top_p=self.top_p, top_k=-1 if self.top_k is None else self.top_k)
         if self.scale_rewards is False:
             self.scale_rewards = "none"
         if self.scale_rewards != "none":
@@ -106,6 +114,26 @@ class PGRPOConfig(GRPOConfig):
                 "already gets no correctness reward"
             )
         super().__post_init__()
+
+    def _check_reward_weights(self) -> None:
+        """Refuse a reward weight that is not a finite number (how many there must be, and whether a negative
+        one makes sense, depends on the reward functions, which the trainer is given)."""
+        weights = self.reward_weights
+        if weights is not None and not all(is_number(w) and math.isfinite(w) for w in weights):
+            raise SettingError("reward_weights", f"must be finite numbers, not {weights!r}")
+
+    def _check_baseline(self) -> None:
+        """Refuse an acceleration setting of the sequential baseline's (branching off), which it would ignore."""
+        if self.branching:
+            return
+        for name in ("acceleration_factor", "acceleration_clip", "acceleration_form"):
+            value, default = getattr(self, name), self.__dataclass_fields__[name].default
+            if value != default and not (name == "acceleration_factor" and value == 0):
+                raise SettingError(
+                    name,
+                    f"is {value!r}, but branching is off: the sequential baseline has no acceleration reward, so it "
+                    f"would be ignored; leave it at {default!r}",
+                )
 
     def _check_sampling(self) -> None:
         """Refuse the sampling settings the fork-join rollouts do not apply: they sample with the

@@ -18,7 +18,7 @@ import sys
 from typing import NoReturn
 
 from threadweaver.dataset import synth_splits
-from threadweaver.jsonl import RowError, check_folder, json_kind, read_jsonl
+from threadweaver.jsonl import RowError, check_folder, check_writable, json_kind, read_jsonl
 from threadweaver.reward import row_answer
 from threadweaver.synth import SynthConfig
 from threadweaver.verl_rollout import AGENT_LOOPS
@@ -90,8 +90,12 @@ def fail(message: str) -> NoReturn:
 
 
 def check_out(out: str) -> None:
-    """``out`` can hold the two files and has neither: a user's own data is never overwritten."""
+    """``out`` can hold the two files and has neither: a user's own data is never overwritten. A folder that
+    cannot be made or written (under /proc, a read-only disk) is refused here, before any row is read."""
+    if not out:  # os.makedirs("") fails only once the rows are made
+        raise ValueError("OUT must name a folder for train.parquet and test.parquet, not ''")
     check_folder(out)
+    check_writable(os.path.join(out, f"{SPLITS[0]}.parquet"))
     for split in SPLITS:
         path = os.path.join(out, f"{split}.parquet")
         if os.path.lexists(path):

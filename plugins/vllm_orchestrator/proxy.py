@@ -22,7 +22,7 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from threadweaver.cli_args import check_counts, check_port, check_url, option
+from threadweaver.cli_args import check_counts, check_listen_host, check_port, check_url, option
 from threadweaver.engine import EngineError
 from threadweaver.interrupts import STOPPING_SIGNALS, raise_keyboard_interrupt
 from threadweaver.model_dirs import check_model_dir
@@ -76,6 +76,7 @@ class ProxyArgs:
         check_url(self, "backend")
         if self.model:
             check_model_dir(self.model, weights=False)
+        check_listen_host(self)
         check_port(self)
         check_counts(self, ("max_trajectories",), none_ok=True)
 

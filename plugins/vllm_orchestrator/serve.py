@@ -26,7 +26,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from threadweaver.cli_args import SettingError, check_counts, check_port, flag, option
+from threadweaver.cli_args import SettingError, check_counts, check_listen_host, check_port, flag, option
 from threadweaver.format import missing_tags
 from threadweaver.hosts import check_host
 from threadweaver.interrupts import STOPPING_SIGNALS, interrupt_like_ctrl_c
@@ -63,6 +63,7 @@ class ServeArgs:
     def __post_init__(self):
         check_counts(self, ("max_model_len", "cpu_kv_cache_gib"))
         check_counts(self, ("block_size", "max_trajectories"), none_ok=True)
+        check_listen_host(self)  # before vLLM starts, not as a traceback from its health check
         check_port(self)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise SettingError(
