@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,6 +29,7 @@ ARMS = ("padded", "packed")
 
 def sft(model: str, data: str, out: str, padding_free: bool, args) -> dict:
     """One training run of the command, in a process of its own; its log history."""
+    shutil.rmtree(out, ignore_errors=True)  # the bench run again: trained anew
     command = [CLI, "sft", model, data, "--output-dir", out]
     command += ["--padding_free", str(padding_free).lower(), "--attention", args.attention]
     command += ["--max-steps", str(args.steps), "--per-device-train-batch-size", str(args.batch_size)]

@@ -56,6 +56,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -185,6 +186,7 @@ def sft_steps(arm: str, args: argparse.Namespace) -> int:
 
 def sft(out: Path, prepared: str, data: str, arm: str, args: argparse.Namespace) -> dict:
     model, steps = out / arm, sft_steps(arm, args)
+    shutil.rmtree(model, ignore_errors=True)  # a stage run again with other settings trains anew
     command = [CLI, "sft", prepared, data, "--output-dir", str(model), "--max-steps", str(steps)]
     command += ["--per-device-train-batch-size", str(args.batch_size), "--learning-rate", str(args.learning_rate)]
     command += ["--lr-scheduler-type", "cosine", "--warmup-steps", str(max(1, steps // 16))]
@@ -249,6 +251,7 @@ def evaluate(out: Path, name: str, models: dict[str, str], branching: dict[str, 
 
 def pgrpo(out: Path, half: str, problems: str, args: argparse.Namespace) -> dict:
     model = out / "half_pgrpo"
+    shutil.rmtree(model, ignore_errors=True)  # a stage run again with other settings trains anew
     command = [CLI, "pgrpo", half, problems, "--output-dir", str(model), "--max-steps", str(args.pgrpo_steps)]
     command += ["--prompts-per-step", str(args.pgrpo_prompts), "--num-generations", "8"]
     command += ["--learning-rate", str(args.pgrpo_learning_rate), "--temperature", str(args.pgrpo_temperature)]

@@ -200,7 +200,7 @@ def test_the_sequential_baseline_rolls_out_plainly_and_earns_no_acceleration(tmp
         ({"scale_rewards": "batch"}, "does not divide by their std"),
         ({"multi_objective_aggregation": "normalize_then_sum"}, "normalises each reward"),
         ({"mask_truncated_completions": True}, "token trie whose last token ends a branch"),
-        ({"num_generations": 0}, "num_generations must be a whole number of at least 1, not 0"),  # before TRL's 1/0
+        ({"num_generations": 0}, "num_generations must be a whole number of at least 2, not 0"),  # before TRL's 1/0
         ({"max_threads": 0}, "max_threads must be a whole number of at least 1, not 0"),
         ({"temperature": -1.0}, "temperature must be between 0 and 2, not -1.0"),
     ],
@@ -214,7 +214,7 @@ def test_the_command_names_a_refused_setting_by_its_flag_before_the_model_loads(
     from threadweaver.trl_pgrpo import command
 
     for flags, message in [
-        (["--num_generations", "0"], "--num-generations must be a whole number of at least 1, not 0"),
+        (["--num_generations", "0"], "--num-generations must be a whole number of at least 2, not 0"),
         (["--prompts-per-step", "0"], "--prompts-per-step must be a whole number of at least 1, not 0"),
     ]:
         with pytest.raises(ValueError) as refused:

@@ -33,7 +33,10 @@ def test_a_bad_setting_is_named_by_its_flag_before_the_model_loads(tmp_path, arg
         (["--top-k", "-3"], "--top-k must be -1 or 0 (every token) or at least 1, not -3"),
         (["--reward-weights", "-1", "nan"], "--reward-weights must be finite numbers, not [-1.0, nan]"),
         (["--reward-weights", "1", "inf"], "--reward-weights must be finite numbers, not [1.0, inf]"),
-        (["--reward-weights", "-1", "1"], "--reward-weights must be at least 0, not [-1.0, 1.0]"),
+        (
+            ["--reward-weights", "-1", "1"],
+            "--reward-weights must be at least 0, not [-1.0, 1.0]: a negative weight on correctness would",
+        ),
         (
             ["--reward-weights", "1"],
             "--reward-weights takes 2 weights, one per reward (correctness, acceleration), not 1",

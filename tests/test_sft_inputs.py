@@ -146,8 +146,10 @@ def test_resuming_from_the_last_checkpoint_passes_over_one_cut_short_as_it_was_s
     config = SimpleNamespace(output_dir=str(out), resume_from_checkpoint="last", max_steps=10)
     assert sft.resume_point(config) == str(out / "checkpoint-2")
     assert "checkpoint-4 was cut short as it was saved" in caplog.text
-    config.max_steps = 2  # the Trainer trained no step and said nothing
-    with pytest.raises(ValueError, match="it is at step 2, and --max-steps is 2: no step is left to train"):
+    config.max_steps = 2  # stopped as it saved the model: the resumed run trains no step and saves it
+    assert sft.resume_point(config) == str(out / "checkpoint-2")
+    config.max_steps = 1  # the Trainer trained no step and said nothing
+    with pytest.raises(ValueError, match="it is at step 2, past --max-steps 1: no step is left to train"):
         sft.resume_point(config)
     (out / "checkpoint-2" / "trainer_state.json").unlink()
     config.max_steps = 10
@@ -161,8 +163,11 @@ def test_a_stopped_run_says_how_to_go_on_from_the_checkpoint_it_kept(tmp_path):
 
     with pytest.raises(KeyboardInterrupt), sft.saying_how_to_go_on(str(tmp_path)):  # no checkpoint: nothing to say
         raise KeyboardInterrupt
-    checkpoint(tmp_path, 3)
+    checkpoint(tmp_path, 5)  # the run this one resumes saved it: not this run's to name
+    with pytest.raises(KeyboardInterrupt), sft.saying_how_to_go_on(str(tmp_path)):
+        raise KeyboardInterrupt
     with pytest.raises(Stopped) as stopped, sft.saying_how_to_go_on(str(tmp_path)):
+        checkpoint(tmp_path, 3)  # this run's, resumed from a checkpoint before the other
         raise KeyboardInterrupt("SIGTERM")
     assert str(stopped.value) == (
         f"stopped; {tmp_path / 'checkpoint-3'} is kept: rerun with --resume-from-checkpoint last to go on"

@@ -50,8 +50,6 @@ def test_sampling_settings_that_change_nothing_are_taken(tmp_path):
         ({"beta": -0.1}, "beta must be a finite number of at least 0, not -0.1"),
         ({"top_k": -3}, "top_k must be -1 or 0 (every token) or at least 1, not -3"),
         ({"reward_weights": [1.0, float("nan")]}, "reward_weights must be finite numbers, not [1.0, nan]"),
-        ({"branching": False, "acceleration_factor": 3.0}, "acceleration_factor is 3.0, but branching is off: the"),
-        ({"branching": False, "acceleration_clip": 0.5}, "acceleration_clip is 0.5, but branching is off: the"),
     ],
 )
 def test_a_nonsense_rollout_or_loss_setting_is_refused(tmp_path, settings, message):
@@ -68,6 +66,8 @@ def test_the_settings_that_disable_or_agree_with_the_baseline_are_taken(tmp_path
     assert config(tmp_path, branching=False).reward_config().factor == 0.0
     config(tmp_path, branching=False, acceleration_factor=0.0)
     config(tmp_path, reward_weights=[1.0, 0.0], epsilon_high=None, beta=0.0)
+    # a script's baseline arm may carry the fork-join arm's acceleration settings (bench/pgrpo_fork.py does)
+    assert config(tmp_path, branching=False, acceleration_clip=0.5).reward_config().factor == 0.0
 
 
 @pytest.mark.parametrize("max_length", [0, -1, 2.5])

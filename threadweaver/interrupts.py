@@ -44,7 +44,7 @@ class Stopped(Exception):
 
     def __init__(self, message: str, interrupt: KeyboardInterrupt):
         super().__init__(message)
-        self.status = exit_status(interrupt)
+        self.interrupt, self.status = interrupt, exit_status(interrupt)
 
 
 def interrupt_like_ctrl_c(*signums: signal.Signals) -> None:

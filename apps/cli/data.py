@@ -347,6 +347,8 @@ def _self_train(args: argparse.Namespace) -> None:
         sys.exit(f"threadweaver self-train: {err}{_go_on_hint(args.out)}")
     except KeyboardInterrupt as interrupt:  # Ctrl-C
         raise Stopped(f"stopped{_go_on_hint(args.out)}", interrupt) from None
+    except Stopped as stopped:  # sft's own advice names its flags, which a rerun of self-train would not take
+        raise Stopped(f"stopped{_go_on_hint(args.out)}", stopped.interrupt) from None
     print(format_report(summary["filter"]))
     print(f"trained on {summary['kept']} kept + {summary['mixed']} mixed rows: {summary['model']}")
 

@@ -118,7 +118,7 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
     if summary["model"] is None:
         write_json(summary_path, summary)
         raise ValueError(f"nothing to train on: no sample of {generated} passed the filter (why: {summary_path})")
-    trained, checkpoint = os.path.exists(os.path.join(model_dir, "trainer_state.json")), last_checkpoint(model_dir)
+    trained, checkpoint = os.path.exists(os.path.join(model_dir, sft.TRAINER_STATE)), last_checkpoint(model_dir)
     if trained or checkpoint:
         recipe.check("train", training, model_dir)
     write_jsonl(train, [*kept, *mixed])

@@ -329,9 +329,9 @@ def check_steps_left(checkpoint: str, config) -> None:
             step = json.load(f)["global_step"]
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(f"--resume-from-checkpoint {checkpoint}: cannot read its {TRAINER_STATE} ({err})") from None
-    if 0 < config.max_steps <= step:
+    if 0 < config.max_steps < step:  # at --max-steps: a run stopped as it saved the model, which is saved now
         raise ValueError(
-            f"--resume-from-checkpoint {checkpoint}: it is at step {step}, and --max-steps is {config.max_steps}: "
+            f"--resume-from-checkpoint {checkpoint}: it is at step {step}, past --max-steps {config.max_steps}: "
             "no step is left to train; raise --max-steps"
         )
 
@@ -341,13 +341,15 @@ def saying_how_to_go_on(output_dir: str):
     """A run stopped (Ctrl-C, SIGTERM) after it saved a checkpoint: its message says how to go on from it."""
     from threadweaver.interrupts import Stopped
 
+    earlier, _ = checkpoints(output_dir)  # a run it resumes saved those: they are not what this one kept
     try:
         yield
     except KeyboardInterrupt as interrupt:
         whole, _ = checkpoints(output_dir)
-        if not whole:
+        saved = [c for c in whole if c not in earlier]
+        if not saved:
             raise
-        kept = os.path.join(output_dir, whole[-1])
+        kept = os.path.join(output_dir, saved[-1])
         raise Stopped(
             f"stopped; {kept} is kept: rerun with --resume-from-checkpoint last to go on", interrupt
         ) from None

@@ -98,6 +98,7 @@ def check_settings(config) -> None:
     from threadweaver.trl_pgrpo import pgrpo_rewards
 
     check_steps(config)
+    check_baseline(config)
     weights = config.reward_weights
     rewards = [reward.__name__ for reward in pgrpo_rewards(config.reward_config())]  # what PGRPOTrainer grades by
     if weights is not None and len(weights) != len(rewards):
@@ -105,11 +106,27 @@ def check_settings(config) -> None:
             f"--reward-weights takes {len(rewards)} weights, one per reward ({', '.join(rewards)}), "
             f"not {len(weights)}: {weights}"
         )
-    if weights is not None and min(weights) < 0:
+    if weights is not None and (negative := [r for r, w in zip(rewards, weights) if w < 0]):
         raise ValueError(
-            f"--reward-weights must be at least 0, not {weights}: a negative weight on {', '.join(rewards)} "
+            f"--reward-weights must be at least 0, not {weights}: a negative weight on {', '.join(negative)} "
             "would train towards wrong or slower answers"
         )
+
+
+def check_baseline(config) -> None:
+    """Refuse an acceleration flag given with ``--no-branching``: the sequential baseline has no acceleration
+    reward, so it would be ignored (a script's config may carry them for both arms; the command's flags are asked)."""
+    from threadweaver.trl_pgrpo import PGRPOConfig
+
+    if config.branching:
+        return
+    for name in ("acceleration_factor", "acceleration_clip", "acceleration_form"):
+        value, default = getattr(config, name), PGRPOConfig.__dataclass_fields__[name].default
+        if value != default and not (name == "acceleration_factor" and value == 0):
+            raise ValueError(
+                f"--{name.replace('_', '-')} is {value!r}, but branching is off: the sequential baseline has no "
+                f"acceleration reward, so it would be ignored; leave it at {default!r}"
+            )
 
 
 def check_problem_count(path: str, rows: list[dict], config) -> None:

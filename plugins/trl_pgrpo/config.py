@@ -89,7 +89,6 @@ class PGRPOConfig(GRPOConfig):
         if self.epsilon_high is not None:
             check_numbers(self, ("epsilon_high",))
         self._check_reward_weights()
-        self._check_baseline()
         Sampling(temperature=self.temperature, top_p=self.top_p, top_k=-1 if self.top_k is None else self.top_k)
         if self.scale_rewards is False:
             self.scale_rewards = "none"
@@ -121,19 +120,6 @@ class PGRPOConfig(GRPOConfig):
         weights = self.reward_weights
         if weights is not None and not all(is_number(w) and math.isfinite(w) for w in weights):
             raise SettingError("reward_weights", f"must be finite numbers, not {weights!r}")
-
-    def _check_baseline(self) -> None:
-        """Refuse an acceleration setting of the sequential baseline's (branching off), which it would ignore."""
-        if self.branching:
-            return
-        for name in ("acceleration_factor", "acceleration_clip", "acceleration_form"):
-            value, default = getattr(self, name), self.__dataclass_fields__[name].default
-            if value != default and not (name == "acceleration_factor" and value == 0):
-                raise SettingError(
-                    name,
-                    f"is {value!r}, but branching is off: the sequential baseline has no acceleration reward, so it "
-                    f"would be ignored; leave it at {default!r}",
-                )
 
     def _check_sampling(self) -> None:
         """Refuse the sampling settings the fork-join rollouts do not apply: they sample with the

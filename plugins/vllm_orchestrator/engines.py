@@ -64,8 +64,7 @@ def make_engine(args: EngineArgs, model: str | None = None):
             f"the {args.engine} engine runs in-process and needs a model directory: --model DIR (model=DIR in "
             "lm-eval's --model_args)"
         )
-    # named before anything loads (lm-eval printed transformers' traceback); vLLM reads more than a transformers folder
-    check_model_dir(model, contents=args.engine == "transformers")
+    args.check_model(model)  # before anything loads (lm-eval printed transformers' traceback)
     if args.engine == "vllm-inprocess":
         from .async_llm_engine import AsyncLLMEngine
 

@@ -432,9 +432,9 @@ def _free_port(host: str) -> socket.socket:
     """A free port on ``host`` (its first address), bound; listened on once the proxy has started (a client is
     refused until then, not held)."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
+        family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+            0
+        ]
         bound = socket.socket(family, kind, proto)
         try:
             bound.bind(address)

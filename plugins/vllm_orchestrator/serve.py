@@ -110,8 +110,9 @@ def server_command(args: ServeArgs, port: int, extra: list[str] = ()) -> list[st
 def free_port(host: str = "127.0.0.1") -> int:
     import socket
 
-    with socket.socket() as s:
-        s.bind((host, 0))
+    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    with socket.socket(family, kind, proto) as s:  # an IPv6 --host (::) too
+        s.bind(address)
         return s.getsockname()[1]
 
 
@@ -161,7 +162,7 @@ class VLLMServer:
         self.args = args
         self.limits = limits
         self.port = args.port or free_port(args.host)
-        self.url = f"http://{args.host}:{self.port}"
+        self.url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{self.port}"
         self.command = server_command(args, self.port, list(extra))
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
