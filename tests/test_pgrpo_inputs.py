@@ -87,7 +87,7 @@ def test_a_missing_model_folder_is_named_before_anything_loads(tmp_path):
         (
             3,
             ["--prompts-per-step", "2", "--gradient-accumulation-steps", "2"],
-            "3 problems, fewer than a step rolls out (4 ",
+            "3 problems, fewer than a step rolls out (4: a generation batch of 32 rollouts, --num-generations 8",
         ),
     ],
 )

@@ -137,8 +137,11 @@ def check_problem_count(path: str, rows: list[dict], config) -> None:
     if len(rows) >= needed:
         return
     takes = f"--prompts-per-step {per_step}"
-    if needed != per_step:
-        takes = f"{needed} ({takes} x --gradient-accumulation-steps and processes)"
+    if needed != per_step:  # --gradient-accumulation-steps, --steps-per-generation or processes make the batch
+        takes = (
+            f"{needed}: a generation batch of {config.generation_batch_size} rollouts, "
+            f"--num-generations {config.num_generations} a problem"
+        )
     raise ValueError(
         f"{path} has {len(rows)} problem{'s' * (len(rows) != 1)}, fewer than a step rolls out ({takes}): "
         "nothing would be trained"
