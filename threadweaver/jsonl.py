@@ -114,13 +114,16 @@ def read_rows(path: str) -> Iterator[tuple[int, dict | RowError]]:
                     yield number, row
 
 
-def unreadable_note(path: str, unreadable: list[tuple[int, str]]) -> str | None:
-    """One line for stderr where ``read_rows`` gave lines of ``path`` it could not read ((line, why) each), which
-    a command dropped and went on without: how many, and the first with why; None where there were none."""
+def unreadable_note(path: str, dropped: Iterable[dict]) -> str | None:
+    """One line for stderr where a command dropped lines of ``path`` it could not read and went on without them:
+    how many, and the first with why; None where there were none. ``dropped``: the command's dropped rows, each
+    with its ``line``, ``reason`` and ``detail``."""
+    unreadable = [d for d in dropped if d["reason"] == "unreadable"]
     if not unreadable:
         return None
-    (line, why), n = unreadable[0], len(unreadable)
-    return f"{path}: {n} unreadable line{'s' if n > 1 else ''} dropped (the first: line {line}: {why})"
+    first, n = unreadable[0], len(unreadable)
+    why = first["detail"].removeprefix(f"line {first['line']}: ")  # named once
+    return f"{path}: {n} unreadable line{'s' if n > 1 else ''} dropped (the first: line {first['line']}: {why})"
 
 
 def _parquet_rows(path: str) -> Iterator[tuple[int, dict]]:

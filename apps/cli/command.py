@@ -7,6 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 
+def os_error(err: OSError) -> str:
+    """An OS error as a command's one line says it: the path it names, then why."""
+    where = f"{err.filename}: " if err.filename else ""
+    return f"{where}{err.strerror or err}"
+
+
 def no_arguments(parser: argparse.ArgumentParser) -> None:
     pass
 

@@ -13,7 +13,7 @@ from threadweaver.jsonl import report_path
 from threadweaver.selection import FilterConfig
 from threadweaver.synth import SynthConfig
 
-from .command import Command
+from .command import Command, os_error
 
 TOKENIZER_HELP = (
     "'synth', 'qwen', a tokenizer directory or hub id (default: the tokenizer the rows record, "
@@ -103,8 +103,7 @@ def _say_unreadable(command: str, path: str, dropped_rows: list[dict]) -> None:
     lists every one)."""
     from threadweaver.jsonl import unreadable_note
 
-    unreadable = [(d["line"], d["detail"]) for d in dropped_rows if d["reason"] == "unreadable"]
-    if note := unreadable_note(path, unreadable):
+    if note := unreadable_note(path, dropped_rows):
         print(f"threadweaver {command}: {note}", file=sys.stderr)
 
 
@@ -137,8 +136,7 @@ def _synth(args: argparse.Namespace) -> None:
     except ValueError as err:
         sys.exit(f"threadweaver synth: {err}")
     except OSError as err:  # what the checks before writing cannot foresee: a full disk, a folder made read-only
-        where = f"{err.filename}: " if err.filename else ""
-        sys.exit(f"threadweaver synth: {where}{err.strerror or err}")
+        sys.exit(f"threadweaver synth: {os_error(err)}")
     for path in paths:
         print(path)
 

@@ -8,7 +8,7 @@ import sys
 
 from threadweaver.cli_args import add_arguments, from_args
 
-from .command import Command
+from .command import Command, os_error
 
 
 def _prepare_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,8 +48,7 @@ def _pgrpo(args: argparse.Namespace) -> None:
     except (ValueError, TypeError) as err:
         sys.exit(f"threadweaver pgrpo: {err}")
     except OSError as err:  # an --output-dir that cannot be made (under /proc, under a file), a full disk
-        where = f"{err.filename}: " if err.filename else ""
-        sys.exit(f"threadweaver pgrpo: {where}{err.strerror or err}")
+        sys.exit(f"threadweaver pgrpo: {os_error(err)}")
     print(f"saved model and tokenizer to {out}")
 
 

@@ -103,13 +103,7 @@ def run(args: CurateArgs, llm_args: LLMArgs, config: CurateConfig) -> dict:
     kept_earlier = os.path.exists(train) and os.path.getsize(train) > 0  # rows a run with none must not replace
     if not traces:
         raise NothingCurated(report(dropped, {}, config), dropped, args.out, kept_earlier, written=False)
-    unreadable = [
-        (d["line"], d["detail"].removeprefix(f"line {d['line']}: "))
-        for o in dropped
-        for d in o.drops
-        if d["reason"] == "unreadable"
-    ]
-    if note := unreadable_note(args.traces, unreadable):  # before any call is paid for
+    if note := unreadable_note(args.traces, (d for o in dropped for d in o.drops)):  # before any call is paid for
         print(f"threadweaver curate: {note}", file=sys.stderr, flush=True)
     new_out = not os.path.exists(args.out)
     cache = CallCache(os.path.join(args.out, CACHE))

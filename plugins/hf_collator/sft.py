@@ -270,7 +270,7 @@ def resume_point(config) -> str | None:
             )
         if torn and _number(torn[-1]) > _number(whole[-1]):
             logger.warning(
-                "%s was cut short as it was saved (it has no trainer_state.json): going on from %s", torn[-1], whole[-1]
+                "%s was cut short as it was saved (it has no %s): going on from %s", torn[-1], TRAINER_STATE, whole[-1]
             )
         given = os.path.join(config.output_dir, whole[-1])
     elif not os.path.isfile(os.path.join(given, TRAINER_STATE)):
