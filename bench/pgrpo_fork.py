@@ -52,7 +52,7 @@ def start_model(out: str, parallel_share: float) -> str:
     if os.path.exists(os.path.join(model, "model.safetensors")):
         return model
     data, kit = os.path.join(out, "data"), os.path.join(out, "kit")
-    write_synth(data, RECIPE.synth, PGRPO_RECIPE.sft_problems, RECIPE.validation, RECIPE.seed)
+    write_synth(data, RECIPE.synth, PGRPO_RECIPE.sft_problems, RECIPE.validation, RECIPE.seed, replace=True)
     forms = {
         form: [row for _, row in read_jsonl(os.path.join(data, form, "train.jsonl"))]
         for form in ("parallel", "sequential")

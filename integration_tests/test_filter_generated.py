@@ -39,6 +39,16 @@ def test_filter_keeps_the_correct_parallel_samples_that_sft_reads(tmp_path):
             check=True,
             capture_output=True,
         )
+        # self-train on a server of another model: refused before a sample is drawn, or its samples would train MODEL
+        other, out = embedded_models()["sequential"], tmp_path / "round"
+        refused = subprocess.run(
+            [CLI, "self-train", str(other), str(problems), "--out", str(out), "--base-url", url],
+            capture_output=True,
+            text=True,
+        )
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+        assert f"--base-url {url} serves {model}, not MODEL {other}: self-train samples with MODEL" in refused.stderr
+        assert not (out / "generated.jsonl").exists() or not (out / "generated.jsonl").read_text()
     done = subprocess.run(
         [CLI, "filter", str(generated), str(kept), "--tokenizer", str(model)], capture_output=True, text=True
     )

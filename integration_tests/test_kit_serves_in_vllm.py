@@ -90,3 +90,19 @@ def test_threadweaver_serve_prints_its_url_and_stops_cleanly(tmp_path):
     assert serve.returncode == 0
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url + "/health", timeout=5)
+
+
+def test_a_flag_vllm_cannot_read_exits_2_naming_what_serve_passed_on():
+    """A typo of a flag serve does not know goes on to vLLM, whose usage error scrolled away above a line that
+    said only that the server exited (status 1); the README says a flag a command cannot read is status 2."""
+    from threadweaver.quickstart.recipe import embedded_models
+
+    argv = [sys.executable, "-m", "threadweaver.cli", "serve", str(embedded_models()["parallel"]), "--max-tokns", "9"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.splitlines()[-2:]
+    assert last[0].endswith("error: unrecognized arguments: --max-tokns"), last
+    assert last[1] == (
+        "threadweaver serve: vLLM refused its command line (its error is above); the flags serve passed on to it: "
+        "--max-tokns 9 (`threadweaver serve --help` lists serve's own)"
+    )

@@ -207,6 +207,22 @@ def test_the_cli_says_a_threadweaver_error_in_one_line_and_a_script_keeps_its_tr
     assert done.stderr.splitlines()[-1] == f"ValueError: {cases[0][2]}"
 
 
+def test_ctrl_c_says_where_the_trajectories_are_and_how_to_go_on(qwen_kit, tmp_path):
+    """lm-eval's CLI said only ``threadweaver: stopped``; a plain rerun decodes every trajectory again."""
+    from threadweaver.testing import interrupted_once_written
+
+    trajectories = tmp_path / "t.jsonl"
+    model_args = f"engine=transformers,model={qwen_kit},trajectories={trajectories}"
+    command = [LM_EVAL, "run", "--model", "threadweaver", "--model_args", model_args, "--tasks", "tw_synth"]
+    command += ["--limit", "40", "--gen_kwargs", "max_gen_toks=64", "--output_path", str(tmp_path / "out")]
+    status, err = interrupted_once_written(command, str(trajectories), wait_s=300)
+    assert status == 130 and "Traceback" not in err, err[-3000:]
+    assert err.splitlines()[-1] == (
+        f"threadweaver: stopped; the trajectories it finished are in {trajectories}: rerun with resume=true added "
+        "to model_args to go on (without it, a rerun decodes them again)"
+    )
+
+
 def test_a_rerun_with_resume_decodes_only_what_the_trajectories_file_lacks(qwen_kit, tmp_path):
     """tw_math500 samples, so lm-eval's --use_cache would decode it all again; ``resume=true`` takes what
     the first run wrote (a torn last line, as a crash leaves, is decoded again), with the model's folder

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -77,6 +78,15 @@ def test_self_train_samples_filters_mixes_and_fine_tunes_then_resumes_without_re
     assert f"going on from {out / 'model' / 'checkpoint-1'}" in resumed.stdout
     history = json.loads((out / "model" / "trainer_state.json").read_text())["log_history"]
     assert [(e["step"], e["loss"] == -1.0) for e in history if "loss" in e] == [(1, True), (2, False)]
+
+    # stopped before its first whole checkpoint: what it left is named as self-train's, not an earlier run's
+    shutil.rmtree(out / "model")
+    (out / "model" / "checkpoint-1").mkdir(parents=True)
+    (out / "model" / "checkpoint-1" / "model.safetensors").write_bytes(b"cut short")
+    refused = subprocess.run(command, capture_output=True, text=True)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert f"{out / 'model'} holds what a fine-tuning stopped before it finished left" in refused.stderr
+    assert "name another folder" not in refused.stderr
 
     # --max-tokens is the decoding budget too: every sample is cut at one token, so none is kept
     short = tmp_path / "short"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from threadweaver.testing import CLI
+from threadweaver.testing import CLI, interrupted_once_written
 
 
 def run(*args, check=True):
@@ -87,6 +87,17 @@ def test_a_byte_order_mark_is_read_past(tmp_path, command):
         out = tmp_path / "out.jsonl"
         run("convert", str(path), str(out), "--from", "reference", "--tokenizer", "qwen")
         assert json.loads(out.read_text())["id"] == "r1"
+
+
+def test_a_json_document_over_several_lines_is_said_to_be_no_rows(tmp_path):
+    """``pgrpo MODEL recipe.json`` said only ``line 1: not JSON``, of a file that is JSON."""
+    path = tmp_path / "recipe.json.txt"
+    path.write_text(json.dumps({"task": "threadweaver.synth", "seed": 0}, indent=1) + "\n")
+    done = run("stats", str(path), check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "line 1: not JSON (" in done.stderr and done.stderr.endswith(
+        "; rows are JSONL, one JSON object per line, not a JSON document over several lines\n"
+    )
 
 
 def test_strict_stats_names_the_line_and_position(tmp_path):
@@ -295,12 +306,36 @@ def test_a_file_of_synth_or_kit_that_a_folder_holds_the_place_of_is_refused_befo
         assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
+def test_synth_into_a_folder_of_another_dataset_is_refused_and_the_same_recipe_is_taken(tmp_path):
+    """``synth --out`` replaced a folder's splits without a word; a rerun of the same recipe writes the same rows."""
+    out = tmp_path / "s"
+    run("synth", "--out", str(out), "--train", "5", "--validation", "2")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert run("synth", "--out", str(out), "--train", "5", "--validation", "2").returncode == 0
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    done = run("synth", "--out", str(out), "--train", "3", "--validation", "2", "--digits", "2", check=False)
+    assert done.returncode == 1 and done.stderr == (
+        f"threadweaver synth: {out} holds a dataset of another recipe (--train 5, --digits 3, says its recipe.json), "
+        f"which this run would replace: give another --out, or remove {out} first\n"
+    )
+    (out / "recipe.json").unlink()
+    done = run("synth", "--out", str(out), "--train", "5", "--validation", "2", check=False)
+    assert done.returncode == 1 and "which this run would replace, and no synth recipe.json says" in done.stderr
+    del before[out / "recipe.json"]
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
 def test_kit_leaves_a_trained_model_in_its_out_as_it_was(tmp_path):
     """``kit --out`` on a trained model's folder replaced its weights with random ones, exit 0; the same kit
-    written again is taken."""
+    written again is taken, by another transformers too."""
     kit = tmp_path / "kit"
     run("kit", "--out", str(kit), "--hidden-size", "32")
     run("kit", "--out", str(kit), "--hidden-size", "32")  # again, the same files
+    for name in ("config.json", "generation_config.json"):  # as an older transformers wrote them
+        config = json.loads((kit / name).read_text())
+        (kit / name).write_text(json.dumps({**config, "transformers_version": "5.16.1"}))
+    run("kit", "--out", str(kit), "--hidden-size", "32")
+    assert json.loads((kit / "config.json").read_text())["transformers_version"] != "5.16.1"
     (kit / "model.safetensors").write_bytes(b"trained weights")
     done = run("kit", "--out", str(kit), "--hidden-size", "32", check=False)
     assert done.returncode == 1 and "Traceback" not in done.stderr
@@ -330,15 +365,8 @@ def test_generate_counts_the_trajectories_a_limit_cut_short(tmp_path, limit, rea
 def test_generate_stopped_by_ctrl_c_says_where_its_trajectories_are_and_resumes(tmp_path):
     argv = [CLI, "generate", *in_process_problems(tmp_path / "problems.jsonl", 40), "--concurrency", "2"]
     out = tmp_path / "out.jsonl"
-    as_a_terminal = {"preexec_fn": lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)}  # nohup'd CI too
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **as_a_terminal)
-    deadline = time.monotonic() + 60
-    while not (out.exists() and out.read_text().count("\n")) and process.poll() is None:
-        assert time.monotonic() < deadline, "no trajectory finished in 60 s"
-        time.sleep(0.2)
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
-    assert process.returncode == 130 and "Traceback" not in err and "Task was destroyed" not in err, err[-2000:]
+    status, err = interrupted_once_written(argv, str(out))
+    assert status == 130 and "Traceback" not in err and "Task was destroyed" not in err, err[-2000:]
     assert err.endswith(
         f"threadweaver generate: stopped\nfinished trajectories are in {out}; rerun the same command to resume\n"
     )
@@ -346,6 +374,27 @@ def test_generate_stopped_by_ctrl_c_says_where_its_trajectories_are_and_resumes(
     assert 0 < finished < 40
     resumed = subprocess.run([*argv, "--max-tokens", "4"], capture_output=True, text=True, check=True)
     assert f"resuming: {finished} trajectories already in {out}, {40 - finished} to go" in resumed.stderr
+
+
+def test_generate_resumes_only_with_the_sampling_its_rows_were_made_with(tmp_path):
+    """A rerun with ``--n 4`` and no ``--temperature`` appended greedy samples to ones drawn at 0.6, without a word."""
+    argv = [*in_process_problems(tmp_path / "problems.jsonl", 2), "--max-tokens", "4"]
+    sampled = ["--temperature", "0.6", "--seed", "0"]
+    run("generate", *argv, *sampled)
+    out = tmp_path / "out.jsonl"
+    before = out.read_text()
+    assert {json.dumps(json.loads(line)["sampling"]) for line in before.splitlines()} == {
+        json.dumps({"temperature": 0.6, "top_p": 1.0, "top_k": -1, "seed": 0})
+    }
+    done = run("generate", *argv, "--n", "2", check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.endswith(
+        f"{out}: its rows were sampled with --temperature 0.6, --seed 0, and this run's --temperature 0.0, "
+        "no --seed: resuming would mix the two in one file; give the same flags to go on, or name a new OUT\n"
+    )
+    assert out.read_text() == before
+    resumed = run("generate", *argv, *sampled, "--n", "2")
+    assert f"resuming: 2 trajectories already in {out}, 2 to go" in resumed.stderr
 
 
 def test_an_unknown_flag_gets_the_commands_own_usage():
@@ -358,11 +407,28 @@ def test_an_unknown_flag_gets_the_commands_own_usage():
 
 def test_filter_of_an_empty_file_leaves_its_output_as_it_was(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
-    kept = tmp_path / "kept.jsonl"
+    kept, report = tmp_path / "kept.jsonl", tmp_path / "kept.jsonl.report.json"
     kept.write_text("finished work\n")
+    report.write_text("{}")  # an earlier run's output, with its report
     done = run("filter", str(tmp_path / "empty.jsonl"), str(kept), check=False)
     assert done.returncode == 1 and "empty.jsonl: no rows to filter; " in done.stderr and "Traceback" not in done.stderr
-    assert kept.read_text() == "finished work\n" and not (tmp_path / "kept.jsonl.report.json").exists()
+    assert kept.read_text() == "finished work\n" and report.read_text() == "{}"
+
+
+@pytest.mark.parametrize("command", [["filter"], ["convert", "--from", "reference", "--text-field", "text"]])
+def test_rows_that_are_no_earlier_output_of_the_command_are_not_written_over(tmp_path, command):
+    """``filter kept.jsonl generated.jsonl`` (its arguments swapped) replaced the samples with the few it kept."""
+    rows, other = tmp_path / "rows.jsonl", tmp_path / "generated.jsonl"
+    rows.write_text(json.dumps({"id": "a", "text": "x"}) + "\n")
+    other.write_text("the samples of an hour\n")
+    done = run(command[0], str(rows), str(other), *command[1:], check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr == (
+        f"threadweaver {command[0]}: {other} exists without the report that filter and convert write beside their "
+        f"output ({other}.report.json): writing would replace rows that are no earlier run's of theirs (or of a run "
+        "stopped before its report); name a new file, or remove it first\n"
+    )
+    assert other.read_text() == "the samples of an hour\n" and sorted(os.listdir(tmp_path)) == [other.name, rows.name]
 
 
 def test_stats_of_a_file_with_no_rows_says_so_and_fails(tmp_path):
@@ -400,6 +466,7 @@ def test_a_data_command_stopped_by_a_signal_cleans_up_as_after_ctrl_c(tmp_path, 
     rows.write_text((json.dumps(mv_row()) + "\n") * 40_000)
     out = tmp_path / "out.jsonl"
     out.write_text("finished work\n")
+    (tmp_path / "out.jsonl.report.json").write_text("{}")  # an earlier run's output, with its report
     as_a_terminal = {"preexec_fn": lambda: signal.signal(signum, signal.SIG_DFL)}  # nohup'd CI ignores SIGHUP
     process = subprocess.Popen(
         [CLI, "convert", str(rows), str(out), "--from", "multiverse"],

@@ -504,6 +504,7 @@ def test_an_input_of_which_no_row_converts_leaves_the_outputs_as_they_were(tmp_p
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text(rows)
     out.write_text("finished work\n")
+    (tmp_path / "out.jsonl.report.json").write_text("{}")  # an earlier run's output, with its report
     with pytest.raises(SystemExit) as exit_:
         cli(["convert", str(source), str(out), "--from", "reference", "--text-field", "text"])
     message = str(exit_.value.code)
@@ -516,7 +517,9 @@ def test_an_input_of_which_no_row_converts_leaves_the_outputs_as_they_were(tmp_p
     assert out.read_text() == "finished work\n" and sorted(p.name for p in tmp_path.iterdir()) == [
         "in.jsonl",
         "out.jsonl",
+        "out.jsonl.report.json",
     ]
+    assert (tmp_path / "out.jsonl.report.json").read_text() == "{}"
     assert ("dropped, unreadable" in capsys.readouterr().out) == bool(rows)
 
 

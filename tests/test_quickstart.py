@@ -204,3 +204,20 @@ def test_a_model_or_baseline_with_nothing_there_is_refused_before_vllm_starts(tm
     assert not (tmp_path / "run").exists()
     check_models(QuickstartArgs(model="the-served-name", base_url="http://127.0.0.1:9"))  # the server's to judge
     check_models(QuickstartArgs(model="org/model"))  # a hub id: the hub's
+
+
+def test_the_bar_counts_the_problems_a_synthetic_task_holds(monkeypatch, tmp_path):
+    """``--problems 100000`` of a task of 200 drew a bar of 100000; the size is the task's own dataset's."""
+    import yaml
+
+    from threadweaver.lmeval_tasks import data
+    from threadweaver.lmeval_tasks.discovery import TASKS_DIR
+    from threadweaver.quickstart.evaluate import task_size
+
+    for task in ("tw_synth", "tw_shopping"):
+        kwargs = yaml.safe_load((TASKS_DIR / f"{task}.yaml").read_text())["dataset_kwargs"]
+        assert task_size(task) == len(data.load(**kwargs)["test"])
+    assert task_size("tw_math500") is None and task_size("gsm8k") is None
+    (tmp_path / "own.jsonl").write_text("")
+    monkeypatch.setenv(data.file_env("tw_synth"), str(tmp_path / "own.jsonl"))  # the task reads that file instead
+    assert task_size("tw_synth") is None

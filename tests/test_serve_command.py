@@ -203,3 +203,28 @@ def test_the_proxy_tells_clients_what_failed_not_where_the_backend_is(capsys):
     assert hide("the prompt is 9 tokens") == "the prompt is 9 tokens" and capsys.readouterr().err == ""
     by_name = backend_hider("http://pool:9")("cannot reach http://pool:9 [Connect call failed ('10.1.2.3', 9)]")
     assert by_name == "cannot reach <backend> [Connect call failed <backend>]"  # nor what its name resolved to
+
+
+def test_a_start_up_that_vllm_refuses_with_status_2_exits_2(tmp_path, monkeypatch, capfd):
+    """vLLM's argparse refusal of a flag serve passed on (a typo of one of serve's own, say) exited 1 after a line that
+    named no flag; it is a flag the command cannot read, status 2 (the vLLM server is stood in for by a process that
+    exits 2 as argparse does: tests/../integration_tests/test_kit_serves_in_vllm.py runs vLLM itself)."""
+    import sys
+
+    from threadweaver.vllm_orchestrator import serve
+
+    monkeypatch.setattr(serve, "server_command", lambda *_: [sys.executable, "-c", "import sys; sys.exit(2)"])
+    with pytest.raises(SystemExit) as exited:
+        serve.serve_until_stopped(ServeArgs(str(tmp_path)), ["--max-tokns", "9"])
+    assert exited.value.code == 2
+    assert capfd.readouterr().err.splitlines()[-1] == (
+        "threadweaver serve: vLLM refused its command line (its error is above); the flags serve passed on to it: "
+        "--max-tokns 9 (`threadweaver serve --help` lists serve's own)"
+    )
+    with pytest.raises(SystemExit) as exited:
+        serve.serve_until_stopped(ServeArgs(str(tmp_path)))
+    assert exited.value.code == 2
+    assert (
+        capfd.readouterr().err.splitlines()[-1]
+        == "threadweaver serve: vLLM refused its command line (its error is above)"
+    )

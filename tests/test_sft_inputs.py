@@ -47,6 +47,11 @@ def test_bad_paths_and_settings_are_named_before_anything_loads(kit):
         (model, data, "--per-device-train-batch-size", "0"): "--per-device-train-batch-size must be a whole number",
         (model, data, "--gradient-accumulation-steps", "0"): "--gradient-accumulation-steps must be a whole number",
         (model, data, "--max-depth", "0"): "--max-depth must be a whole number of at least 1, not 0",
+        (model, data, "--warmup-steps", "-3"): "--warmup-steps must be a finite number of at least 0, not -3.0",
+        (model, data, "--seed", "-1"): "--seed must be a whole number from 0 to 2**32 - 1, not -1",
+        (model, data, "--data-seed", str(2**32)): "--data-seed must be a whole number from 0 to 2**32 - 1",
+        (model, data, "--dataloader-num-workers", "-1"): "--dataloader-num-workers must be a whole",
+        (model, data, "--output_dir", f"{data}/x"): f"--output-dir {data}/x: cannot write a file in {data}",
         (model, data, "--max_steps", "0"): "--max-steps is 0: nothing would be trained",
         (model, data, "--max_steps", "-1", "--num_train_epochs", "0"): "--max-steps is -1 (train by epochs) and",
         (model, data, "--truncation_mode", "keep_end"): "--truncation-mode keep_end is not applied here: the collator",
@@ -161,15 +166,70 @@ def test_resuming_from_the_last_checkpoint_passes_over_one_cut_short_as_it_was_s
 def test_a_stopped_run_says_how_to_go_on_from_the_checkpoint_it_kept(tmp_path):
     from threadweaver.interrupts import Stopped
 
-    with pytest.raises(KeyboardInterrupt), sft.saying_how_to_go_on(str(tmp_path)):  # no checkpoint: nothing to say
+    for saves, how in (
+        (False, " (with --save-strategy steps --save-steps N, a stopped run goes on from its last)"),
+        (True, ""),
+    ):
+        with pytest.raises(Stopped) as stopped, sft.saying_how_to_go_on(str(tmp_path), saves):  # nothing kept
+            raise KeyboardInterrupt
+        assert str(stopped.value) == f"stopped before it saved a checkpoint: none of its steps is kept{how}"
+        assert stopped.value.status == 130
+    checkpoint(tmp_path, 5)  # the run this one resumes saved it: it goes on from there again
+    with pytest.raises(Stopped) as stopped, sft.saying_how_to_go_on(str(tmp_path), True):
         raise KeyboardInterrupt
-    checkpoint(tmp_path, 5)  # the run this one resumes saved it: not this run's to name
-    with pytest.raises(KeyboardInterrupt), sft.saying_how_to_go_on(str(tmp_path)):
-        raise KeyboardInterrupt
-    with pytest.raises(Stopped) as stopped, sft.saying_how_to_go_on(str(tmp_path)):
+    assert str(stopped.value) == (
+        f"stopped before it saved a checkpoint; {tmp_path / 'checkpoint-5'}, which it went on from, is kept: rerun "
+        "to go on"
+    )
+    with pytest.raises(Stopped) as stopped, sft.saying_how_to_go_on(str(tmp_path), True):
         checkpoint(tmp_path, 3)  # this run's, resumed from a checkpoint before the other
         raise KeyboardInterrupt("SIGTERM")
     assert str(stopped.value) == (
         f"stopped; {tmp_path / 'checkpoint-3'} is kept: rerun with --resume-from-checkpoint last to go on"
     )
     assert stopped.value.status == 143
+
+
+def test_rows_past_the_models_positions_are_refused_and_max_length_cuts_them(kit, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from threadweaver.hf_collator.collator import TrieCollator
+
+    model, data = tmp_path / "k", str(kit / "s" / "parallel" / "train.jsonl")
+    flatten = TrieCollator(AutoTokenizer.from_pretrained(kit / "k")).flatten
+    limit = min(max(flatten(json.loads(row)).position_ids) for row in open(data))  # every row reaches past it
+    shutil.copytree(kit / "k", model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": limit}))
+    argv = [str(model), data, "--output_dir", str(tmp_path / "out"), "--max_steps", "1"]
+    with pytest.raises(ValueError) as refused:
+        sft.main(argv)
+    assert str(refused.value).startswith(
+        f"{data}: 4 of 4 rows reach past the {limit} positions the model was made for (its max_position_embeddings), "
+        "the first at line 1 ("
+    )
+    assert f"--max-length {limit} cuts them there; to train on them whole, raise" in str(refused.value)
+    assert not (tmp_path / "out").exists()
+    assert sft.main([*argv, "--max-length", str(limit)]) == str(tmp_path / "out")
+
+
+def test_the_training_commands_help_says_how_to_resume():
+    """transformers' help for --resume_from_checkpoint says a script of one's own reads it; these commands do."""
+    from threadweaver.trl_pgrpo.command import parser as pgrpo_parser
+
+    for parser in (sft.parser(), pgrpo_parser()):
+        said = " ".join(parser.format_help().split())
+        assert "A checkpoint-N folder to go on from, or 'last' for the newest whole one in --output-dir" in said
+
+
+def test_a_scaled_rope_reaches_past_max_position_embeddings():
+    from transformers import Gemma3TextConfig, Qwen3Config
+
+    assert sft.position_limit(Qwen3Config(max_position_embeddings=64)) == 64
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    assert sft.position_limit(Qwen3Config(max_position_embeddings=64, rope_scaling=yarn)) is None
+    assert sft.position_limit(Gemma3TextConfig(max_position_embeddings=64)) == 64  # RoPE settings per layer type
+    scaled = {"full_attention": {"rope_type": "linear", "factor": 8.0}, "sliding_attention": {"rope_type": "default"}}
+    assert sft.position_limit(Gemma3TextConfig(max_position_embeddings=64, rope_parameters=scaled)) is None

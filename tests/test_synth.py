@@ -1,5 +1,7 @@
 """The synthetic task: correct arithmetic, strictly valid trajectories, same content in both forms."""
 
+import json
+import os
 import random
 import re
 
@@ -111,3 +113,20 @@ def test_every_task_bounds_its_sub_questions_alike():
     assert len(NAMES) == len(LABELS)
     with pytest.raises(ValueError, match="task must be one of digits, shopping"):
         SynthConfig(task="poems")
+
+
+def test_a_caller_that_owns_the_folder_replaces_another_recipe_and_a_stopped_run_is_rerun(tmp_path):
+    """``replace``: quickstart's --retrain writes its own data folder anew, whatever recipe wrote it before. A run
+    stopped part way left recipe.json (written first) and some splits: the same command finishes them."""
+    from threadweaver.dataset import write_synth
+
+    small, other = SynthConfig(digits=2, min_terms=2, max_terms=2), SynthConfig(digits=3, min_terms=2, max_terms=2)
+    paths = write_synth(str(tmp_path), small, 6, 2, seed=0)
+    with pytest.raises(ValueError, match="holds a dataset of another recipe \\(--digits 2, says its recipe.json\\)"):
+        write_synth(str(tmp_path), other, 6, 2, seed=0)
+    write_synth(str(tmp_path), other, 6, 2, seed=0, replace=True)
+    assert json.loads((tmp_path / "recipe.json").read_text())["config"]["digits"] == 3
+    whole = {path: open(path).read() for path in paths}
+    os.remove(paths[-1])  # as if stopped before its last split
+    write_synth(str(tmp_path), other, 6, 2, seed=0)
+    assert {path: open(path).read() for path in paths} == whole

@@ -40,6 +40,12 @@ def test_sampling_settings_that_change_nothing_are_taken(tmp_path):
     config(tmp_path, min_p=0.0, repetition_penalty=1.0, generation_kwargs={})
 
 
+def test_a_numpy_seed_is_a_whole_number(tmp_path):
+    import numpy as np
+
+    assert config(tmp_path, seed=np.int64(3)).seed == 3
+
+
 @pytest.mark.parametrize(
     "settings, message",
     [
@@ -50,6 +56,8 @@ def test_sampling_settings_that_change_nothing_are_taken(tmp_path):
         ({"beta": -0.1}, "beta must be a finite number of at least 0, not -0.1"),
         ({"top_k": -3}, "top_k must be -1 or 0 (every token) or at least 1, not -3"),
         ({"reward_weights": [1.0, float("nan")]}, "reward_weights must be finite numbers, not [1.0, nan]"),
+        ({"seed": -1}, "seed must be a whole number from 0 to 2**32 - 1, not -1"),
+        ({"dataloader_num_workers": -1}, "dataloader_num_workers must be a whole number of at least 0, not -1"),
     ],
 )
 def test_a_nonsense_rollout_or_loss_setting_is_refused(tmp_path, settings, message):

@@ -74,18 +74,42 @@ def test_numeric_answers_are_read_as_their_text(tmp_path, capsys):
     ]
 
 
+def test_messages_rows_give_their_turns_before_the_assistants_as_the_prompt(tmp_path):
+    """synth's and sft's rows (``messages``), and prompts of chat messages, were refused for want of a 'prompt'
+    string; pgrpo and self-train read them."""
+    system = {"role": "system", "content": "Add."}
+    rows = [
+        {"messages": [system, {"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}], "answer": 2},
+        {"messages": [{"role": "user", "content": "2+2?"}], "answer": "4"},
+        {"prompt": [{"role": "user", "content": "3+3?"}], "answer": "6"},
+    ]
+    data.main([str(tmp_path / "out"), "--problems", problems(tmp_path, *rows), "--test", "1"])
+    test, train = (pd.read_parquet(tmp_path / "out" / f"{split}.parquet") for split in ("test", "train"))
+    assert list(test["prompt"][0]) == [system, {"role": "user", "content": "1+1?"}]
+    assert list(train["prompt"][0]) == [{"role": "user", "content": "2+2?"}]
+    assert list(train["prompt"][1]) == [{"role": "user", "content": "3+3?"}]
+    assert [reward["ground_truth"] for reward in train["reward_model"]] == ["4", "6"]
+
+
 @pytest.mark.parametrize(
     "bad, message",
     [
         ({"prompt": "2+2?", "answer": ["4"]}, "line 2: field 'answer' is a list, not a string or a number"),
         ({"prompt": "2+2?", "answer": None}, "line 2: field 'answer' is null, not a string or a number"),
         ({"prompt": "2+2?", "answer": True}, "line 2: field 'answer' is a boolean, not a string or a number"),
-        ({"prompt": 4, "answer": "4"}, "line 2: field 'prompt' is a number, not a string"),
+        ({"prompt": 4, "answer": "4"}, "line 2: field 'prompt' is a number, not a string or chat messages"),
         ({"prompt": "2+2?", "answer": " "}, "line 2: field 'answer' is empty"),
         ({"prompt": "2+2?", "answer": float("nan")}, "line 2: field 'answer' is nan, not a number an answer can be"),
         ({"prompt": "2+2?", "answer": float("inf")}, "line 2: field 'answer' is inf, not a number an answer can be"),
         ({"prompt": "", "answer": "4"}, "line 2: field 'prompt' is empty"),
-        ({"question": "2+2?", "answer": "4"}, "line 2: no 'prompt' field; a row needs 'prompt' and 'answer'"),
+        (
+            {"messages": [{"role": "assistant", "content": "4"}], "answer": "4"},
+            "line 2: field 'messages' has no turn before the assistant's",
+        ),
+        (
+            {"question": "2+2?", "answer": "4"},
+            "line 2: no prompt: a row needs 'prompt' (a string or chat messages) or 'messages', and 'answer'",
+        ),
     ],
 )
 def test_a_bad_row_is_refused_naming_its_line_and_field(tmp_path, capsys, bad, message):
@@ -97,7 +121,7 @@ def test_a_parquet_file_is_refused_as_not_jsonl(tmp_path, capsys):
     data.main([str(tmp_path / "made"), "--train", "3", "--test", "1"])
     source = str(tmp_path / "made" / "train.parquet")
     assert refused(capsys, str(tmp_path / "out"), "--problems", source) == (
-        f"{source}: a parquet file; --problems expects a JSONL file of {{prompt, answer}} rows"
+        f"{source}: a parquet file; --problems expects a JSONL file of rows with 'prompt' or 'messages'"
     )
 
 

@@ -23,7 +23,7 @@ from threadweaver.cli_args import option
 from threadweaver.format import Format
 from threadweaver.interrupts import run_until_complete
 from threadweaver.jsonl import RowError, appending, read_jsonl, row_name
-from threadweaver.orchestrator import Limits, Orchestrator, Trajectory
+from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory
 from threadweaver.rows import RowReader, tokenizer_field
 from threadweaver.tree import tree_json
 from threadweaver.wall_clock import format_parts, mean_parts, wall_clock
@@ -61,6 +61,35 @@ def problem_jobs(problems: list[tuple[int, str, dict]], tokenizer: Any, samples:
             raise RowError.at(line, err) from None
         for sample in range(samples):
             yield Job(row_id, sample, ids, row)
+
+
+SAMPLING_FIELD = "sampling"
+"""A batch row's sampling settings (:class:`~threadweaver.engine.Sampling`), which a resumed run must share."""
+
+
+def check_same_sampling(path: str, sampling: Sampling) -> None:
+    """Refuse to resume ``path`` with other sampling settings than its finished rows record (the ``seed`` each
+    sample's own is made from): the two kinds of sample would mix in one file, past telling apart. Rows written
+    before rows recorded them are taken."""
+    from threadweaver.cli_args import flag
+    from threadweaver.jsonl import read_jsonl
+
+    recorded = next((row[SAMPLING_FIELD] for _, row in read_jsonl(path) if SAMPLING_FIELD in row), None)
+    if not isinstance(recorded, dict):
+        return
+    now = dataclasses.asdict(sampling)
+    changed = [key for key, value in now.items() if key in recorded and recorded[key] != value]
+
+    def said(settings: dict) -> str:
+        return ", ".join(
+            f"no {flag(key)}" if settings[key] is None else f"{flag(key)} {settings[key]}" for key in changed
+        )
+
+    if changed:
+        raise ValueError(
+            f"{path}: its rows were sampled with {said(recorded)}, and this run's {said(now)}: resuming would mix "
+            "the two in one file; give the same flags to go on, or name a new OUT"
+        )
 
 
 def trajectory_row(trajectory: Trajectory, fmt: Format, wall_s: float, limits: Limits, **head) -> dict:
@@ -197,6 +226,7 @@ async def run_batch(
 ) -> BatchProgress:
     """Decode ``jobs`` (see :func:`decode_many`), appending each trajectory to ``out_path`` as it finishes."""
     progress = BatchProgress()
+    sampling = dataclasses.asdict(orchestrator.sampling)
     prompts, samples = [job.prompt_ids for job in jobs], [job.sample for job in jobs]
     with appending(out_path) as append:
         async for i, trajectory, wall_s in decode_many(
@@ -204,7 +234,7 @@ async def run_batch(
         ):
             job = jobs[i]
             answer = {"answer": job.row["answer"]} if "answer" in job.row else {}
-            head = {"id": job.row_id, "sample": job.sample, **answer}
+            head = {"id": job.row_id, "sample": job.sample, **answer, SAMPLING_FIELD: sampling}
             append(trajectory_row(trajectory, orchestrator.fmt, wall_s, orchestrator.limits, **head))
             progress.add(trajectory)
             if on_done:

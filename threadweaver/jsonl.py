@@ -68,7 +68,9 @@ def parse_line(raw: bytes, line_no: int) -> dict | None:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as err:
-        raise RowError(line_no, f"not JSON ({err})", shape=True) from None
+        opened = line.strip() in ("{", "[")  # the first line of a JSON document written over several lines
+        hint = "; rows are JSONL, one JSON object per line, not a JSON document over several lines" if opened else ""
+        raise RowError(line_no, f"not JSON ({err}){hint}", shape=True) from None
     except ValueError as err:  # an integer of more digits than Python reads (4,300)
         raise RowError(line_no, f"a number too long to read ({err})", shape=True) from None
     except RecursionError:
@@ -221,6 +223,17 @@ def check_folder(folder: str) -> None:
 def report_path(out: str) -> str:
     """Where a command that writes the rows ``out`` (``filter``, ``convert``) writes its report: ``OUT.report.json``."""
     return out + ".report.json"
+
+
+def check_reported_output(out: str) -> None:
+    """Refuse an ``out`` of rows that exists without a report beside it (:func:`report_path`): not an earlier
+    run's output, which a rerun writes over, but other rows (a command's two arguments swapped, say)."""
+    if os.path.isfile(out) and not os.path.exists(report_path(out)):
+        raise ValueError(
+            f"{out} exists without the report that filter and convert write beside their output "
+            f"({report_path(out)}): writing would replace rows that are no earlier run's of theirs (or of a run "
+            "stopped before its report); name a new file, or remove it first"
+        )
 
 
 @contextmanager

@@ -9,14 +9,18 @@ reply is the format's end-of-sequence token. For example, one well-formed block:
     engine = ScriptedEngine(fmt, {"Q?": "think " + head, "<Thread>1:": "aa</Thread>",
                                   "<Thread>2:": "bbbb</Thread>", "</Parallel>": " done<EOS>"})
 
-:data:`CLI` is the ``threadweaver`` command beside the running interpreter.
+:data:`CLI` is the ``threadweaver`` command beside the running interpreter; :func:`interrupted_once_written`
+stops a command as Ctrl-C does once it has written its first row.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Sequence
 
 from threadweaver.engine import Completion, Sampling, to_completion
@@ -67,3 +71,20 @@ class StreamingScriptedEngine(ScriptedEngine):
 
 CLI = os.path.join(os.path.dirname(sys.executable), "threadweaver")
 """The ``threadweaver`` command of the running interpreter's environment."""
+
+
+def interrupted_once_written(command: list[str], rows: str, wait_s: float = 60) -> tuple[int, str]:
+    """Run ``command`` as from a terminal (SIGINT not ignored, as it is under a nohup'd CI), send it SIGINT once
+    ``rows`` holds a finished line, and return its (exit status as a shell reports it, stderr): 130 for a command
+    that exits so, and for one that Python's uncaught KeyboardInterrupt ends by SIGINT."""
+    as_a_terminal = {"preexec_fn": lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)}
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **as_a_terminal)
+    deadline = time.monotonic() + wait_s
+    while not (os.path.exists(rows) and "\n" in open(rows).read()) and process.poll() is None:
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"no row finished in {wait_s} s: {' '.join(command)}")
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    return process.returncode if process.returncode >= 0 else 128 - process.returncode, err

@@ -113,7 +113,12 @@ def _left_as_it_was(out: str) -> str:
 
 
 def _synth_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output directory (a rerun of the same settings writes the same rows; one that holds another dataset "
+        "is refused)",
+    )
     p.add_argument("--train", type=int, default=TRAIN_PROBLEMS, help=f"training problems (default: {TRAIN_PROBLEMS})")
     p.add_argument(
         "--validation", type=int, default=HELD_OUT_PROBLEMS, help=f"held-out problems (default: {HELD_OUT_PROBLEMS})"
@@ -184,7 +189,15 @@ def _filter_arguments(p: argparse.ArgumentParser) -> None:
 
 def _filter(args: argparse.Namespace) -> None:
 
-    from threadweaver.jsonl import RowError, check_outputs, check_writable, not_a_file_of_rows, write_json, write_jsonl
+    from threadweaver.jsonl import (
+        RowError,
+        check_outputs,
+        check_reported_output,
+        check_writable,
+        not_a_file_of_rows,
+        write_json,
+        write_jsonl,
+    )
     from threadweaver.progress import progress_bar
     from threadweaver.selection import FilterConfig, format_report, nothing_kept, select
 
@@ -192,6 +205,7 @@ def _filter(args: argparse.Namespace) -> None:
         sys.exit(f"threadweaver filter: {args.generated}: {problem}")
     try:
         check_outputs([args.out, report_path(args.out)], [args.generated])
+        check_reported_output(args.out)
         config = from_args(FilterConfig, args)
     except ValueError as err:
         sys.exit(f"threadweaver filter: {err}")
@@ -214,9 +228,9 @@ def _filter(args: argparse.Namespace) -> None:
         sys.exit(f"threadweaver filter: {args.generated}: no rows to filter{_left_as_it_was(args.out)}")
     _say_unreadable("filter", args.generated, report["dropped_rows"])
     try:  # the report too where none is kept (a model's pass@1, why each row was dropped): OUT is left as it was
+        write_json(report_path(args.out), report)  # first: an OUT without its report is refused as no output of ours
         if kept:
             write_jsonl(args.out, kept)
-        write_json(report_path(args.out), report)
     except OSError as err:  # the disk filled, or the folder changed since the check
         written = (err.filename or args.out).removesuffix(".tmp")
         sys.exit(f"threadweaver filter: {written}: cannot write ({err.strerror or err})")
@@ -244,7 +258,7 @@ def _convert(args: argparse.Namespace) -> None:
 
     from threadweaver.convert import ConvertConfig, NothingConverted, convert_file, format_report
     from threadweaver.format import Format
-    from threadweaver.jsonl import check_outputs, check_writable, not_a_file_of_rows
+    from threadweaver.jsonl import check_outputs, check_reported_output, check_writable, not_a_file_of_rows
     from threadweaver.kit.tokenizers import load_tokenizer
     from threadweaver.progress import progress_bar
 
@@ -255,6 +269,7 @@ def _convert(args: argparse.Namespace) -> None:
         fail(f"{args.input}: {problem}")
     try:
         check_outputs([args.out, report_path(args.out)], [args.input])
+        check_reported_output(args.out)
     except ValueError as err:
         fail(str(err))
     try:  # before any row is read: the work is not lost to a folder that takes no file
@@ -516,10 +531,23 @@ def _kit(args: argparse.Namespace) -> None:
 
 
 def _differs(new: str, old: str) -> bool:
-    """Whether ``old`` exists with other bytes than ``new``."""
+    """Whether ``old`` exists with other contents than ``new``: JSON files are compared as JSON less the
+    transformers version they record, so the same kit written by another transformers is the same."""
     import filecmp
+    from pathlib import Path
 
-    return os.path.isfile(old) and not filecmp.cmp(new, old, shallow=False)
+    if not os.path.isfile(old) or filecmp.cmp(new, old, shallow=False):
+        return False
+    if not new.endswith(".json"):
+        return True
+    try:
+        documents = [json.loads(Path(path).read_bytes()) for path in (new, old)]
+    except (OSError, ValueError):
+        return True
+    for document in documents:
+        if isinstance(document, dict):
+            document.pop("transformers_version", None)
+    return documents[0] != documents[1]
 
 
 DATA_COMMANDS = (

@@ -164,12 +164,15 @@ def _quickstart_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _quickstart(args: argparse.Namespace) -> None:
+    from threadweaver.interrupts import Stopped
     from threadweaver.quickstart import QuickstartArgs, run
 
     try:
         run(from_args(QuickstartArgs, args))
     except (ValueError, RuntimeError, OSError) as err:
         sys.exit(f"threadweaver quickstart: {err}")
+    except Stopped as stopped:  # sft's advice names flags quickstart does not take; a rerun trains anew
+        raise stopped.interrupt from None
 
 
 MODEL_COMMANDS = (

@@ -24,7 +24,7 @@ from threadweaver.cli_args import check_counts, check_url, option
 from threadweaver.jsonl import check_folder, check_writable
 from threadweaver.model_dirs import check_model_dir
 from threadweaver.quickstart.compare import format_table, per_problem_speedups, problems, table
-from threadweaver.quickstart.evaluate import MODES, SHORT_CONTEXT, Endpoint, check_task, evaluate, served
+from threadweaver.quickstart.evaluate import MODES, SHORT_CONTEXT, Endpoint, check_task, evaluate, served, task_size
 from threadweaver.quickstart.recipe import (
     PGRPO_MODELS,
     PGRPO_RECIPE,
@@ -285,6 +285,7 @@ def run(args: QuickstartArgs) -> dict:
     models, tiny = _models(args, out)
     ready, to_serve = _endpoints(args, models)
     limit = _problems(args) or None
+    expected = min(filter(None, (limit, task_size(task))), default=None)  # --problems 100000 of a task of 200: 200
     modes = [m for m in MODES if m.model in models]
     outputs = {}
     # the --pgrpo pair is served once the first pair has stopped: idle vLLM servers take CPU from the timed one
@@ -302,12 +303,12 @@ def run(args: QuickstartArgs) -> dict:
             endpoints = {**ready, **started_servers}
             print(
                 f"[3/4] evaluating {task} with lm_eval: {len(group_modes)} runs, "
-                f"{limit or 'all'} problems, {args.concurrency} at a time",
+                f"{expected or 'all'} problems, {args.concurrency} at a time",
                 flush=True,
             )
             for m in group_modes:
                 outputs[m.key] = evaluate(
-                    m, endpoints[m.model], task, out, limit=limit, concurrency=args.concurrency, expected=limit
+                    m, endpoints[m.model], task, out, limit=limit, concurrency=args.concurrency, expected=expected
                 )
     print("[4/4] comparing", flush=True)
     results = {key: problems(output["samples"][task], trajectories) for key, (output, trajectories) in outputs.items()}

@@ -117,6 +117,26 @@ def check_task(task: str) -> None:
         )
 
 
+def task_size(task: str) -> int | None:
+    """How many problems one of threadweaver's synthetic tasks holds (their YAML says), or None for another task,
+    or one read from a local file (``THREADWEAVER_TW_SYNTH_FILE``, say)."""
+    import yaml
+
+    from threadweaver.lmeval_tasks.data import local_file, synth_size
+    from threadweaver.lmeval_tasks.discovery import TASKS_DIR
+
+    path = TASKS_DIR / f"{task}.yaml"
+    if not path.is_file():
+        return None
+    kwargs = yaml.safe_load(path.read_text()).get("dataset_kwargs") or {}
+    try:
+        if "synth" not in kwargs or local_file(kwargs["benchmark"], {}) is not None:
+            return None
+    except FileNotFoundError:  # lm-eval says so
+        return None
+    return synth_size(kwargs["synth"])
+
+
 def lm_eval_command(task: str, model_args: dict, out: Path, limit: int | None) -> list[str]:
     joined = ",".join(f"{key}={value}" for key, value in model_args.items())
     command = [sys.executable, "-m", "lm_eval", "run", "--model", "threadweaver", "--model_args", joined]

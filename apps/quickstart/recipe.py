@@ -132,7 +132,7 @@ def retrain(out: str, recipe: Recipe = RECIPE, base: str | None = None) -> dict[
     from threadweaver.hf_collator import sft
 
     data = os.path.join(out, "data")
-    write_synth(data, recipe.synth, recipe.train, recipe.validation, recipe.seed)
+    write_synth(data, recipe.synth, recipe.train, recipe.validation, recipe.seed, replace=True)
     if base is None:
         base = _write_kit(os.path.join(out, "kit"))
     models = {}

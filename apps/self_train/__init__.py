@@ -121,6 +121,8 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
     trained, checkpoint = os.path.exists(os.path.join(model_dir, sft.TRAINER_STATE)), last_checkpoint(model_dir)
     if trained or checkpoint:
         recipe.check("train", training, model_dir)
+    elif not given(sft_argv, "--resume_from_checkpoint"):
+        check_nothing_left(model_dir)
     write_jsonl(train, [*kept, *mixed])
     write_json(summary_path, summary)
     if not trained:
@@ -141,6 +143,21 @@ def last_checkpoint(model_dir: str) -> str | None:
 
     whole, _ = checkpoints(model_dir)
     return os.path.join(model_dir, whole[-1]) if whole else None
+
+
+def check_nothing_left(model_dir: str) -> None:
+    """Refuse to fine-tune into OUT/model where a fine-tuning stopped before it finished left files but no whole
+    checkpoint: sft would refuse the folder as an earlier run's and say to name another folder, which self-train's
+    user does not name."""
+    from threadweaver.hf_collator.sft import check_no_earlier_run
+
+    try:
+        check_no_earlier_run(model_dir)
+    except ValueError:
+        raise ValueError(
+            f"{model_dir} holds what a fine-tuning stopped before it finished left, with no whole checkpoint to go on "
+            f"from: move {model_dir} away, then rerun to fine-tune anew"
+        ) from None
 
 
 def given(argv: list[str], name: str) -> bool:
@@ -256,6 +273,7 @@ def sample(args: SelfTrainArgs, sampling: Sampling, limits: Limits) -> None:
     vLLM server started for the model and stopped after."""
     from contextlib import nullcontext
 
+    from threadweaver.batch import run_sync
     from threadweaver.vllm_orchestrator.engines import EngineArgs
     from threadweaver.vllm_orchestrator.generate import run as generate
     from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
@@ -268,5 +286,27 @@ def sample(args: SelfTrainArgs, sampling: Sampling, limits: Limits) -> None:
             log_path=os.path.join(args.out, "server.log"),
         )
     )
+    if not args.base_url:
+        print(f"[self-train] starting a vLLM server for {args.model} (its log: {server.log_path})", flush=True)
     with server as started:
+        if args.base_url:
+            run_sync(check_serves_model(args.base_url, args.model))
         generate(generate_args(args), EngineArgs(base_url=args.base_url or started.url), limits, sampling)
+
+
+async def check_serves_model(url: str, model: str) -> None:
+    """Refuse a ``--base-url`` whose server loaded another model than MODEL from this machine's files: its samples
+    would train MODEL, recorded as MODEL's. A server that names no folder here (a hub id, another machine's path)
+    is taken at its word; a relative root is read from this folder, as a server started here reports it."""
+    from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
+
+    engine = VLLMServerEngine(url)
+    try:
+        root = await engine.model_root()
+    finally:
+        await engine.aclose()
+    if os.path.isdir(root) and os.path.isdir(model) and not os.path.samefile(root, model):
+        raise ValueError(
+            f"--base-url {url} serves {root}, not MODEL {model}: self-train samples with MODEL (and fine-tunes it "
+            "with --start model); serve MODEL there, or leave out --base-url to start a server for it"
+        )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import numbers
 import os
 import re
 import types
@@ -21,7 +22,7 @@ from threadweaver.format import missing_tags
 from threadweaver.hf_collator.attention import flash_attention_4_missing, use_tree_attention
 from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
 from threadweaver.hf_collator.malloc import keep_freed_memory
-from threadweaver.jsonl import RowError, not_a_file_of_rows, read_jsonl
+from threadweaver.jsonl import RowError, check_writable, not_a_file_of_rows, read_jsonl
 from threadweaver.progress import progress_bar
 from threadweaver.rows import FIELDS
 from threadweaver.trie import IGNORE_INDEX
@@ -98,8 +99,20 @@ def parser():
     for action in parser._actions:  # what the flag does here, not what TRL's own collator would do
         if action.dest in shared:
             action.help = shared[action.dest]
+    say_how_to_resume(parser)
     parser.set_defaults(**DEFAULTS, **run_defaults())
     return parser
+
+
+def say_how_to_resume(parser) -> None:
+    """``--resume-from-checkpoint``'s help as the training commands read it (transformers' says that a script
+    of one's own reads it)."""
+    for action in parser._actions:
+        if action.dest == "resume_from_checkpoint":
+            action.help = (
+                "A checkpoint-N folder to go on from, or 'last' for the newest whole one in --output-dir (a run "
+                "saves them with --save-strategy steps --save-steps N)."
+            )
 
 
 def main(argv: list[str]) -> str:
@@ -111,6 +124,7 @@ def main(argv: list[str]) -> str:
     flex_backend = values.pop("flex_backend")
     collator = {name: values.pop(name) for name in COLLATOR_FLAGS}
     try:
+        check_trainer_numbers(types.SimpleNamespace(**values))  # SFTConfig refuses some in words that name no flag
         return train(model, data, SFTConfig(**values), attention, flex_backend, **collator)
     except SettingError as err:  # named as TRL's flags are
         raise ValueError(err.by_flags()) from None
@@ -120,12 +134,14 @@ def main(argv: list[str]) -> str:
         raise ValueError(f"{data}: {err}") from None
 
 
-def load_rows(path: str, collator: TrieCollator) -> list[dict]:
+def load_rows(path: str, collator: TrieCollator, max_positions: int | None = None) -> list[dict]:
     """Every row of ``path``, checked by flattening it once; a bad row names its line.
 
-    With ``collator.skip_malformed`` bad rows are dropped and counted instead.
+    With ``collator.skip_malformed`` bad rows are dropped and counted instead. ``max_positions``: the positions
+    the model was made for (:func:`position_limit`); rows that reach past them (as --max-length cuts them) are
+    refused.
     """
-    rows, cut, untrained, longest = [], 0, 0, 0
+    rows, cut, untrained, longest, past, first_past = [], 0, 0, 0, 0, None
     for line, row in progress_bar(read_jsonl(path), desc="checking rows", unit=" rows"):
         name = f"{line}" + (f" (id {row['id']})" if "id" in row else "")
         if (flat := collator.flatten_or_skip(row, name)) is not None:
@@ -133,6 +149,16 @@ def load_rows(path: str, collator: TrieCollator) -> list[dict]:
             cut += flat.cut > 0
             untrained += flat.cut > 0 and all(label == IGNORE_INDEX for label in flat.labels)
             longest = max(longest, len(flat.input_ids) + flat.cut)
+            if max_positions is not None and flat.position_ids and max(flat.position_ids) >= max_positions:
+                past += 1
+                first_past = first_past or (line, max(flat.position_ids) + 1)
+    if past:
+        raise ValueError(
+            f"{path}: {past} of {len(rows)} rows reach past the {max_positions} positions the model was made for "
+            f"(its max_position_embeddings), the first at line {first_past[0]} ({first_past[1]} positions). "
+            f"--max-length {max_positions} cuts them there; to train on them whole, raise max_position_embeddings "
+            "(with RoPE scaling) in the model's config.json"
+        )
     if collator.skipped:
         logger.warning("skipped %d malformed rows of %s", collator.skipped, path)
     if not rows:
@@ -153,6 +179,16 @@ def load_rows(path: str, collator: TrieCollator) -> list[dict]:
             f", and {untrained} of them keep no trajectory token at all" if untrained else "",
         )
     return rows
+
+
+def position_limit(config) -> int | None:
+    """The positions a model was made for (``max_position_embeddings``), or None where it says none, or where
+    its RoPE is scaled past them (YaRN, say: the scaling is how a model reaches further), for any layer type."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    by_layer_type = rope.values() if all(isinstance(value, dict) for value in rope.values()) and rope else [rope]
+    if any(kind.get("rope_type", kind.get("type", "default")) != "default" for kind in by_layer_type):
+        return None
+    return getattr(config, "max_position_embeddings", None)
 
 
 def _table(rows: list[dict]):
@@ -213,10 +249,17 @@ def check_row_tokenizer(data: str, model_dir: str, tokenizer) -> None:
 
 
 def check_trainer_numbers(config) -> None:
-    """What torch and the Trainer refuse only once the model has loaded (no gradient accumulation: a
-    ``ZeroDivisionError``), refused before, naming the field (:class:`SettingError`)."""
+    """Refuse, naming the field (:class:`SettingError`), what torch and the Trainer refuse only once the model
+    has loaded (no gradient accumulation: a ``ZeroDivisionError``; a seed numpy cannot take; workers below 0),
+    and what ``TrainingArguments`` refuses without naming its flag (a negative ``warmup_steps``)."""
     check_counts(config, ("per_device_train_batch_size", "gradient_accumulation_steps"))
-    check_numbers(config, ("learning_rate",))
+    check_counts(config, ("dataloader_num_workers",), least=0)
+    check_numbers(config, ("learning_rate", "warmup_steps"))
+    for name in ("seed", "data_seed"):
+        value = getattr(config, name)
+        whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)  # a numpy int is one too
+        if value is not None and not (whole and 0 <= value < 2**32):
+            raise SettingError(name, f"must be a whole number from 0 to 2**32 - 1, not {value!r}")
 
 
 def check_steps(config) -> None:
@@ -232,7 +275,8 @@ def check_steps(config) -> None:
 
 def check_paths(model_dir: str, data: str, output_dir: str, command: str = "sft") -> None:
     """Refuse, before anything loads, a MODEL, DATA or --output-dir that cannot be one (the two swapped,
-    say), and an --output-dir that is MODEL: training would overwrite the model it starts from."""
+    say, or a folder no file can be written in), and an --output-dir that is MODEL: training would overwrite the
+    model it starts from."""
     from threadweaver.model_dirs import check_model_dir
 
     check_model_dir(model_dir, what=f"a model directory ({command} takes MODEL, then DATA)")
@@ -244,6 +288,10 @@ def check_paths(model_dir: str, data: str, output_dir: str, command: str = "sft"
         raise ValueError(f"--output-dir {output_dir}: a file, not a folder")
     if os.path.isdir(output_dir) and os.path.isdir(model_dir) and os.path.samefile(output_dir, model_dir):
         raise ValueError(f"--output-dir {output_dir} is MODEL: saving there would overwrite it; name another folder")
+    try:
+        check_writable(os.path.join(output_dir, TRAINER_STATE))  # /proc/x failed only once training began
+    except ValueError as err:
+        raise ValueError(f"--output-dir {output_dir}: {err}") from None
 
 
 RESUME_LAST = ("true", "last")
@@ -337,8 +385,9 @@ def check_steps_left(checkpoint: str, config) -> None:
 
 
 @contextlib.contextmanager
-def saying_how_to_go_on(output_dir: str):
-    """A run stopped (Ctrl-C, SIGTERM) after it saved a checkpoint: its message says how to go on from it."""
+def saying_how_to_go_on(output_dir: str, saves: bool):
+    """A run stopped (Ctrl-C, SIGTERM): its message says how to go on from the checkpoint it saved, or from the one
+    it went on from, or that it kept no step (``saves``: it was to save checkpoints)."""
     from threadweaver.interrupts import Stopped
 
     earlier, _ = checkpoints(output_dir)  # a run it resumes saved those: they are not what this one kept
@@ -347,12 +396,16 @@ def saying_how_to_go_on(output_dir: str):
     except KeyboardInterrupt as interrupt:
         whole, _ = checkpoints(output_dir)
         saved = [c for c in whole if c not in earlier]
-        if not saved:
-            raise
-        kept = os.path.join(output_dir, saved[-1])
-        raise Stopped(
-            f"stopped; {kept} is kept: rerun with --resume-from-checkpoint last to go on", interrupt
-        ) from None
+        if saved:
+            kept = os.path.join(output_dir, saved[-1])
+            message = f"stopped; {kept} is kept: rerun with --resume-from-checkpoint last to go on"
+        elif earlier:
+            start = os.path.join(output_dir, earlier[-1])
+            message = f"stopped before it saved a checkpoint; {start}, which it went on from, is kept: rerun to go on"
+        else:
+            how = "" if saves else " (with --save-strategy steps --save-steps N, a stopped run goes on from its last)"
+            message = f"stopped before it saved a checkpoint: none of its steps is kept{how}"
+        raise Stopped(message, interrupt) from None
 
 
 IGNORED_TRL_SETTINGS = (
@@ -430,7 +483,7 @@ def train(
             "a GPU, with flex_attention (or varlen, for trie rows), which skip what the mask hides",
             attention,
         )
-    rows = load_rows(data, collator)
+    rows = load_rows(data, collator, position_limit(model.config))
     # The collator does the tokenising (and the packing): TRL must keep every column and prepare nothing.
     config.padding_free = False
     config.remove_unused_columns = False
@@ -438,7 +491,8 @@ def train(
     trainer = SFTTrainer(
         model=model, args=config, train_dataset=_table(rows), processing_class=tokenizer, data_collator=collator
     )
-    with keep_freed_memory() if not cuda else contextlib.nullcontext(), saying_how_to_go_on(config.output_dir):
+    saves = config.save_strategy != "no"
+    with keep_freed_memory() if not cuda else contextlib.nullcontext(), saying_how_to_go_on(config.output_dir, saves):
         trainer.train(resume_from_checkpoint=resume)
     if collator.skipped:
         logger.warning("%d malformed rows skipped in all", collator.skipped)

@@ -35,7 +35,8 @@ def install() -> None:
     def said_in_one_line(kind, err, traceback):
         frames = _frames(traceback)
         if issubclass(kind, KeyboardInterrupt) and any(map(_threadweavers, frames)):
-            print("threadweaver: stopped", file=sys.stderr)
+            notes = getattr(err, "__notes__", None) or []
+            print("; ".join(["threadweaver: stopped", *notes]), file=sys.stderr)
         elif issubclass(kind, SAID) and frames and _threadweavers(frames[-1]):
             print(f"threadweaver: {err}", file=sys.stderr)
         else:

@@ -155,16 +155,21 @@ def _first_odd_row(lines, rows) -> str:
     return "no column changes type"
 
 
+def synth_size(synth: dict) -> int:
+    """The problems a task's ``synth`` settings make: ``threadweaver synth``'s held-out split."""
+    from threadweaver.dataset import HELD_OUT_PROBLEMS
+
+    return synth.get("validation", HELD_OUT_PROBLEMS)
+
+
 def _synth(synth: dict):
     import datasets
 
-    from threadweaver.dataset import HELD_OUT_PROBLEMS, TRAIN_PROBLEMS, synth_splits
+    from threadweaver.dataset import TRAIN_PROBLEMS, synth_splits
     from threadweaver.synth import SynthConfig, chat_row
 
     config = SynthConfig(**{k: v for k, v in synth.items() if k not in ("train", "validation", "seed")})
-    rows = synth_splits(
-        config, synth.get("train", TRAIN_PROBLEMS), synth.get("validation", HELD_OUT_PROBLEMS), synth.get("seed", 0)
-    )
+    rows = synth_splits(config, synth.get("train", TRAIN_PROBLEMS), synth_size(synth), synth.get("seed", 0))
     return datasets.Dataset.from_list([chat_row(row, "parallel") for row in rows["validation"]])
 
 

@@ -247,11 +247,27 @@ class ThreadWeaverLM(LM):
         out: list[str | None] = [None] * len(requests)
         earlier = decoded_rows(self.args.trajectories) if self.args.resume else {}
         dump = appending(self.args.trajectories) if self.args.trajectories else contextlib.nullcontext()
-        with dump as append, bar:
-            for kwargs, indices in by_kwargs.items():
-                chunk = [requests[i] for i in indices]
-                run_sync(self._generate(kwargs, chunk, indices, out, bar, append, earlier))
+        try:
+            with dump as append, bar:
+                for kwargs, indices in by_kwargs.items():
+                    chunk = [requests[i] for i in indices]
+                    run_sync(self._generate(kwargs, chunk, indices, out, bar, append, earlier))
+        except KeyboardInterrupt as interrupt:
+            # lm-eval's CLI prints it (cli_errors); add_note is Python 3.11's
+            interrupt.__notes__ = [*getattr(interrupt, "__notes__", []), self._how_to_go_on()]
+            raise
         return out
+
+    def _how_to_go_on(self) -> str:
+        """What a stopped run says of the trajectories it kept."""
+        if self.args.trajectories is None:
+            return "no trajectory is kept: with model_args trajectories=FILE,resume=true a stopped run goes on"
+        if self.args.resume:
+            return f"the trajectories it finished are in {self.args.trajectories}: rerun the same command to go on"
+        return (
+            f"the trajectories it finished are in {self.args.trajectories}: rerun with resume=true added to "
+            "model_args to go on (without it, a rerun decodes them again)"
+        )
 
     async def _generate(self, kwargs: str, requests, indices: list[int], out: list, bar, append, earlier) -> None:
         """Decode ``requests``, which share the generation kwargs ``kwargs`` (as JSON); those ``earlier`` holds

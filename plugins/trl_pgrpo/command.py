@@ -11,7 +11,14 @@ from __future__ import annotations
 import os
 
 from threadweaver.cli_args import SettingError, spellings
-from threadweaver.hf_collator.sft import check_paths, check_steps, resume_point, run_defaults, saying_how_to_go_on
+from threadweaver.hf_collator.sft import (
+    check_paths,
+    check_steps,
+    resume_point,
+    run_defaults,
+    say_how_to_resume,
+    saying_how_to_go_on,
+)
 from threadweaver.jsonl import RowError, read_jsonl, write_json
 from threadweaver.reward import row_answer
 from threadweaver.rows import RowReader, prompt_messages
@@ -44,6 +51,7 @@ def parser():
         default=1,
         help="Problems per step, each rolled out --num-generations times.",
     )
+    say_how_to_resume(parser)
     parser.set_defaults(**DEFAULTS, **run_defaults())
     return parser
 
@@ -166,7 +174,7 @@ def train(model_dir: str, problems: str, config) -> str:
     # (the paper's 1e-6) round away on bf16 weights, so a bf16 policy would barely move
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
     trainer = PGRPOTrainer(model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
-    with saying_how_to_go_on(config.output_dir):
+    with saying_how_to_go_on(config.output_dir, config.save_strategy != "no"):
         trainer.train(resume_from_checkpoint=resume)
     model.set_attn_implementation("sdpa")
     trainer.save_model(config.output_dir)

@@ -5,8 +5,9 @@
 Writes ``OUT_DIR/{train,test}.parquet`` with the columns verl's ``RLHFDataset`` reads:
 ``prompt`` (chat messages), ``data_source``, ``reward_model.ground_truth``,
 ``extra_info``, and ``agent_name`` when ``--agent`` is given. Problems come from the
-synthetic task (held-out test problems never occur in train), or from a JSONL file of
-``{"prompt": ..., "answer": ...}`` rows, split by ``--test``. Existing parquet files in
+synthetic task (held-out test problems never occur in train), or from a JSONL file of rows
+with an ``answer`` and a ``prompt`` string or chat ``messages`` (the turns before the final
+assistant turn; :func:`threadweaver.rows.prompt_messages`), split by ``--test``. Existing parquet files in
 ``OUT_DIR`` are never overwritten.
 """
 
@@ -20,6 +21,7 @@ from typing import NoReturn
 from threadweaver.dataset import synth_splits
 from threadweaver.jsonl import RowError, check_folder, check_writable, json_kind, read_jsonl
 from threadweaver.reward import row_answer
+from threadweaver.rows import prompt_messages
 from threadweaver.synth import SynthConfig
 from threadweaver.verl_rollout import AGENT_LOOPS
 
@@ -29,11 +31,16 @@ SPLITS = ("train", "test")
 
 
 def verl_row(
-    prompt: str, answer: str, index: int, split: str, data_source: str = DATA_SOURCE, agent_name: str | None = None
+    prompt: str | list[dict],
+    answer: str,
+    index: int,
+    split: str,
+    data_source: str = DATA_SOURCE,
+    agent_name: str | None = None,
 ) -> dict:
     row = {
         "data_source": data_source,
-        "prompt": [{"role": "user", "content": prompt}],
+        "prompt": [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt,
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": answer},
         "extra_info": {"split": split, "index": index},
@@ -44,20 +51,28 @@ def verl_row(
 
 
 def read_prompts_and_answers(path: str) -> list[dict]:
-    """``{prompt, answer}`` rows; a numeric answer becomes its text, as ``threadweaver pgrpo`` reads it."""
+    """``{prompt, answer}`` rows (a prompt: a string, or chat messages); a numeric answer becomes its text, as
+    ``threadweaver pgrpo`` reads it."""
     with open(path, "rb") as f:
         if f.read(4) == b"PAR1":
-            raise ValueError("a parquet file; --problems expects a JSONL file of {prompt, answer} rows")
+            raise ValueError("a parquet file; --problems expects a JSONL file of rows with 'prompt' or 'messages'")
     return [{"prompt": _prompt(row, line), "answer": row_answer(row, line)} for line, row in read_jsonl(path)]
 
 
-def _prompt(row: dict, line: int) -> str:
-    """The row's ``prompt``: a non-empty string."""
-    if "prompt" not in row:
-        raise RowError(line, "no 'prompt' field; a row needs 'prompt' and 'answer'")
-    value = row["prompt"]
+def _prompt(row: dict, line: int) -> str | list[dict]:
+    """The row's ``prompt`` (a non-empty string), or the turns of its ``messages`` (or of a ``prompt`` of chat
+    messages) before the assistant's, as :class:`threadweaver.rows.RowReader` reads a prompt."""
+    field = "messages" if "messages" in row else "prompt"  # messages first, as every reader of rows
+    if field not in row:
+        raise RowError(line, "no prompt: a row needs 'prompt' (a string or chat messages) or 'messages', and 'answer'")
+    value = row[field]
+    if field == "messages" or isinstance(value, list):
+        try:
+            return prompt_messages(value, field)
+        except ValueError as err:
+            raise RowError.at(line, err) from None
     if not isinstance(value, str):
-        raise RowError(line, f"field 'prompt' is {json_kind(value)}, not a string")
+        raise RowError(line, f"field 'prompt' is {json_kind(value)}, not a string or chat messages")
     if not value.strip():
         raise RowError(line, "field 'prompt' is empty")
     return value
@@ -118,7 +133,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--test", type=positive, default=128, help="held-out problems: with --problems, the first rows")
     parser.add_argument("--seed", type=int, default=None, help=f"the synthetic problems' seed (default: {SYNTH_SEED})")
     parser.add_argument(
-        "--problems", help="a JSONL file of {prompt, answer} rows instead of the synthetic task: all but --test train"
+        "--problems",
+        help="a JSONL file of rows with 'prompt' (a string) or 'messages', and 'answer', instead of the synthetic "
+        "task: all but --test train",
     )
     parser.add_argument("--data-source", default=None, help="the data_source column (default: the file's name)")
     parser.add_argument("--agent", choices=AGENT_LOOPS, default=None, help="an agent_name column for every row")

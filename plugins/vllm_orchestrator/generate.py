@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from threadweaver.batch import concurrency_option, problem_jobs, read_problems, run_batch, run_sync
+from threadweaver.batch import check_same_sampling, concurrency_option, problem_jobs, read_problems, run_batch, run_sync
 from threadweaver.cli_args import check_counts, option
 from threadweaver.jsonl import SET_ASIDE, check_outputs, check_resumable, finished_keys
 from threadweaver.orchestrator import Limits, Sampling
@@ -70,6 +70,8 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
             tokenizer = tagged_tokenizer(source)
         jobs = list(problem_jobs(problems, tokenizer, args.n))  # every prompt checked before the output is touched
         done, set_aside = finished_keys(args.out)
+        if done:
+            check_same_sampling(args.out, sampling)
         jobs = [j for j in jobs if (j.row_id, j.sample) not in done]
         if set_aside:
             print(

@@ -298,6 +298,16 @@ def serve_until_stopped(args: ServeArgs, extra: list[str] = (), limits: Limits =
         )
         server.process.wait()
         sys.exit(f"threadweaver serve: the vLLM server exited with code {server.process.returncode}")
+    except RuntimeError:
+        if server.process is None or server.process.returncode != 2:
+            raise
+        passed_on = (  # 2: argparse's status, as a flag serve cannot read gets
+            f"; the flags serve passed on to it: {' '.join(extra)} (`threadweaver serve --help` lists serve's own)"
+            if extra
+            else ""
+        )
+        print(f"threadweaver serve: vLLM refused its command line (its error is above){passed_on}", file=sys.stderr)
+        raise SystemExit(2) from None
     except KeyboardInterrupt:
         pass
     finally:
