@@ -164,24 +164,32 @@ def test_resuming_from_the_last_checkpoint_passes_over_one_cut_short_as_it_was_s
 
 
 def test_a_stopped_run_says_how_to_go_on_from_the_checkpoint_it_kept(tmp_path):
+    import types
+
     from threadweaver.interrupts import Stopped
+
+    def run(save_strategy="steps"):
+        return types.SimpleNamespace(output_dir=str(tmp_path), save_strategy=save_strategy)
 
     for saves, how in (
         (False, " (with --save-strategy steps --save-steps N, a stopped run goes on from its last)"),
         (True, ""),
     ):
-        with pytest.raises(Stopped) as stopped, sft.saying_how_to_go_on(str(tmp_path), saves):  # nothing kept
+        with (
+            pytest.raises(Stopped) as stopped,
+            sft.saying_how_to_go_on(run("steps" if saves else "no")),
+        ):  # nothing kept
             raise KeyboardInterrupt
         assert str(stopped.value) == f"stopped before it saved a checkpoint: none of its steps is kept{how}"
         assert stopped.value.status == 130
     checkpoint(tmp_path, 5)  # the run this one resumes saved it: it goes on from there again
-    with pytest.raises(Stopped) as stopped, sft.saying_how_to_go_on(str(tmp_path), True):
+    with pytest.raises(Stopped) as stopped, sft.saying_how_to_go_on(run()):
         raise KeyboardInterrupt
     assert str(stopped.value) == (
         f"stopped before it saved a checkpoint; {tmp_path / 'checkpoint-5'}, which it went on from, is kept: rerun "
         "to go on"
     )
-    with pytest.raises(Stopped) as stopped, sft.saying_how_to_go_on(str(tmp_path), True):
+    with pytest.raises(Stopped) as stopped, sft.saying_how_to_go_on(run()):
         checkpoint(tmp_path, 3)  # this run's, resumed from a checkpoint before the other
         raise KeyboardInterrupt("SIGTERM")
     assert str(stopped.value) == (

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 from threadweaver.engine import Completion, Sampling, to_completion
 from threadweaver.format import Format
@@ -80,7 +81,7 @@ def interrupted_once_written(command: list[str], rows: str, wait_s: float = 60) 
     as_a_terminal = {"preexec_fn": lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)}
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **as_a_terminal)
     deadline = time.monotonic() + wait_s
-    while not (os.path.exists(rows) and "\n" in open(rows).read()) and process.poll() is None:
+    while not (os.path.exists(rows) and "\n" in Path(rows).read_text()) and process.poll() is None:
         if time.monotonic() > deadline:
             process.kill()
             raise AssertionError(f"no row finished in {wait_s} s: {' '.join(command)}")

@@ -149,9 +149,10 @@ def load_rows(path: str, collator: TrieCollator, max_positions: int | None = Non
             cut += flat.cut > 0
             untrained += flat.cut > 0 and all(label == IGNORE_INDEX for label in flat.labels)
             longest = max(longest, len(flat.input_ids) + flat.cut)
-            if max_positions is not None and flat.position_ids and max(flat.position_ids) >= max_positions:
+            reach = max(flat.position_ids, default=-1) + 1  # positions the row takes
+            if max_positions is not None and reach > max_positions:
                 past += 1
-                first_past = first_past or (line, max(flat.position_ids) + 1)
+                first_past = first_past or (line, reach)
     if past:
         raise ValueError(
             f"{path}: {past} of {len(rows)} rows reach past the {max_positions} positions the model was made for "
@@ -385,11 +386,12 @@ def check_steps_left(checkpoint: str, config) -> None:
 
 
 @contextlib.contextmanager
-def saying_how_to_go_on(output_dir: str, saves: bool):
-    """A run stopped (Ctrl-C, SIGTERM): its message says how to go on from the checkpoint it saved, or from the one
-    it went on from, or that it kept no step (``saves``: it was to save checkpoints)."""
+def saying_how_to_go_on(config):
+    """A run of ``config`` (a ``TrainingArguments``) stopped (Ctrl-C, SIGTERM): its message says how to go on from
+    the checkpoint it saved, or from the one it went on from, or that it kept no step."""
     from threadweaver.interrupts import Stopped
 
+    output_dir = config.output_dir
     earlier, _ = checkpoints(output_dir)  # a run it resumes saved those: they are not what this one kept
     try:
         yield
@@ -403,7 +405,11 @@ def saying_how_to_go_on(output_dir: str, saves: bool):
             start = os.path.join(output_dir, earlier[-1])
             message = f"stopped before it saved a checkpoint; {start}, which it went on from, is kept: rerun to go on"
         else:
-            how = "" if saves else " (with --save-strategy steps --save-steps N, a stopped run goes on from its last)"
+            how = (
+                ""
+                if config.save_strategy != "no"
+                else " (with --save-strategy steps --save-steps N, a stopped run goes on from its last)"
+            )
             message = f"stopped before it saved a checkpoint: none of its steps is kept{how}"
         raise Stopped(message, interrupt) from None
 
@@ -491,8 +497,7 @@ def train(
     trainer = SFTTrainer(
         model=model, args=config, train_dataset=_table(rows), processing_class=tokenizer, data_collator=collator
     )
-    saves = config.save_strategy != "no"
-    with keep_freed_memory() if not cuda else contextlib.nullcontext(), saying_how_to_go_on(config.output_dir, saves):
+    with keep_freed_memory() if not cuda else contextlib.nullcontext(), saying_how_to_go_on(config):
         trainer.train(resume_from_checkpoint=resume)
     if collator.skipped:
         logger.warning("%d malformed rows skipped in all", collator.skipped)

@@ -174,7 +174,7 @@ def train(model_dir: str, problems: str, config) -> str:
     # (the paper's 1e-6) round away on bf16 weights, so a bf16 policy would barely move
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
     trainer = PGRPOTrainer(model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
-    with saying_how_to_go_on(config.output_dir, config.save_strategy != "no"):
+    with saying_how_to_go_on(config):
         trainer.train(resume_from_checkpoint=resume)
     model.set_attn_implementation("sdpa")
     trainer.save_model(config.output_dir)
