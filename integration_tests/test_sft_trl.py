@@ -195,10 +195,11 @@ def test_padding_free_trains_to_the_padded_losses(tmp_path, monkeypatch, caplog)
         sft.main([str(tmp_path / "kit"), data, "--packing", "true", "--output-dir", str(tmp_path / "packing")])
 
 
-def test_a_stopped_run_resumes_from_its_checkpoint_to_the_same_losses(tmp_path):
+def test_a_stopped_run_resumes_from_its_checkpoint_to_the_same_losses(tmp_path, caplog, capfd):
     """--resume_from_checkpoint (TRL's flag; transformers' Trainer leaves it to the script) goes on from
     the checkpoint: the steps after it train to the losses an unstopped run has, and the steps before it are
-    not trained again (they were: the flag was taken and ignored)."""
+    not trained again (they were: the flag was taken and ignored). It says nothing of the tied ``lm_head.weight``
+    the checkpoint does not save; going on with other rows and settings, it says which."""
     import shutil
 
     from threadweaver.hf_collator import sft
@@ -225,6 +226,19 @@ def test_a_stopped_run_resumes_from_its_checkpoint_to_the_same_losses(tmp_path):
     assert sorted(whole) == sorted(resumed) == [1, 2, 3, 4]
     assert [resumed[1], resumed[2]] == [-1.0, -1.0], resumed  # steps 1 and 2 were not trained again
     assert [resumed[3], resumed[4]] == pytest.approx([whole[3], whole[4]], rel=1e-5)
+    printed = capfd.readouterr().err  # transformers' own handler prints its warnings
+    assert "There were missing keys" not in printed and "going on from" not in printed, printed[-3000:]
+    assert json.loads((stopped / "checkpoint-2" / sft.RUN_RECORD).read_text())["settings"]["branching"] is True
+    caplog.clear()
+    sequential = str(tmp_path / "data" / "sequential" / "train.jsonl")
+    resume = ["--resume-from-checkpoint", "last", "--no-branching"]
+    sft.main([str(tmp_path / "kit"), sequential, "--output-dir", str(stopped), *steps, *resume])
+    said = [r.getMessage() for r in caplog.records if "going on from" in r.getMessage()]
+    assert said == [
+        f"going on from {stopped / 'checkpoint-2'} with DATA {sequential}, where it was trained on {data}; "
+        "--branching false, where it had true: the Trainer takes them as they are, and skips as many batches as "
+        "the checkpoint had trained; to train on them from the first step, start anew in another --output-dir"
+    ]
 
 
 def test_regional_compilation_trains_to_the_uncompiled_losses(tmp_path):

@@ -348,7 +348,9 @@ EMBEDDED = os.path.join(os.path.dirname(__file__), "..", "apps", "quickstart", "
 
 def in_process_problems(path, count: int) -> list[str]:
     """``generate`` arguments: ``count`` problems written to ``path``, decoded in-process by an embedded model."""
-    path.write_text("".join(json.dumps({"id": str(i), "prompt": f"{i}+1="}) + "\n" for i in range(count)))
+    path.write_text(
+        "".join(json.dumps({"id": str(i), "prompt": f"{i}+1=", "answer": i + 1}) + "\n" for i in range(count))
+    )
     return [str(path), str(path.with_name("out.jsonl")), "--engine", "transformers", "--model", EMBEDDED]
 
 
@@ -358,6 +360,7 @@ def test_generate_counts_the_trajectories_a_limit_cut_short(tmp_path, limit, rea
     result = run("generate", *in_process_problems(tmp_path / "problems.jsonl", 2), *limit)
     out = tmp_path / "out.jsonl"
     assert f"decoded 2 trajectories into {out}, 2 cut short (finish_reason {reason} 2): " in result.stdout
+    assert f"to grade them by the problems' answers (pass@1): threadweaver filter {out} KEPT.jsonl" in result.stdout
     assert [json.loads(line)["finish_reason"] for line in out.read_text().splitlines()] == [reason] * 2
     assert "Task was destroyed" not in result.stderr
 

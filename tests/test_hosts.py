@@ -36,3 +36,18 @@ def test_a_host_outside_its_range_is_refused_with_the_range(installed, monkeypat
 def test_an_unbounded_or_absent_module_passes():
     hosts.check_host("json")
     assert hosts.supported_range("json") == "any json"
+
+
+def test_a_warning_a_host_repeats_from_several_modules_is_said_once():
+    """TRL warned of vLLM's version five times as threadweaver.trl_pgrpo imported it; "once" is once per module."""
+    import warnings
+
+    from threadweaver.hosts import each_warning_once
+
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("default")
+        with each_warning_once():
+            for module in ("a", "b", "c"):  # the same words from three modules, each at its own line
+                warnings.warn_explicit("vLLM 9 is not supported", UserWarning, f"{module}.py", 1, registry={})
+            warnings.warn_explicit("another", UserWarning, "a.py", 2, registry={})
+    assert [(str(w.message), w.filename) for w in shown] == [("vLLM 9 is not supported", "a.py"), ("another", "a.py")]

@@ -46,10 +46,21 @@ async def broken(request):
     request.transport.abort()  # the backend fails in the middle of its reply
     return reply
 
+async def hung(request):  # a backend that takes a request and never answers
+    await asyncio.sleep(3600)
+
+async def stalled(request):  # one that begins its reply, then hangs
+    reply = web.StreamResponse()
+    await reply.prepare(request)
+    await reply.write(b"tick\\n")
+    await asyncio.sleep(3600)
+
 app = web.Application()
 app.router.add_get("/endless", endless)
 app.router.add_get("/plain", plain)
 app.router.add_get("/broken", broken)
+app.router.add_get("/hung", hung)
+app.router.add_get("/stalled", stalled)
 app.router.add_post("/v1/completions", endless)  # a plain (not fork-join) request, passed on
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=lambda _: print("up", flush=True))
 """
@@ -185,3 +196,29 @@ def test_a_passed_on_reply_the_backend_breaks_off_is_cut_there(proxy):
     said = log.read_text()
     assert "threadweaver proxy: the backend's reply to GET /broken broke off, and was cut there for its client" in said
     assert "Traceback" not in said
+
+
+def test_a_backend_that_does_not_answer_in_time_is_a_504_or_its_reply_is_cut(backend, tmp_path):
+    """A request passed on to a hung backend waited as long as its client did (a client with no timeout, for
+    ever); now --backend-timeout-s ends it: a 504 in the API's shape, or, once the reply began, a cut reply."""
+    log = tmp_path / "proxy.log"
+    flags = ("--backend", backend, "--model", str(MODEL), "--backend-timeout-s", "1.5")
+    with running_proxy(*flags, log_path=log) as (_, url):
+        port = urllib.parse.urlsplit(url).port
+        client = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        started = time.monotonic()
+        client.request("GET", "/hung")
+        reply = client.getresponse()
+        assert reply.status == 504 and time.monotonic() - started < 30
+        error = json.loads(reply.read())["error"]
+        assert error["message"] == "the backend did not answer within --backend-timeout-s 1.5" and error["code"] == 504
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as raw:
+            raw.sendall(b"GET /stalled HTTP/1.1\r\nHost: proxy\r\n\r\n")
+            read = b""
+            while chunk := raw.recv(1 << 16):
+                read += chunk
+        head, _, body = read.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ") and body == b"5\r\ntick\n\r\n"  # no end chunk
+        said = log.read_text()
+        cut = "the backend's reply to GET /stalled took more than --backend-timeout-s 1.5, and was cut there"
+        assert cut in said and "Traceback" not in said

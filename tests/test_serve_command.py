@@ -59,6 +59,11 @@ def test_the_quickstarts_servers_split_the_gpu_and_a_model_of_ones_own_keeps_its
         (["proxy", "--backend", "notaurl"], "--backend must be an http:// or https:// URL, not 'notaurl'"),
         (["proxy", "--port", "-5"], "--port must be a port number (0 to 65535), not -5"),
         (["proxy", "--max-trajectories", "0"], "--max-trajectories must be a whole number of at least 1, not 0"),
+        (["proxy", "--backend-timeout-s", "0"], "--backend-timeout-s must be a finite number of seconds, more than 0"),
+        (
+            ["proxy", "--backend-timeout-s", "inf"],
+            "--backend-timeout-s must be a finite number of seconds, more than 0",
+        ),
     ],
 )
 def test_serve_and_proxy_refuse_bad_settings_naming_the_flag_before_anything_starts(tmp_path, argv, message, capsys):

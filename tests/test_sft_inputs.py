@@ -241,3 +241,56 @@ def test_a_scaled_rope_reaches_past_max_position_embeddings():
     assert sft.position_limit(Gemma3TextConfig(max_position_embeddings=64)) == 64  # RoPE settings per layer type
     scaled = {"full_attention": {"rope_type": "linear", "factor": 8.0}, "sliding_attention": {"rope_type": "default"}}
     assert sft.position_limit(Gemma3TextConfig(max_position_embeddings=64, rope_parameters=scaled)) is None
+
+
+def test_going_on_with_other_rows_or_settings_says_which(tmp_path, caplog):
+    """The Trainer goes on from a checkpoint with whatever DATA and settings a resumed run has, and says nothing."""
+    import types
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"text": "a"}\n')
+    collator = types.SimpleNamespace(branching=True, train_injected=True, max_depth=3, max_length=8192)
+    folder = checkpoint(tmp_path / "out", 2)
+    (folder / sft.RUN_RECORD).write_text(json.dumps(sft.run_record(str(data), collator)))
+
+    def said(record):
+        caplog.clear()
+        sft.say_what_changed(str(folder), record)
+        return [r.getMessage().split(": the Trainer")[0] for r in caplog.records]
+
+    assert said(sft.run_record(str(data), collator)) == []
+    copy = tmp_path / "copy.jsonl"  # the same rows elsewhere
+    copy.write_bytes(data.read_bytes())
+    assert said(sft.run_record(str(copy), collator)) == []
+    data.write_text('{"text": "b"}\n')
+    collator.max_length, collator.branching = None, False
+    assert said(sft.run_record(str(data), collator)) == [
+        f"going on from {folder} with DATA {data}, whose rows changed since; --branching false, where it had true; "
+        "--max-length none, where it had 8192"
+    ]
+    (folder / sft.RUN_RECORD).write_text("{")  # another script's checkpoint, or a torn record: nothing to compare
+    assert said(sft.run_record(str(data), collator)) == []
+
+
+def test_resuming_says_nothing_of_missing_keys_that_are_tied_weights_only(caplog):
+    """transformers warns that a checkpoint lacks ``lm_head.weight`` where it is tied to the embedding (loading
+    that restores it); a key that is no tied weight is still said."""
+    import logging
+
+    import torch
+
+    model = torch.nn.Module()
+    model.embed = torch.nn.Embedding(4, 2)
+    model.head = torch.nn.Linear(2, 4, bias=False)
+    model.head.weight = model.embed.weight
+    trainer_logger = logging.getLogger("transformers.trainer")
+    with caplog.at_level(logging.WARNING, logger="transformers.trainer"), sft.quiet_tied_weights(model):
+        trainer_logger.warning(f"{sft.MISSING_KEYS}['head.weight'].")
+        trainer_logger.warning(f"{sft.MISSING_KEYS}['head.weight', 'embed.weight'].")
+        trainer_logger.warning("Checkpoint included callbacks not included in current configuration.")
+    trainer_logger.warning(f"{sft.MISSING_KEYS}['head.weight'].")  # the filter is gone after the run
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{sft.MISSING_KEYS}['head.weight', 'embed.weight'].",
+        "Checkpoint included callbacks not included in current configuration.",
+        f"{sft.MISSING_KEYS}['head.weight'].",
+    ]

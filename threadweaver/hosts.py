@@ -9,6 +9,7 @@ in the message; ``THREADWEAVER_ALLOW_UNSUPPORTED_HOSTS=1`` turns that into a war
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import warnings
@@ -72,3 +73,18 @@ def check_host(module: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=2)
         return
     raise UnsupportedHostError(message)
+
+
+@contextlib.contextmanager
+def each_warning_once():
+    """Warnings raised inside, each said once, where a host repeats one from several of its modules (TRL warns of the
+    installed vLLM's version five times as it is imported); a warnings filter's "once" is once per module."""
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            yield
+        finally:
+            said: dict = {}
+            for warning in caught:
+                said.setdefault((str(warning.message), warning.category), warning)
+    for warning in said.values():
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)

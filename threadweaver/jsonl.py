@@ -252,6 +252,17 @@ def _replacing(path: str) -> Iterator[TextIO]:
         raise
 
 
+def file_digest(path: str) -> str:
+    """The SHA-256 of a file's bytes."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):  # hashlib.file_digest is Python 3.11's
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def write_json(path: str, value) -> None:
     """One JSON document, written atomically."""
     with _replacing(path) as f:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
 from threadweaver.cli_args import add_arguments, from_args
@@ -122,6 +123,7 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _generate(args: argparse.Namespace) -> None:
+    from threadweaver.batch import read_problems
     from threadweaver.engine import EngineError
     from threadweaver.interrupts import Stopped
     from threadweaver.jsonl import RowError
@@ -149,6 +151,10 @@ def _generate(args: argparse.Namespace) -> None:
         f"{progress.tokens_per_s:.0f} generated tokens/s, {progress.degraded_by_kind()}\n"
         f"mean wall-clock per trajectory: {progress.wall_clock()}"
     )
+    if any("answer" in row for _, _, row in read_problems(args.problems)):
+        print(
+            f"to grade them by the problems' answers (pass@1): threadweaver filter {shlex.quote(args.out)} KEPT.jsonl"
+        )
 
 
 def _resume_hint(out: str) -> str:

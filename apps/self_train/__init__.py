@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from threadweaver.batch import concurrency_option
 from threadweaver.cli_args import check_counts, check_url, option
 from threadweaver.engine import Sampling
-from threadweaver.jsonl import not_a_file_of_rows
+from threadweaver.jsonl import file_digest, not_a_file_of_rows
 from threadweaver.model_dirs import check_model_dir
 from threadweaver.orchestrator import Limits
 from threadweaver.selection import FilterConfig
@@ -220,17 +220,6 @@ class Recipe:
 
         self.steps[step] = made_of
         write_json(self.path, self.steps)
-
-
-def file_digest(path: str) -> str:
-    """The SHA-256 of a file's bytes."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):  # hashlib.file_digest is Python 3.11's
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def rows_digest(rows: list[dict]) -> str:

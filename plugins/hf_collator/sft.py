@@ -9,8 +9,10 @@ so transformers and vLLM load it without threadweaver.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
+import json
 import logging
 import numbers
 import os
@@ -22,7 +24,7 @@ from threadweaver.format import missing_tags
 from threadweaver.hf_collator.attention import flash_attention_4_missing, use_tree_attention
 from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
 from threadweaver.hf_collator.malloc import keep_freed_memory
-from threadweaver.jsonl import RowError, check_writable, not_a_file_of_rows, read_jsonl
+from threadweaver.jsonl import RowError, check_writable, file_digest, not_a_file_of_rows, read_jsonl, write_json
 from threadweaver.progress import progress_bar
 from threadweaver.rows import FIELDS
 from threadweaver.trie import IGNORE_INDEX
@@ -385,6 +387,94 @@ def check_steps_left(checkpoint: str, config) -> None:
         )
 
 
+RUN_RECORD = "threadweaver_run.json"
+"""Written into each checkpoint: the rows it was trained on (DATA's path and digest) and the settings that shape them
+(:data:`RECORDED_SETTINGS`). A run that goes on from it with others says so; the Trainer takes them without a word."""
+RECORDED_SETTINGS = ("branching", "train_injected", "max_depth", "max_length")
+
+
+def run_record(data: str, collator: TrieCollator) -> dict:
+    """What this run trains on, as :data:`RUN_RECORD` keeps it."""
+    settings = {name: getattr(collator, name) for name in RECORDED_SETTINGS}
+    return {"data": os.path.abspath(data), "data_sha256": file_digest(data), "settings": settings}
+
+
+def recording_run(record: dict):
+    """A ``TrainerCallback`` that writes ``record`` into each checkpoint the run saves."""
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    class RecordRun(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            if os.path.isdir(folder):
+                write_json(os.path.join(folder, RUN_RECORD), record)
+
+    return RecordRun()
+
+
+def say_what_changed(checkpoint: str, record: dict) -> None:
+    """Warn where a run goes on from ``checkpoint`` with other rows or settings than those it was trained on."""
+    try:
+        with open(os.path.join(checkpoint, RUN_RECORD)) as f:
+            earlier = json.load(f)
+        earlier_data, earlier_settings = earlier["data"], dict(earlier["settings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # saved by another script, or by a threadweaver that kept no record, or torn
+    changes = []
+    if earlier.get("data_sha256") != record["data_sha256"]:
+        data = record["data"]
+        changes.append(
+            f"DATA {data}, whose rows changed since"
+            if data == earlier_data
+            else f"DATA {data}, where it was trained on {earlier_data}"
+        )
+    for name, value in record["settings"].items():
+        if name in earlier_settings and earlier_settings[name] != value:
+            changes.append(
+                f"--{name.replace('_', '-')} {_flag_value(value)}, where it had {_flag_value(earlier_settings[name])}"
+            )
+    if changes:
+        logger.warning(
+            "going on from %s with %s: the Trainer takes them as they are, and skips as many batches as the "
+            "checkpoint had trained; to train on them from the first step, start anew in another --output-dir",
+            checkpoint,
+            "; ".join(changes),
+        )
+
+
+def _flag_value(value) -> str:
+    return str(value).lower() if isinstance(value, bool) or value is None else str(value)
+
+
+MISSING_KEYS = "There were missing keys in the checkpoint model loaded: "
+"""transformers' warning on resuming a model whose tied weights (``lm_head.weight``, tied to the embedding) the
+checkpoint does not save: loading the weight they are tied to restores them, so for those it says nothing amiss."""
+
+
+@contextlib.contextmanager
+def quiet_tied_weights(model):
+    """Drop :data:`MISSING_KEYS` where every key it names is a weight of ``model`` tied to another."""
+    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+
+    def keep(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(MISSING_KEYS):
+            return True
+        try:
+            keys = ast.literal_eval(message.removeprefix(MISSING_KEYS).rstrip("."))
+        except (ValueError, SyntaxError):
+            return True
+        return not (isinstance(keys, list) and set(keys) <= tied)
+
+    trainer_logger = logging.getLogger("transformers.trainer")
+    trainer_logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        trainer_logger.removeFilter(keep)
+
+
 @contextlib.contextmanager
 def saying_how_to_go_on(config):
     """A run of ``config`` (a ``TrainingArguments``) stopped (Ctrl-C, SIGTERM): its message says how to go on from
@@ -494,10 +584,22 @@ def train(
     config.padding_free = False
     config.remove_unused_columns = False
     config.dataset_kwargs = {**(config.dataset_kwargs or {}), "skip_prepare_dataset": True}
+    record = run_record(data, collator)
+    if resume:
+        say_what_changed(resume, record)
     trainer = SFTTrainer(
-        model=model, args=config, train_dataset=_table(rows), processing_class=tokenizer, data_collator=collator
+        model=model,
+        args=config,
+        train_dataset=_table(rows),
+        processing_class=tokenizer,
+        data_collator=collator,
+        callbacks=[recording_run(record)],
     )
-    with keep_freed_memory() if not cuda else contextlib.nullcontext(), saying_how_to_go_on(config):
+    with (
+        keep_freed_memory() if not cuda else contextlib.nullcontext(),
+        saying_how_to_go_on(config),
+        quiet_tied_weights(model),
+    ):
         trainer.train(resume_from_checkpoint=resume)
     if collator.skipped:
         logger.warning("%d malformed rows skipped in all", collator.skipped)

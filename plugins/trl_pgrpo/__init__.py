@@ -5,12 +5,13 @@ rollouts (the shared orchestrator), one token-trie row per trajectory under the 
 mask, and the correctness + acceleration rewards (:func:`pgrpo_rewards`).
 """
 
-from threadweaver.hosts import check_host
+from threadweaver.hosts import check_host, each_warning_once
 
 check_host("trl")  # before TRL is imported: an unsupported TRL is refused with the range, not a deep AttributeError
 
-from threadweaver.trl_pgrpo.config import PGRPOConfig  # noqa: E402
-from threadweaver.trl_pgrpo.rewards import pgrpo_rewards  # noqa: E402
-from threadweaver.trl_pgrpo.trainer import PGRPOTrainer  # noqa: E402
+with each_warning_once():  # TRL warns of vLLM's version from each of its modules that asks
+    from threadweaver.trl_pgrpo.config import PGRPOConfig
+    from threadweaver.trl_pgrpo.rewards import pgrpo_rewards
+    from threadweaver.trl_pgrpo.trainer import PGRPOTrainer
 
 __all__ = ["PGRPOConfig", "PGRPOTrainer", "pgrpo_rewards"]
