@@ -245,11 +245,9 @@ def test_a_scaled_rope_reaches_past_max_position_embeddings():
 
 def test_going_on_with_other_rows_or_settings_says_which(tmp_path, caplog):
     """The Trainer goes on from a checkpoint with whatever DATA and settings a resumed run has, and says nothing."""
-    import types
-
     data = tmp_path / "rows.jsonl"
     data.write_text('{"text": "a"}\n')
-    collator = types.SimpleNamespace(branching=True, train_injected=True, max_depth=3, max_length=8192)
+    collator = {"branching": True, "train_injected": True, "max_depth": 3, "max_length": 8192}
     folder = checkpoint(tmp_path / "out", 2)
     (folder / sft.RUN_RECORD).write_text(json.dumps(sft.run_record(str(data), collator)))
 
@@ -263,13 +261,17 @@ def test_going_on_with_other_rows_or_settings_says_which(tmp_path, caplog):
     copy.write_bytes(data.read_bytes())
     assert said(sft.run_record(str(copy), collator)) == []
     data.write_text('{"text": "b"}\n')
-    collator.max_length, collator.branching = None, False
+    collator.update(max_length=None, branching=False)
     assert said(sft.run_record(str(data), collator)) == [
-        f"going on from {folder} with DATA {data}, whose rows changed since; --branching false, where it had true; "
-        "--max-length none, where it had 8192"
+        f"going on from {folder} with DATA {data}, whose rows changed since; --no-branching, where it had --branching; "
+        "no --max-length, where it had --max-length 8192"
     ]
-    (folder / sft.RUN_RECORD).write_text("{")  # another script's checkpoint, or a torn record: nothing to compare
-    assert said(sft.run_record(str(data), collator)) == []
+    assert said(sft.run_record(str(data), {}, "PROBLEMS")) == [  # pgrpo's: no collator settings
+        f"going on from {folder} with PROBLEMS {data}, whose rows changed since"
+    ]
+    for torn in ("{", "[]", '{"data": "x", "settings": 3}'):  # another script's, or a torn record: no comparing
+        (folder / sft.RUN_RECORD).write_text(torn)
+        assert said(sft.run_record(str(data), collator)) == []
 
 
 def test_resuming_says_nothing_of_missing_keys_that_are_tied_weights_only(caplog):

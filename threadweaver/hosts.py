@@ -77,14 +77,19 @@ def check_host(module: str) -> None:
 
 @contextlib.contextmanager
 def each_warning_once():
-    """Warnings raised inside, each said once, where a host repeats one from several of its modules (TRL warns of the
-    installed vLLM's version five times as it is imported); a warnings filter's "once" is once per module."""
-    with warnings.catch_warnings(record=True) as caught:
-        try:
-            yield
-        finally:
-            said: dict = {}
-            for warning in caught:
-                said.setdefault((str(warning.message), warning.category), warning)
-    for warning in said.values():
-        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    """Warnings shown inside, each once, where a host repeats one from several of its modules (TRL warns of the
+    installed vLLM's version five times as it is imported); a warnings filter's "once" is once per module. The filters
+    are left as they are, and so are those a module imported inside adds."""
+    shown: set = set()
+    show = warnings.showwarning
+
+    def once(message, category, filename, lineno, file=None, line=None):
+        if (str(message), category) not in shown:
+            shown.add((str(message), category))
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = once
+    try:
+        yield
+    finally:
+        warnings.showwarning = show

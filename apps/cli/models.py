@@ -123,7 +123,6 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _generate(args: argparse.Namespace) -> None:
-    from threadweaver.batch import read_problems
     from threadweaver.engine import EngineError
     from threadweaver.interrupts import Stopped
     from threadweaver.jsonl import RowError
@@ -151,10 +150,20 @@ def _generate(args: argparse.Namespace) -> None:
         f"{progress.tokens_per_s:.0f} generated tokens/s, {progress.degraded_by_kind()}\n"
         f"mean wall-clock per trajectory: {progress.wall_clock()}"
     )
-    if any("answer" in row for _, _, row in read_problems(args.problems)):
+    if _has_answers(args.problems):
         print(
             f"to grade them by the problems' answers (pass@1): threadweaver filter {shlex.quote(args.out)} KEPT.jsonl"
         )
+
+
+def _has_answers(problems: str) -> bool:
+    """Whether a problem of ``problems`` has an answer to grade by (a file changed since the run may have none)."""
+    from threadweaver.batch import read_problems
+
+    try:
+        return any(row.get("answer") is not None for _, _, row in read_problems(problems))
+    except (OSError, ValueError):
+        return False
 
 
 def _resume_hint(out: str) -> str:

@@ -391,23 +391,26 @@ RUN_RECORD = "threadweaver_run.json"
 """Written into each checkpoint: the rows it was trained on (DATA's path and digest) and the settings that shape them
 (:data:`RECORDED_SETTINGS`). A run that goes on from it with others says so; the Trainer takes them without a word."""
 RECORDED_SETTINGS = ("branching", "train_injected", "max_depth", "max_length")
+"""The collator's settings that shape what ``sft`` trains."""
 
 
-def run_record(data: str, collator: TrieCollator) -> dict:
-    """What this run trains on, as :data:`RUN_RECORD` keeps it."""
-    settings = {name: getattr(collator, name) for name in RECORDED_SETTINGS}
-    return {"data": os.path.abspath(data), "data_sha256": file_digest(data), "settings": settings}
+def run_record(data: str, settings: dict, data_name: str = "DATA") -> dict:
+    """What a run trains on, as :data:`RUN_RECORD` keeps it: the file of rows it names ``data_name``, and
+    ``settings``."""
+    path = os.path.abspath(data)
+    return {"data": path, "data_name": data_name, "data_sha256": file_digest(data), "settings": settings}
 
 
 def recording_run(record: dict):
-    """A ``TrainerCallback`` that writes ``record`` into each checkpoint the run saves."""
+    """A ``TrainerCallback`` that writes ``record`` into each checkpoint the run saves, once the Trainer has saved it
+    whole (a run killed in between leaves a checkpoint without one, which a resumed run takes without a word)."""
     from transformers import TrainerCallback
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
     class RecordRun(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
             folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-            if os.path.isdir(folder):
+            if args.should_save and os.path.isdir(folder):  # the process that saved it (one a node, or one in all)
                 write_json(os.path.join(folder, RUN_RECORD), record)
 
     return RecordRun()
@@ -423,17 +426,15 @@ def say_what_changed(checkpoint: str, record: dict) -> None:
         return  # saved by another script, or by a threadweaver that kept no record, or torn
     changes = []
     if earlier.get("data_sha256") != record["data_sha256"]:
-        data = record["data"]
+        data, name = record["data"], record["data_name"]
         changes.append(
-            f"DATA {data}, whose rows changed since"
+            f"{name} {data}, whose rows changed since"
             if data == earlier_data
-            else f"DATA {data}, where it was trained on {earlier_data}"
+            else f"{name} {data}, where it was trained on {earlier_data}"
         )
     for name, value in record["settings"].items():
         if name in earlier_settings and earlier_settings[name] != value:
-            changes.append(
-                f"--{name.replace('_', '-')} {_flag_value(value)}, where it had {_flag_value(earlier_settings[name])}"
-            )
+            changes.append(f"{_as_flag(name, value)}, where it had {_as_flag(name, earlier_settings[name])}")
     if changes:
         logger.warning(
             "going on from %s with %s: the Trainer takes them as they are, and skips as many batches as the "
@@ -443,8 +444,13 @@ def say_what_changed(checkpoint: str, record: dict) -> None:
         )
 
 
-def _flag_value(value) -> str:
-    return str(value).lower() if isinstance(value, bool) or value is None else str(value)
+def _as_flag(name: str, value) -> str:
+    """A setting as the command line spells it: ``--branching``, ``--no-branching``, ``--max-depth 3``, ``no
+    --max-length``."""
+    flag = f"--{name.replace('_', '-')}"
+    if isinstance(value, bool):
+        return flag if value else f"--no-{flag[2:]}"
+    return f"no {flag}" if value is None else f"{flag} {value}"
 
 
 MISSING_KEYS = "There were missing keys in the checkpoint model loaded: "
@@ -584,8 +590,8 @@ def train(
     config.padding_free = False
     config.remove_unused_columns = False
     config.dataset_kwargs = {**(config.dataset_kwargs or {}), "skip_prepare_dataset": True}
-    record = run_record(data, collator)
-    if resume:
+    record = run_record(data, {name: getattr(collator, name) for name in RECORDED_SETTINGS})
+    if resume and config.should_log:  # said once, not by each process of a distributed run
         say_what_changed(resume, record)
     trainer = SFTTrainer(
         model=model,

@@ -14,9 +14,13 @@ from threadweaver.cli_args import SettingError, spellings
 from threadweaver.hf_collator.sft import (
     check_paths,
     check_steps,
+    quiet_tied_weights,
+    recording_run,
     resume_point,
     run_defaults,
+    run_record,
     say_how_to_resume,
+    say_what_changed,
     saying_how_to_go_on,
 )
 from threadweaver.jsonl import RowError, read_jsonl, write_json
@@ -156,6 +160,10 @@ def check_problem_count(path: str, rows: list[dict], config) -> None:
     )
 
 
+RECORDED_SETTINGS = ("branching", "max_depth", "max_completion_length")
+"""The settings that shape what ``pgrpo`` rolls out and trains on, kept in each checkpoint (``sft.RUN_RECORD``)."""
+
+
 def train(model_dir: str, problems: str, config) -> str:
     """P-GRPO on the problems in ``problems`` with ``config`` (a ``PGRPOConfig``); returns the output directory."""
     import torch
@@ -173,8 +181,17 @@ def train(model_dir: str, problems: str, config) -> str:
     # float32 weights, under autocast where --bf16 (as sft trains): AdamW's steps of about the learning rate
     # (the paper's 1e-6) round away on bf16 weights, so a bf16 policy would barely move
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
-    trainer = PGRPOTrainer(model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
-    with saying_how_to_go_on(config):
+    record = run_record(problems, {name: getattr(config, name) for name in RECORDED_SETTINGS}, "PROBLEMS")
+    if resume and config.should_log:  # said once, not by each process of a distributed run
+        say_what_changed(resume, record)
+    trainer = PGRPOTrainer(
+        model,
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=[recording_run(record)],
+    )
+    with saying_how_to_go_on(config), quiet_tied_weights(model):
         trainer.train(resume_from_checkpoint=resume)
     model.set_attn_implementation("sdpa")
     trainer.save_model(config.output_dir)

@@ -46,12 +46,9 @@ class EngineArgs:
             check_model_dir(model, contents=self.engine != "vllm-inprocess", weights=self.engine not in SERVER_ENGINES)
 
 
-def make_engine(args: EngineArgs, model: str | None = None, timeout_s: float = HTTPOptions.timeout_s):
-    """``model``: the model directory, for the in-process engines; ``timeout_s``: the most seconds one request to a
-    server may take."""
-    options = HTTPOptions(
-        max_inflight=args.max_inflight, retries=args.retries, timeout_s=timeout_s, api_key=args.api_key
-    )
+def make_engine(args: EngineArgs, model: str | None = None):
+    """``model``: the model directory, for the in-process engines."""
+    options = HTTPOptions(max_inflight=args.max_inflight, retries=args.retries, api_key=args.api_key)
     if args.engine in SERVER_ENGINES:
         urls = args.base_url.split()
         if not urls:

@@ -74,8 +74,8 @@ class ProxyArgs:
     max_trajectories: int | None = max_trajectories_option()
     backend_timeout_s: float = option(
         HTTPOptions.timeout_s,
-        "Most seconds the backend may take over one request: one passed on, and each a fork-join request makes. "
-        "Past it, a request passed on is answered 504, or its reply, begun, is cut.",
+        "Most seconds a request passed on waits for the backend's reply to begin, or for its next part; then it is "
+        "answered 504, or its reply, begun, is cut (a fork-join request's limit is --timeout-s).",
     )
 
     def __post_init__(self):
@@ -109,9 +109,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
 
         from threadweaver.format import Format, missing_tags
 
-        engine = make_engine(
-            EngineArgs(engine=args.engine, base_url=backend, api_key=args.api_key), timeout_s=args.backend_timeout_s
-        )
+        engine = make_engine(EngineArgs(engine=args.engine, base_url=backend, api_key=args.api_key))
         try:
             source = await tokenizer_source(engine, args.model)
             if source is None:
@@ -131,7 +129,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
         state["session"] = aiohttp.ClientSession(
             headers=headers,
-            timeout=aiohttp.ClientTimeout(total=args.backend_timeout_s),
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=args.backend_timeout_s),
             connector=aiohttp.TCPConnector(limit=0),  # aiohttp's 100: a 101st stream would wait, and all after it
         )
 
@@ -160,7 +158,7 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                     except (aiohttp.ClientError, asyncio.TimeoutError) as err:  # begun: cut, not answered twice
                         timed_out = isinstance(err, asyncio.TimeoutError)
                         why = (
-                            f"took more than --backend-timeout-s {args.backend_timeout_s:g}"
+                            f"sent nothing for --backend-timeout-s {args.backend_timeout_s:g}"
                             if timed_out
                             else "broke off"
                         )
@@ -181,7 +179,8 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                 return response
             if isinstance(err, asyncio.TimeoutError):
                 error = APIError(
-                    f"the backend did not answer within --backend-timeout-s {args.backend_timeout_s:g}", status=504
+                    f"the backend did not begin its reply within --backend-timeout-s {args.backend_timeout_s:g}",
+                    status=504,
                 )
             else:
                 error = APIError(f"cannot reach the backend at {backend}: {err}", status=502)
