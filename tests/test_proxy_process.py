@@ -229,5 +229,23 @@ def test_a_backend_that_does_not_answer_in_time_is_a_504_or_its_reply_is_cut(bac
         while time.monotonic() - started < 3:  # twice the limit, a part at a time
             assert reply.read1(5) == b"tick\n"
         said = log.read_text()
+        assert "the backend did not begin its reply to GET /hung within --backend-timeout-s 1.5: answered 504" in said
         cut = "the backend's reply to GET /stalled sent nothing for --backend-timeout-s 1.5, and was cut there"
         assert cut in said and "Traceback" not in said
+
+
+def test_a_backend_that_takes_no_connection_is_a_504_in_time(tmp_path):
+    """A backend whose port takes no connection (its queue full; one behind a firewall that drops packets) held a
+    request passed on for as long as the system kept trying to connect."""
+    with socket.socket() as blackhole:
+        blackhole.bind(("127.0.0.1", 0))
+        blackhole.listen(0)
+        with socket.create_connection(blackhole.getsockname(), timeout=10):  # fills its queue: the next connect waits
+            backend = f"http://127.0.0.1:{blackhole.getsockname()[1]}"
+            flags = ("--backend", backend, "--model", str(MODEL), "--backend-timeout-s", "1.5")
+            with running_proxy(*flags, log_path=tmp_path / "proxy.log") as (_, url):
+                client = http.client.HTTPConnection("127.0.0.1", urllib.parse.urlsplit(url).port, timeout=60)
+                started = time.monotonic()
+                client.request("GET", "/plain")
+                reply = client.getresponse()
+                assert reply.status == 504 and time.monotonic() - started < 30

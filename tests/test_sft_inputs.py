@@ -40,8 +40,8 @@ def test_bad_paths_and_settings_are_named_before_anything_loads(kit):
         (model, data, "--output_dir", data): f"--output-dir {data}: a file, not a folder",
         (model, data, "--output_dir", ""): "--output-dir is empty",
         (model, data, "--output_dir", model): f"--output-dir {model} is MODEL: saving there would overwrite it",
-        (model, data, "--max_length", "0"): "--max-length must be a whole number of at least 1 (or none), not 0",
-        (model, data, "--max-length", "-1"): "--max-length must be a whole number of at least 1 (or none), not -1",
+        (model, data, "--max_length", "0"): "--max-length must be a whole number of at least 1, not 0",
+        (model, data, "--max-length", "-1"): "--max-length must be a whole number of at least 1, not -1",
         (model, data, "--learning-rate", "-1"): "--learning-rate must be a finite number of at least 0, not -1.0",
         (model, data, "--learning-rate", "nan"): "--learning-rate must be a finite number of at least 0, not nan",
         (model, data, "--per-device-train-batch-size", "0"): "--per-device-train-batch-size must be a whole number",
@@ -269,8 +269,9 @@ def test_going_on_with_other_rows_or_settings_says_which(tmp_path, caplog):
     assert said(sft.run_record(str(data), {}, "PROBLEMS")) == [  # pgrpo's: no collator settings
         f"going on from {folder} with PROBLEMS {data}, whose rows changed since"
     ]
-    for torn in ("{", "[]", '{"data": "x", "settings": 3}'):  # another script's, or a torn record: no comparing
-        (folder / sft.RUN_RECORD).write_text(torn)
+    records = ("{", "[]", '{"data": "x", "settings": 3}', '{"data": 5, "data_sha256": "", "settings": {}}', "[" * 10**5)
+    for record in records:  # another script's record, a torn one, or one of ours that was tampered with: no comparing
+        (folder / sft.RUN_RECORD).write_text(record)
         assert said(sft.run_record(str(data), collator)) == []
 
 

@@ -157,13 +157,19 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _has_answers(problems: str) -> bool:
-    """Whether a problem of ``problems`` has an answer to grade by (a file changed since the run may have none)."""
+    """Whether ``threadweaver filter`` can grade the trajectories: every problem in ``problems`` (as the file is now;
+    a pipe was read once, by the run) has an answer it reads."""
     from threadweaver.batch import read_problems
+    from threadweaver.reward import row_answer
 
+    if not os.path.isfile(problems):
+        return False
     try:
-        return any(row.get("answer") is not None for _, _, row in read_problems(problems))
+        for line, _, row in read_problems(problems):
+            row_answer(row, line)
     except (OSError, ValueError):
         return False
+    return True
 
 
 def _resume_hint(out: str) -> str:

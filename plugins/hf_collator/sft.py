@@ -418,14 +418,23 @@ def recording_run(record: dict):
 
 def say_what_changed(checkpoint: str, record: dict) -> None:
     """Warn where a run goes on from ``checkpoint`` with other rows or settings than those it was trained on."""
+    path = os.path.join(checkpoint, RUN_RECORD)
     try:
-        with open(os.path.join(checkpoint, RUN_RECORD)) as f:
+        if not os.path.isfile(path) or os.path.getsize(path) > 2**20:  # a record is a few hundred bytes
+            return
+        with open(path) as f:
             earlier = json.load(f)
-        earlier_data, earlier_settings = earlier["data"], dict(earlier["settings"])
-    except (OSError, ValueError, KeyError, TypeError):
+        earlier_data, earlier_digest, earlier_settings = (
+            earlier["data"],
+            earlier["data_sha256"],
+            dict(earlier["settings"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return  # saved by another script, or by a threadweaver that kept no record, or torn
+    if not (isinstance(earlier_data, str) and earlier_data.isprintable()):
+        return  # not a record of ours
     changes = []
-    if earlier.get("data_sha256") != record["data_sha256"]:
+    if earlier_digest != record["data_sha256"]:
         data, name = record["data"], record["data_name"]
         changes.append(
             f"{name} {data}, whose rows changed since"
@@ -534,7 +543,7 @@ def train(
     from trl import SFTTrainer
 
     if config.max_length is not None and config.max_length < 1:
-        raise ValueError(f"--max-length must be a whole number of at least 1 (or none), not {config.max_length}")
+        raise ValueError(f"--max-length must be a whole number of at least 1, not {config.max_length}")
     check_trainer_numbers(config)
     # the collator takes a max_depth of 0, which refuses every parallel row
     check_counts(types.SimpleNamespace(max_depth=collator_settings.get("max_depth", 1)), ("max_depth",))

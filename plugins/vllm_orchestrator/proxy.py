@@ -129,7 +129,9 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
         state["session"] = aiohttp.ClientSession(
             headers=headers,
-            timeout=aiohttp.ClientTimeout(total=None, sock_read=args.backend_timeout_s),
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=args.backend_timeout_s, sock_read=args.backend_timeout_s
+            ),
             connector=aiohttp.TCPConnector(limit=0),  # aiohttp's 100: a 101st stream would wait, and all after it
         )
 
@@ -181,6 +183,12 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
                 error = APIError(
                     f"the backend did not begin its reply within --backend-timeout-s {args.backend_timeout_s:g}",
                     status=504,
+                )
+                print(
+                    f"threadweaver proxy: the backend did not begin its reply to {request.method} {request.path} "
+                    f"within --backend-timeout-s {args.backend_timeout_s:g}: answered 504",
+                    file=sys.stderr,
+                    flush=True,
                 )
             else:
                 error = APIError(f"cannot reach the backend at {backend}: {err}", status=502)
