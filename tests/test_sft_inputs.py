@@ -2,6 +2,8 @@
 token id past the model's embeddings naming the row and position, before training starts."""
 
 import json
+import logging
+import os
 
 import pytest
 
@@ -264,35 +266,39 @@ def test_going_on_with_other_rows_or_settings_says_which(tmp_path, caplog):
     collator.update(max_length=None, branching=False)
     assert said(sft.run_record(str(data), collator)) == [
         f"going on from {folder} with DATA {data}, whose rows changed since; --no-branching, where it had --branching; "
-        "no --max-length, where it had --max-length 8192"
+        "max_length None, where it had --max-length 8192"
     ]
     assert said(sft.run_record(str(data), {}, "PROBLEMS")) == [  # pgrpo's: no collator settings
         f"going on from {folder} with PROBLEMS {data}, whose rows changed since"
     ]
+    pipe = tmp_path / "pipe"  # rows read once, by the run: no digest, and no DATA compared
+    os.mkfifo(pipe)
+    assert sft.run_record(str(pipe), {})["data_sha256"] is None and said(sft.run_record(str(pipe), {})) == []
     records = ("{", "[]", '{"data": "x", "settings": 3}', '{"data": 5, "data_sha256": "", "settings": {}}', "[" * 10**5)
     for record in records:  # another script's record, a torn one, or one of ours that was tampered with: no comparing
         (folder / sft.RUN_RECORD).write_text(record)
         assert said(sft.run_record(str(data), collator)) == []
 
 
-def test_resuming_says_nothing_of_missing_keys_that_are_tied_weights_only(caplog):
+def test_resuming_says_nothing_of_missing_keys_that_are_tied_weights_only():
     """transformers warns that a checkpoint lacks ``lm_head.weight`` where it is tied to the embedding (loading
     that restores it); a key that is no tied weight is still said."""
-    import logging
-
     import torch
+
+    from threadweaver.testing import logged
 
     model = torch.nn.Module()
     model.embed = torch.nn.Embedding(4, 2)
     model.head = torch.nn.Linear(2, 4, bias=False)
     model.head.weight = model.embed.weight
     trainer_logger = logging.getLogger("transformers.trainer")
-    with caplog.at_level(logging.WARNING, logger="transformers.trainer"), sft.quiet_tied_weights(model):
-        trainer_logger.warning(f"{sft.MISSING_KEYS}['head.weight'].")
-        trainer_logger.warning(f"{sft.MISSING_KEYS}['head.weight', 'embed.weight'].")
-        trainer_logger.warning("Checkpoint included callbacks not included in current configuration.")
-    trainer_logger.warning(f"{sft.MISSING_KEYS}['head.weight'].")  # the filter is gone after the run
-    assert [r.getMessage() for r in caplog.records] == [
+    with logged("transformers.trainer") as said:
+        with sft.quiet_tied_weights(model):
+            trainer_logger.warning(f"{sft.MISSING_KEYS}['head.weight'].")
+            trainer_logger.warning(f"{sft.MISSING_KEYS}['head.weight', 'embed.weight'].")
+            trainer_logger.warning("Checkpoint included callbacks not included in current configuration.")
+        trainer_logger.warning(f"{sft.MISSING_KEYS}['head.weight'].")  # the filter is gone after the run
+    assert said == [
         f"{sft.MISSING_KEYS}['head.weight', 'embed.weight'].",
         "Checkpoint included callbacks not included in current configuration.",
         f"{sft.MISSING_KEYS}['head.weight'].",

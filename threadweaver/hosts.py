@@ -92,4 +92,5 @@ def each_warning_once():
     try:
         yield
     finally:
-        warnings.showwarning = show
+        if warnings.showwarning is once:  # another's, set inside (logging.captureWarnings), is left to its owner
+            warnings.showwarning = show

@@ -10,18 +10,20 @@ reply is the format's end-of-sequence token. For example, one well-formed block:
                                   "<Thread>2:": "bbbb</Thread>", "</Parallel>": " done<EOS>"})
 
 :data:`CLI` is the ``threadweaver`` command beside the running interpreter; :func:`interrupted_once_written`
-stops a command as Ctrl-C does once it has written its first row.
+stops a command as Ctrl-C does once it has written its first row; :func:`logged` keeps what a logger says.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 from threadweaver.engine import Completion, Sampling, to_completion
@@ -89,3 +91,18 @@ def interrupted_once_written(command: list[str], rows: str, wait_s: float = 60) 
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
     return process.returncode if process.returncode >= 0 else 128 - process.returncode, err
+
+
+@contextlib.contextmanager
+def logged(name: str) -> Iterator[list[str]]:
+    """The messages logger ``name`` passes on to its handlers while inside (its filters applied). pytest's ``caplog``
+    sees only what reaches the root logger, and transformers' loggers stop there unless ``CI`` is set."""
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger(name)
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)

@@ -373,8 +373,6 @@ def check_no_earlier_run(output_dir: str) -> None:
 
 def check_steps_left(checkpoint: str, config) -> None:
     """Refuse a resumed run with no step left to train: the Trainer trained none and said nothing."""
-    import json
-
     try:
         with open(os.path.join(checkpoint, TRAINER_STATE)) as f:
             step = json.load(f)["global_step"]
@@ -395,10 +393,16 @@ RECORDED_SETTINGS = ("branching", "train_injected", "max_depth", "max_length")
 
 
 def run_record(data: str, settings: dict, data_name: str = "DATA") -> dict:
-    """What a run trains on, as :data:`RUN_RECORD` keeps it: the file of rows it names ``data_name``, and
-    ``settings``."""
-    path = os.path.abspath(data)
-    return {"data": path, "data_name": data_name, "data_sha256": file_digest(data), "settings": settings}
+    """What a run trains on, as :data:`RUN_RECORD` keeps it: the file of rows it names ``data_name`` (its digest
+    where it is a file: a pipe was read once, by the run), and ``settings``."""
+    digest = file_digest(data) if os.path.isfile(data) else None
+    return {"data": os.path.abspath(data), "data_name": data_name, "data_sha256": digest, "settings": settings}
+
+
+def keeps_a_record(config, resume: str | None) -> bool:
+    """Whether a run of ``config`` reads or writes :data:`RUN_RECORD` (it saves checkpoints, or goes on from one):
+    a run that does neither does not read its rows twice to digest them."""
+    return resume is not None or config.save_strategy != "no"
 
 
 def recording_run(record: dict):
@@ -411,7 +415,10 @@ def recording_run(record: dict):
         def on_save(self, args, state, control, **kwargs):
             folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
             if args.should_save and os.path.isdir(folder):  # the process that saved it (one a node, or one in all)
-                write_json(os.path.join(folder, RUN_RECORD), record)
+                try:
+                    write_json(os.path.join(folder, RUN_RECORD), record)
+                except OSError as err:  # the checkpoint is saved: training goes on without its record
+                    logger.warning("cannot write %s into %s: %s", RUN_RECORD, folder, err.strerror or err)
 
     return RecordRun()
 
@@ -434,7 +441,7 @@ def say_what_changed(checkpoint: str, record: dict) -> None:
     if not (isinstance(earlier_data, str) and earlier_data.isprintable()):
         return  # not a record of ours
     changes = []
-    if earlier_digest != record["data_sha256"]:
+    if None not in (earlier_digest, record["data_sha256"]) and earlier_digest != record["data_sha256"]:
         data, name = record["data"], record["data_name"]
         changes.append(
             f"{name} {data}, whose rows changed since"
@@ -454,12 +461,12 @@ def say_what_changed(checkpoint: str, record: dict) -> None:
 
 
 def _as_flag(name: str, value) -> str:
-    """A setting as the command line spells it: ``--branching``, ``--no-branching``, ``--max-depth 3``, ``no
-    --max-length``."""
+    """A setting as the command line spells it: ``--branching``, ``--no-branching``, ``--max-depth 3`` (``max_length
+    None``, which only Python can set, as Python spells it)."""
     flag = f"--{name.replace('_', '-')}"
     if isinstance(value, bool):
         return flag if value else f"--no-{flag[2:]}"
-    return f"no {flag}" if value is None else f"{flag} {value}"
+    return f"{name} None" if value is None else f"{flag} {value}"
 
 
 MISSING_KEYS = "There were missing keys in the checkpoint model loaded: "
@@ -599,7 +606,9 @@ def train(
     config.padding_free = False
     config.remove_unused_columns = False
     config.dataset_kwargs = {**(config.dataset_kwargs or {}), "skip_prepare_dataset": True}
-    record = run_record(data, {name: getattr(collator, name) for name in RECORDED_SETTINGS})
+    record = None
+    if keeps_a_record(config, resume):
+        record = run_record(data, {name: getattr(collator, name) for name in RECORDED_SETTINGS})
     if resume and config.should_log:  # said once, not by each process of a distributed run
         say_what_changed(resume, record)
     trainer = SFTTrainer(
@@ -608,7 +617,7 @@ def train(
         train_dataset=_table(rows),
         processing_class=tokenizer,
         data_collator=collator,
-        callbacks=[recording_run(record)],
+        callbacks=[recording_run(record)] if record else None,
     )
     with (
         keep_freed_memory() if not cuda else contextlib.nullcontext(),

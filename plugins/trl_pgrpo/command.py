@@ -14,6 +14,7 @@ from threadweaver.cli_args import SettingError, spellings
 from threadweaver.hf_collator.sft import (
     check_paths,
     check_steps,
+    keeps_a_record,
     quiet_tied_weights,
     recording_run,
     resume_point,
@@ -181,7 +182,9 @@ def train(model_dir: str, problems: str, config) -> str:
     # float32 weights, under autocast where --bf16 (as sft trains): AdamW's steps of about the learning rate
     # (the paper's 1e-6) round away on bf16 weights, so a bf16 policy would barely move
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
-    record = run_record(problems, {name: getattr(config, name) for name in RECORDED_SETTINGS}, "PROBLEMS")
+    record = None
+    if keeps_a_record(config, resume):
+        record = run_record(problems, {name: getattr(config, name) for name in RECORDED_SETTINGS}, "PROBLEMS")
     if resume and config.should_log:  # said once, not by each process of a distributed run
         say_what_changed(resume, record)
     trainer = PGRPOTrainer(
@@ -189,7 +192,7 @@ def train(model_dir: str, problems: str, config) -> str:
         args=config,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
-        callbacks=[recording_run(record)],
+        callbacks=[recording_run(record)] if record else None,
     )
     with saying_how_to_go_on(config), quiet_tied_weights(model):
         trainer.train(resume_from_checkpoint=resume)

@@ -23,7 +23,15 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from threadweaver.cli_args import SettingError, check_counts, check_listen_host, check_port, check_url, option
+from threadweaver.cli_args import (
+    SettingError,
+    check_counts,
+    check_listen_host,
+    check_port,
+    check_url,
+    is_number,
+    option,
+)
 from threadweaver.engine import EngineError
 from threadweaver.interrupts import STOPPING_SIGNALS, raise_keyboard_interrupt
 from threadweaver.model_dirs import check_model_dir
@@ -80,7 +88,9 @@ class ProxyArgs:
 
     def __post_init__(self):
         check_url(self, "backend")
-        if not (math.isfinite(self.backend_timeout_s) and self.backend_timeout_s > 0):
+        if not (
+            is_number(self.backend_timeout_s) and math.isfinite(self.backend_timeout_s) and self.backend_timeout_s > 0
+        ):
             raise SettingError(
                 "backend_timeout_s", f"must be a finite number of seconds, more than 0, not {self.backend_timeout_s}"
             )
@@ -129,8 +139,8 @@ def proxy_app(args: ProxyArgs, limits: Limits = Limits()):
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
         state["session"] = aiohttp.ClientSession(
             headers=headers,
-            timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=args.backend_timeout_s, sock_read=args.backend_timeout_s
+            timeout=aiohttp.ClientTimeout(  # connect: resolving the name and connecting
+                total=None, connect=args.backend_timeout_s, sock_read=args.backend_timeout_s
             ),
             connector=aiohttp.TCPConnector(limit=0),  # aiohttp's 100: a 101st stream would wait, and all after it
         )
