@@ -183,15 +183,22 @@ def test_stopping_cuts_a_passed_on_reply_as_it_is(proxy):
     assert "stopping; 1 reply still running" in said and "cut a reply short" not in said and "Traceback" not in said
 
 
-def test_a_passed_on_reply_the_backend_breaks_off_is_cut_there(proxy):
-    """A 502 reply was written into the stream already begun, which its client read as a broken chunk."""
-    _, port, log = proxy
+def raw_get(port: int, path: str) -> tuple[bytes, bytes]:
+    """GET ``path`` from the proxy at ``port`` over a bare socket, read until the proxy closes it: (the reply's head,
+    its body as sent, chunk framing and all), where http.client would refuse a reply cut short."""
     with socket.create_connection(("127.0.0.1", port), timeout=60) as client:
-        client.sendall(b"GET /broken HTTP/1.1\r\nHost: proxy\r\n\r\n")
+        client.sendall(f"GET {path} HTTP/1.1\r\nHost: proxy\r\n\r\n".encode())
         read = b""
         while chunk := client.recv(1 << 16):
             read += chunk
     head, _, body = read.partition(b"\r\n\r\n")
+    return head, body
+
+
+def test_a_passed_on_reply_the_backend_breaks_off_is_cut_there(proxy):
+    """A 502 reply was written into the stream already begun, which its client read as a broken chunk."""
+    _, port, log = proxy
+    head, body = raw_get(port, "/broken")
     assert head.startswith(b"HTTP/1.1 200 ") and body == b"5\r\ntick\n\r\n"  # no end chunk, nothing after it
     said = log.read_text()
     assert "threadweaver proxy: the backend's reply to GET /broken broke off, and was cut there for its client" in said
@@ -216,12 +223,7 @@ def test_a_backend_that_does_not_answer_in_time_is_a_504_or_its_reply_is_cut(bac
             error["message"] == "the backend did not begin its reply within --backend-timeout-s 1.5"
             and error["code"] == 504
         )
-        with socket.create_connection(("127.0.0.1", port), timeout=60) as raw:
-            raw.sendall(b"GET /stalled HTTP/1.1\r\nHost: proxy\r\n\r\n")
-            read = b""
-            while chunk := raw.recv(1 << 16):
-                read += chunk
-        head, _, body = read.partition(b"\r\n\r\n")
+        head, body = raw_get(port, "/stalled")
         assert head.startswith(b"HTTP/1.1 200 ") and body == b"5\r\ntick\n\r\n"  # no end chunk
         client.request("GET", "/endless")
         reply = client.getresponse()

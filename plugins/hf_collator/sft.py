@@ -399,10 +399,17 @@ def run_record(data: str, settings: dict, data_name: str = "DATA") -> dict:
     return {"data": os.path.abspath(data), "data_name": data_name, "data_sha256": digest, "settings": settings}
 
 
-def keeps_a_record(config, resume: str | None) -> bool:
-    """Whether a run of ``config`` reads or writes :data:`RUN_RECORD` (it saves checkpoints, or goes on from one):
-    a run that does neither does not read its rows twice to digest them."""
-    return resume is not None or config.save_strategy != "no"
+def recording_callbacks(config, resume: str | None, data: str, settings: dict, data_name: str = "DATA") -> list:
+    """The Trainer callbacks that keep a run of ``config`` on ``data`` with ``settings`` in each checkpoint it saves
+    (:func:`recording_run`), once it has said what changed since ``resume``, the checkpoint it goes on from
+    (:func:`say_what_changed`). A run that neither saves checkpoints nor goes on from one does not read its rows
+    twice to digest them."""
+    if resume is None and config.save_strategy == "no":
+        return []
+    record = run_record(data, settings, data_name)
+    if resume and config.should_log:  # said once, not by each process of a distributed run
+        say_what_changed(resume, record)
+    return [recording_run(record)]
 
 
 def recording_run(record: dict):
@@ -606,18 +613,14 @@ def train(
     config.padding_free = False
     config.remove_unused_columns = False
     config.dataset_kwargs = {**(config.dataset_kwargs or {}), "skip_prepare_dataset": True}
-    record = None
-    if keeps_a_record(config, resume):
-        record = run_record(data, {name: getattr(collator, name) for name in RECORDED_SETTINGS})
-    if resume and config.should_log:  # said once, not by each process of a distributed run
-        say_what_changed(resume, record)
+    settings = {name: getattr(collator, name) for name in RECORDED_SETTINGS}
     trainer = SFTTrainer(
         model=model,
         args=config,
         train_dataset=_table(rows),
         processing_class=tokenizer,
         data_collator=collator,
-        callbacks=[recording_run(record)] if record else None,
+        callbacks=recording_callbacks(config, resume, data, settings),
     )
     with (
         keep_freed_memory() if not cuda else contextlib.nullcontext(),

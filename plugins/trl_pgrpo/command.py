@@ -14,14 +14,11 @@ from threadweaver.cli_args import SettingError, spellings
 from threadweaver.hf_collator.sft import (
     check_paths,
     check_steps,
-    keeps_a_record,
     quiet_tied_weights,
-    recording_run,
+    recording_callbacks,
     resume_point,
     run_defaults,
-    run_record,
     say_how_to_resume,
-    say_what_changed,
     saying_how_to_go_on,
 )
 from threadweaver.jsonl import RowError, read_jsonl, write_json
@@ -182,17 +179,13 @@ def train(model_dir: str, problems: str, config) -> str:
     # float32 weights, under autocast where --bf16 (as sft trains): AdamW's steps of about the learning rate
     # (the paper's 1e-6) round away on bf16 weights, so a bf16 policy would barely move
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
-    record = None
-    if keeps_a_record(config, resume):
-        record = run_record(problems, {name: getattr(config, name) for name in RECORDED_SETTINGS}, "PROBLEMS")
-    if resume and config.should_log:  # said once, not by each process of a distributed run
-        say_what_changed(resume, record)
+    settings = {name: getattr(config, name) for name in RECORDED_SETTINGS}
     trainer = PGRPOTrainer(
         model,
         args=config,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
-        callbacks=[recording_run(record)] if record else None,
+        callbacks=recording_callbacks(config, resume, problems, settings, "PROBLEMS"),
     )
     with saying_how_to_go_on(config), quiet_tied_weights(model):
         trainer.train(resume_from_checkpoint=resume)
