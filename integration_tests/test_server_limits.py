@@ -95,7 +95,7 @@ def test_the_api_key_guards_the_fork_join_routes(server, trained):
         ),
         ({"threadweaver": True, "max_tokens": 100_000}, "'max_tokens': 100000 is above this server's ceiling of 40"),
         ({"threadweaver": {"max_threads": -5}}, "max_threads must be a whole number of at least 1, not -5"),
-        ({"threadweaver": {"timeout_s": -1}}, "timeout_s must be more than 0 seconds"),
+        ({"threadweaver": {"timeout_s": -1}}, "timeout_s must be a finite number of seconds, more than 0 (or none)"),
         ({"threadweaver": True, "messages": [{"role": "user"}]}, "cannot apply the chat template to 'messages'"),
     ],
 )

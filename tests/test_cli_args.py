@@ -1,11 +1,20 @@
 """Flags from typed configs: a refused value is named as the user gave it, a flag or a field."""
 
 import argparse
+import re
 from dataclasses import dataclass
 
 import pytest
 
-from threadweaver.cli_args import SettingError, add_arguments, check_counts, check_numbers, from_args, option
+from threadweaver.cli_args import (
+    SettingError,
+    add_arguments,
+    check_counts,
+    check_numbers,
+    check_seconds,
+    from_args,
+    option,
+)
 
 
 @dataclass(frozen=True)
@@ -60,3 +69,18 @@ def test_a_number_that_is_not_finite_or_below_the_least_is_refused():
     for bad in (-1, float("nan"), float("inf"), "1", True):
         with pytest.raises(SettingError, match="^rate must be a finite number of at least 0, not "):
             check_numbers(Rates(bad), ("rate",))
+
+
+def test_a_time_limit_that_is_not_finite_and_more_than_0_seconds_is_refused():
+    @dataclass(frozen=True)
+    class Limit:
+        limit_s: float | None = 5.0
+
+    check_seconds(Limit(0.001), ("limit_s",))
+    check_seconds(Limit(None), ("limit_s",), none_ok=True)
+    for bad in (0, -1, float("nan"), float("inf"), "5", True, None):
+        with pytest.raises(SettingError, match=r"^limit_s must be a finite number of seconds, more than 0, not "):
+            check_seconds(Limit(bad), ("limit_s",))
+    refused = "limit_s must be a finite number of seconds, more than 0 (or none), not inf"
+    with pytest.raises(SettingError, match=re.escape(refused)):
+        check_seconds(Limit(float("inf")), ("limit_s",), none_ok=True)

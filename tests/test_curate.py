@@ -291,7 +291,7 @@ def test_the_command_writes_rows_sft_reads_and_says_what_it_did(tmp_path, capsys
         (["t.jsonl", "out", "--model", "m", "--max-cost", "5"], "--max-cost needs the prices it counts"),
         (["t.jsonl", "out", "--model", "m", "--price-prompt", "-1"], "--price-prompt must be 0 or more USD, not -1"),
         (["t.jsonl", "out", "--model", "m", "--limit", "-1"], "--limit must be a whole number of at least 1"),
-        (["t.jsonl", "out", "--model", "m", "--timeout-s", "0"], "--timeout-s must be more than 0 seconds"),
+        (["t.jsonl", "out", "--model", "m", "--timeout-s", "0"], "--timeout-s must be a finite number of seconds"),
         (["t.jsonl", "out", "--model", "m", "--temperature", "-3"], "--temperature must be 0 to 2"),
     ],
 )

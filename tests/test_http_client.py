@@ -7,8 +7,22 @@ import time
 
 import pytest
 
+from threadweaver.cli_args import SettingError
 from threadweaver.engine import EngineError
 from threadweaver.vllm_orchestrator.http import HTTPOptions, JSONClient
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"timeout_s": 0}, "timeout_s must be a finite number of seconds, more than 0, not 0"),
+        ({"timeout_s": float("inf")}, "timeout_s must be a finite number of seconds, more than 0, not inf"),
+        ({"backoff_s": -1}, "backoff_s must be a finite number of at least 0, not -1"),
+    ],
+)
+def test_options_that_no_request_could_keep_are_refused_naming_the_field(options, message):
+    with pytest.raises(SettingError, match=re.escape(message)):
+        HTTPOptions(**options)
 
 
 def test_a_session_of_another_loop_is_closed_not_dropped():

@@ -304,7 +304,9 @@ def test_a_request_may_ask_for_less_than_the_ceilings(fmt):
     [
         ({"threadweaver": {"max_threads": -5}}, "max_threads must be a whole number of at least 1, not -5"),
         ({"threadweaver": {"max_depth": 0}}, "max_depth must be a whole number of at least 1, not 0"),
-        ({"threadweaver": {"timeout_s": -1}}, "timeout_s must be more than 0 seconds"),
+        ({"threadweaver": {"timeout_s": -1}}, "timeout_s must be a finite number of seconds, more than 0 (or none)"),
+        # JSON's Infinity, which Python's json reads: it once passed as a limit
+        ({"threadweaver": {"timeout_s": float("inf")}}, "timeout_s must be a finite number of seconds, more than 0"),
         ({"max_tokens": -1}, "'max_tokens': max_tokens must be a whole number of at least 1, not -1"),
         ({"max_tokens": 0}, "'max_tokens': max_tokens must be a whole number of at least 1, not 0"),
         ({"prompt": [10_000]}, "'prompt' holds token id 10000, outside the vocabulary (0..299)"),

@@ -80,6 +80,18 @@ def check_numbers(config, names: typing.Iterable[str]) -> None:
             raise SettingError(name, f"must be a finite number of at least 0, not {value!r}")
 
 
+def check_seconds(config, names: typing.Iterable[str], none_ok: bool = False) -> None:
+    """Refuse a config whose fields ``names`` are not finite numbers of seconds, more than 0 (``none_ok``: or
+    None, "no limit"), naming the field: the one rule for every time limit."""
+    for name in names:
+        value = getattr(config, name)
+        if value is None and none_ok:
+            continue
+        if not is_number(value) or not math.isfinite(value) or value <= 0:
+            none = " (or none)" if none_ok else ""
+            raise SettingError(name, f"must be a finite number of seconds, more than 0{none}, not {value!r}")
+
+
 def url_problem(url) -> str | None:
     """Why ``url`` cannot be a server's address ("must be an http:// or https:// URL, not 'x'"), or None: the
     one rule for every server URL, as a flag (:func:`check_url`) or a library argument."""

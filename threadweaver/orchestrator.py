@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from threadweaver.cli_args import SettingError, check_counts, is_number, option
+from threadweaver.cli_args import SettingError, check_counts, check_seconds, option
 from threadweaver.engine import Completion, Engine, EngineError, Sampling
 from threadweaver.format import Format
 from threadweaver.layout import (
@@ -120,8 +120,7 @@ class Limits:
         for name in ("branching", "concurrent_threads", "warm_join"):
             if not isinstance(getattr(self, name), bool):
                 raise SettingError(name, f"must be true or false, not {getattr(self, name)!r}")
-        if self.timeout_s is not None and not (is_number(self.timeout_s) and self.timeout_s > 0):
-            raise SettingError("timeout_s", f"must be more than 0 seconds (or none), not {self.timeout_s!r}")
+        check_seconds(self, ("timeout_s",), none_ok=True)
 
     @property
     def request_cap(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from threadweaver.cli_args import SettingError, check_counts, option
+from threadweaver.cli_args import SettingError, check_counts, check_seconds, option
 from threadweaver.orchestrator import MOST_THREADS
 
 MOST_UNITS = 4096
@@ -49,8 +49,7 @@ class LLMArgs:
         check_counts(self, ("retries", "reasks"), least=0)
         if not 0 <= self.temperature <= 2:
             raise SettingError("temperature", f"must be 0 to 2, as OpenAI's API takes it, not {self.temperature}")
-        if not self.timeout_s > 0:
-            raise SettingError("timeout_s", f"must be more than 0 seconds, not {self.timeout_s}")
+        check_seconds(self, ("timeout_s",))
         if self.extra_body is not None:
             try:
                 body = json.loads(self.extra_body)

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 
-from threadweaver.cli_args import check_counts, option, url_problem
+from threadweaver.cli_args import check_counts, check_numbers, check_seconds, option, url_problem
 from threadweaver.engine import EngineError, RequestRefused
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,8 @@ class HTTPOptions:
     def __post_init__(self):
         check_counts(self, ("max_inflight",))
         check_counts(self, ("retries",), least=0)
+        check_numbers(self, ("backoff_s",))
+        check_seconds(self, ("timeout_s",))
 
 
 _RETRIED_STATUS = {429, 500, 502, 503, 504}

@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import os
 import re
 import secrets
@@ -23,15 +22,7 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from threadweaver.cli_args import (
-    SettingError,
-    check_counts,
-    check_listen_host,
-    check_port,
-    check_url,
-    is_number,
-    option,
-)
+from threadweaver.cli_args import check_counts, check_listen_host, check_port, check_seconds, check_url, option
 from threadweaver.engine import EngineError
 from threadweaver.interrupts import STOPPING_SIGNALS, raise_keyboard_interrupt
 from threadweaver.model_dirs import check_model_dir
@@ -88,12 +79,7 @@ class ProxyArgs:
 
     def __post_init__(self):
         check_url(self, "backend")
-        if not (
-            is_number(self.backend_timeout_s) and math.isfinite(self.backend_timeout_s) and self.backend_timeout_s > 0
-        ):
-            raise SettingError(
-                "backend_timeout_s", f"must be a finite number of seconds, more than 0, not {self.backend_timeout_s}"
-            )
+        check_seconds(self, ("backend_timeout_s",))
         if self.model:
             check_model_dir(self.model, weights=False)
         check_listen_host(self)

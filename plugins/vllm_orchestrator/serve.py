@@ -26,7 +26,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from threadweaver.cli_args import SettingError, check_counts, check_listen_host, check_port, flag, option
+from threadweaver.cli_args import SettingError, check_counts, check_listen_host, check_port, check_seconds, flag, option
 from threadweaver.format import missing_tags
 from threadweaver.hosts import check_host
 from threadweaver.interrupts import STOPPING_SIGNALS, interrupt_like_ctrl_c
@@ -69,8 +69,7 @@ class ServeArgs:
             raise SettingError(
                 "gpu_memory_utilization", f"is a share (more than 0, at most 1), not {self.gpu_memory_utilization}"
             )
-        if not self.startup_timeout_s > 0:
-            raise SettingError("startup_timeout_s", f"must be more than 0 seconds, not {self.startup_timeout_s}")
+        check_seconds(self, ("startup_timeout_s",))
 
 
 SERVER_KEEPALIVE_S = 60
