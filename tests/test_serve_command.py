@@ -5,7 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from threadweaver.vllm_orchestrator.serve import ServeArgs, check_tags, server_command
+from threadweaver.orchestrator import Limits
+from threadweaver.vllm_orchestrator.serve import ServeArgs, check_tags, server_command, server_env
 
 
 def flags(command):
@@ -43,7 +44,7 @@ def test_the_quickstarts_servers_split_the_gpu_and_a_model_of_ones_own_keeps_its
 
     own = server_args({"parallel": "Qwen/Qwen3-8B"}, "auto", OWN_MODEL_CONTEXT)["parallel"]
     assert flags(server_command(own, 1))["--max-model-len"] == "8192"
-    assert own.cpu_kv_cache_gib == ServeArgs.cpu_kv_cache_gib  # 2 GiB: 1 holds 2,048 tokens of the pairs' models
+    assert own.cpu_kv_cache_gib is None  # the environment's, else 2 GiB: 1 holds 2,048 tokens of the pairs' models
     assert flags(server_command(replace(own, device="gpu"), 1))["--gpu-memory-utilization"] == "0.9"
 
 
@@ -233,3 +234,13 @@ def test_a_start_up_that_vllm_refuses_with_status_2_exits_2(tmp_path, monkeypatc
         capfd.readouterr().err.splitlines()[-1]
         == "threadweaver serve: vLLM refused its command line (its error is above)"
     )
+
+
+def test_the_cpu_kv_cache_flag_wins_over_the_environment_which_wins_over_the_default():
+    def cache(environ, **flags):
+        return server_env(ServeArgs("m", device="cpu", **flags), Limits(), environ)["VLLM_CPU_KVCACHE_SPACE"]
+
+    assert cache({}) == "2"
+    assert cache({"VLLM_CPU_KVCACHE_SPACE": "40"}) == "40"  # vLLM's own way to size it
+    assert cache({"VLLM_CPU_KVCACHE_SPACE": "40"}, cpu_kv_cache_gib=1) == "1"  # once the environment's, silently
+    assert "VLLM_CPU_KVCACHE_SPACE" not in server_env(ServeArgs("m", device="gpu", cpu_kv_cache_gib=1), Limits(), {})

@@ -303,3 +303,18 @@ def test_resuming_says_nothing_of_missing_keys_that_are_tied_weights_only():
         "Checkpoint included callbacks not included in current configuration.",
         f"{sft.MISSING_KEYS}['head.weight'].",
     ]
+
+
+@pytest.mark.parametrize(
+    "argv, strategy",
+    [
+        (["--save-steps", "5"], "steps"),  # TRL's default strategy: the flag alone once saved nothing
+        (["--save_steps=5"], "steps"),
+        (["--save-steps", "5", "--save-strategy", "epoch"], "no"),  # as given: left to the parser
+        (["--max-steps", "5"], "no"),
+    ],
+)
+def test_save_steps_alone_saves_checkpoints_as_in_trl(argv, strategy):
+    values = {"save_strategy": "no"}
+    sft.saving_as_asked(argv, values)
+    assert values["save_strategy"] == strategy

@@ -51,6 +51,11 @@ def spellings(name: str) -> list[str]:
     return [f"--{name}", flag(name)] if "_" in name else [flag(name)]
 
 
+def given(argv: list[str], name: str) -> bool:
+    """Whether ``argv`` sets the flag ``name`` (``--a_b``), spelt with dashes or underscores, with or without ``=``."""
+    return any(arg.split("=")[0].replace("-", "_") == name.replace("-", "_") for arg in argv)
+
+
 def is_number(value) -> bool:
     """A real number (an int or a float), not a bool or a string that reads as one."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)

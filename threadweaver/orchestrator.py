@@ -100,7 +100,8 @@ class Limits:
     max_request_tokens: int | None = option(
         None,
         "Most generated tokens in one request (default: max_tokens); a sequence whose request reaches it ends "
-        "there (a thread is closed), even with max_tokens left. A plain (--no-branching) trajectory is one request.",
+        "there (a thread is closed), even with max_tokens left. A trajectory decoded without branching is one "
+        "request.",
     )
     timeout_s: float | None = option(None, "Wall-clock limit per trajectory.")
     warm_join: bool = option(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -11,6 +12,12 @@ def os_error(err: OSError) -> str:
     """An OS error as a command's one line says it: the path it names, then why."""
     where = f"{err.filename}: " if err.filename else ""
     return f"{where}{err.strerror or err}"
+
+
+def show_warnings() -> None:
+    """Warnings of the training commands' own loggers (and their hosts'), each line led by its level and
+    logger: without a handler, Python prints a bare message that reads as the command's own output."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 
 def no_arguments(parser: argparse.ArgumentParser) -> None:

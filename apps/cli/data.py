@@ -13,7 +13,7 @@ from threadweaver.jsonl import report_path
 from threadweaver.selection import FilterConfig
 from threadweaver.synth import SynthConfig
 
-from .command import Command, os_error
+from .command import Command, os_error, show_warnings
 
 TOKENIZER_HELP = (
     "'synth', 'qwen', a tokenizer directory or hub id (default: the tokenizer the rows record, "
@@ -249,7 +249,7 @@ def _convert_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="the peer's rows: JSONL, parquet (.parquet) or a JSON array (.json)")
     p.add_argument("out", help=f"our chat rows (JSONL, for sft); the report goes to {report_path('OUT')}")
     p.add_argument("--from", dest="source", required=True, choices=SOURCES, help="the input's format")
-    p.add_argument("--tokenizer", default="qwen", help="'qwen' (default), 'synth', or a tokenizer directory")
+    p.add_argument("--tokenizer", default="qwen", help="'qwen' (default), 'synth', a tokenizer directory or hub id")
     add_arguments(p, ConvertConfig)
 
 
@@ -339,14 +339,12 @@ def _self_train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _self_train(args: argparse.Namespace) -> None:
-    import logging
-
     from threadweaver.engine import EngineError, Sampling
     from threadweaver.interrupts import Stopped
     from threadweaver.selection import format_report
     from threadweaver.self_train import SelfTrainArgs, check_sft_flags, run
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    show_warnings()
     try:
         configs = [from_args(c, args) for c in (SelfTrainArgs, Sampling, FilterConfig)]
         check_sft_flags(args.rest)
@@ -581,8 +579,8 @@ DATA_COMMANDS = (
         _self_train_arguments,
         epilog="Every other flag goes to `threadweaver sft` (`threadweaver sft --help` lists them), e.g. "
         "--max-steps 400 --learning-rate 1e-5; --seed here is the sampling seed. --max-tokens is each trajectory's "
-        "decoding budget as well as the filter's limit. The model goes to OUT/model; with --save-strategy steps "
-        "--save-steps N, a rerun after a stop goes on from its last checkpoint.",
+        "decoding budget as well as the filter's limit. The model goes to OUT/model; with --save-steps N, "
+        "a rerun after a stop goes on from its last checkpoint.",
         own_flags=True,
     ),
     Command(

@@ -9,7 +9,7 @@ import sys
 
 from threadweaver.cli_args import add_arguments, from_args
 
-from .command import Command, os_error
+from .command import Command, os_error, show_warnings
 
 
 def _prepare_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,11 +29,9 @@ def _prepare(args: argparse.Namespace) -> None:
 
 
 def _sft(args: argparse.Namespace) -> None:
-    import logging
-
     from threadweaver.hf_collator import sft
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    show_warnings()
     try:
         out = sft.main(args.rest)
     except (ValueError, OSError) as err:
@@ -44,6 +42,7 @@ def _sft(args: argparse.Namespace) -> None:
 def _pgrpo(args: argparse.Namespace) -> None:
     from threadweaver.trl_pgrpo import command
 
+    show_warnings()
     try:
         out = command.main(args.rest)
     except (ValueError, TypeError) as err:

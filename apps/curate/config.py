@@ -20,7 +20,7 @@ class CurateArgs:
     )
     out: str = field(metadata={"help": "Folder for train.jsonl, dropped.jsonl, report.json and the call cache."})
     tokenizer: str = option(
-        "qwen", "The target model's tokenizer directory, or 'qwen'/'synth' (checks the round trip)."
+        "qwen", "The target model's tokenizer: 'qwen', 'synth', a directory or hub id (checks the round trip)."
     )
     dry_run: bool = option(False, "Read and check the traces and estimate the tokens and cost; call nothing.")
 

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 
 from threadweaver.batch import concurrency_option
-from threadweaver.cli_args import check_counts, check_url, option
+from threadweaver.cli_args import check_counts, check_url, given, option
 from threadweaver.engine import Sampling
 from threadweaver.jsonl import file_digest, not_a_file_of_rows
 from threadweaver.model_dirs import check_model_dir
@@ -137,8 +137,8 @@ def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_ar
 
 
 def last_checkpoint(model_dir: str) -> str | None:
-    """The newest whole ``checkpoint-N`` folder a stopped ``sft`` left in ``model_dir`` (with ``--save-strategy
-    steps``): one cut short as it was saved is passed over."""
+    """The newest whole ``checkpoint-N`` folder a stopped ``sft`` left in ``model_dir`` (with ``--save-steps
+    N``): one cut short as it was saved is passed over."""
     from threadweaver.hf_collator.sft import checkpoints
 
     whole, _ = checkpoints(model_dir)
@@ -158,11 +158,6 @@ def check_nothing_left(model_dir: str) -> None:
             f"{model_dir} holds what a fine-tuning stopped before it finished left, with no whole checkpoint to go on "
             f"from: move {model_dir} away, then rerun to fine-tune anew"
         ) from None
-
-
-def given(argv: list[str], name: str) -> bool:
-    """Whether ``argv`` sets the flag ``name`` (``--a_b``), spelt with dashes or underscores, with or without ``=``."""
-    return any(arg.split("=")[0].replace("-", "_") == name.replace("-", "_") for arg in argv)
 
 
 def read_mix(path: str, tokenizer) -> list[dict]:

@@ -19,7 +19,7 @@ import os
 import re
 import types
 
-from threadweaver.cli_args import SettingError, add_arguments, check_counts, check_numbers, spellings
+from threadweaver.cli_args import SettingError, add_arguments, check_counts, check_numbers, given, spellings
 from threadweaver.format import missing_tags
 from threadweaver.hf_collator.attention import flash_attention_4_missing, use_tree_attention
 from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
@@ -106,6 +106,13 @@ def parser():
     return parser
 
 
+def saving_as_asked(argv: list[str], values: dict) -> None:
+    """``--save-steps N`` without ``--save-strategy`` saves a checkpoint each N steps, as in TRL, whose default
+    strategy is "steps": the training commands' own default (the final model only) once ignored it."""
+    if given(argv, "--save_steps") and not given(argv, "--save_strategy"):
+        values["save_strategy"] = "steps"
+
+
 def say_how_to_resume(parser) -> None:
     """``--resume-from-checkpoint``'s help as the training commands read it (transformers' says that a script
     of one's own reads it)."""
@@ -113,7 +120,7 @@ def say_how_to_resume(parser) -> None:
         if action.dest == "resume_from_checkpoint":
             action.help = (
                 "A checkpoint-N folder to go on from, or 'last' for the newest whole one in --output-dir (a run "
-                "saves them with --save-strategy steps --save-steps N)."
+                "saves them with --save-steps N)."
             )
 
 
@@ -122,6 +129,7 @@ def main(argv: list[str]) -> str:
     from trl import SFTConfig
 
     values = vars(parser().parse_args(argv))
+    saving_as_asked(argv, values)
     model, data, attention = values.pop("model"), values.pop("data"), values.pop("attention")
     flex_backend = values.pop("flex_backend")
     collator = {name: values.pop(name) for name in COLLATOR_FLAGS}
@@ -317,7 +325,7 @@ def resume_point(config) -> str | None:
             cut = f"; {', '.join(torn)}: cut short as saved (no {TRAINER_STATE})" if torn else ""
             raise ValueError(
                 f"--resume-from-checkpoint {given}: no whole checkpoint-N folder in --output-dir "
-                f"{config.output_dir}{cut} (a run saves them with --save-strategy steps --save-steps N)"
+                f"{config.output_dir}{cut} (a run saves them with --save-steps N)"
             )
         if torn and _number(torn[-1]) > _number(whole[-1]):
             logger.warning(
@@ -524,11 +532,7 @@ def saying_how_to_go_on(config):
             start = os.path.join(output_dir, earlier[-1])
             message = f"stopped before it saved a checkpoint; {start}, which it went on from, is kept: rerun to go on"
         else:
-            how = (
-                ""
-                if config.save_strategy != "no"
-                else " (with --save-strategy steps --save-steps N, a stopped run goes on from its last)"
-            )
+            how = "" if config.save_strategy != "no" else " (with --save-steps N, a stopped run goes on from its last)"
             message = f"stopped before it saved a checkpoint: none of its steps is kept{how}"
         raise Stopped(message, interrupt) from None
 

@@ -18,6 +18,7 @@ from threadweaver.hf_collator.sft import (
     recording_callbacks,
     resume_point,
     run_defaults,
+    saving_as_asked,
     say_how_to_resume,
     saying_how_to_go_on,
 )
@@ -64,6 +65,7 @@ def main(argv: list[str]) -> str:
 
     command = parser()
     values = vars(command.parse_args(argv))
+    saving_as_asked(argv, values)
     model, problems, prompts = values.pop("model"), values.pop("problems"), values.pop("prompts_per_step")
     if values["per_device_train_batch_size"] != command.get_default("per_device_train_batch_size"):
         raise ValueError(

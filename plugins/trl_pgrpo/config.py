@@ -93,11 +93,12 @@ class PGRPOConfig(GRPOConfig):
         if self.scale_rewards is False:
             self.scale_rewards = "none"
         if self.scale_rewards != "none":
-            raise ValueError(f"scale_rewards={self.scale_rewards!r}: {STD_REFUSAL}")
+            raise SettingError("scale_rewards", f"is {self.scale_rewards!r}: {STD_REFUSAL}")
         if self.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError(
-                f"multi_objective_aggregation={self.multi_objective_aggregation!r} normalises each "
-                f"reward by its std before summing: {STD_REFUSAL}"
+            raise SettingError(
+                "multi_objective_aggregation",
+                f"is {self.multi_objective_aggregation!r}, which normalises each reward by its std before summing: "
+                f"{STD_REFUSAL}",
             )
         try:
             self.reward_config()
@@ -107,10 +108,10 @@ class PGRPOConfig(GRPOConfig):
             self._check_vllm()
         self._check_sampling()
         if self.mask_truncated_completions:
-            raise ValueError(
-                "mask_truncated_completions reads truncation off a row's last token, but a P-GRPO row is a "
-                "token trie whose last token ends a branch; a rollout cut by max_completion_length "
-                "already gets no correctness reward"
+            raise SettingError(
+                "mask_truncated_completions",
+                "reads truncation off a row's last token, but a P-GRPO row is a token trie whose last token ends a "
+                "branch; a rollout cut by max_completion_length already gets no correctness reward",
             )
         super().__post_init__()
 
@@ -135,23 +136,25 @@ class PGRPOConfig(GRPOConfig):
 
     def _check_vllm(self) -> None:
         if self.vllm_mode != "colocate":
-            raise ValueError(
-                f"vllm_mode={self.vllm_mode!r}: PGRPOTrainer rolls out on TRL's colocated vLLM "
+            raise SettingError(
+                "vllm_mode",
+                f"is {self.vllm_mode!r}, but PGRPOTrainer rolls out on TRL's colocated vLLM "
                 "(vllm_mode='colocate'). For a separate vLLM server, pass engine=VLLMServerEngine(url) "
                 "(threadweaver.vllm_orchestrator) with use_vllm=False, and keep its weights in sync "
                 "yourself: TRL's server protocol takes one set of sampling settings per batch and returns "
-                "no finish reasons, and fork-join requests need their own stop tokens and budgets"
+                "no finish reasons, and fork-join requests need their own stop tokens and budgets",
             )
         if self.vllm_enable_sleep_mode:
-            raise ValueError(
-                "vllm_enable_sleep_mode=True: PGRPOTrainer's rollouts do not wake and put vLLM back to "
-                "sleep around generation yet; leave it off"
+            raise SettingError(
+                "vllm_enable_sleep_mode",
+                "is on, but PGRPOTrainer's rollouts do not wake and put vLLM back to sleep around generation yet; "
+                "leave it off",
             )
         if self.vllm_tensor_parallel_size != 1:
-            raise ValueError(
-                f"vllm_tensor_parallel_size={self.vllm_tensor_parallel_size}: PGRPOTrainer's rollouts "
-                "decode each process's prompts on its own vLLM; tensor parallelism would need every rank "
-                "of a group to issue the same requests. Use 1"
+            raise SettingError(
+                "vllm_tensor_parallel_size",
+                f"is {self.vllm_tensor_parallel_size}, but PGRPOTrainer's rollouts decode each process's prompts on "
+                "its own vLLM; tensor parallelism would need every rank of a group to issue the same requests. Use 1",
             )
 
     def reward_config(self) -> RewardConfig:

