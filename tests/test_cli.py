@@ -132,6 +132,8 @@ def test_quickstart_refuses_bad_settings_and_an_unknown_task_before_it_starts(tm
         ("--retrain", "--base-url", "http://x:1"): "--retrain trains the embedded pair anew: it goes with no "
         "--model/--base-url/--baseline",
         ("--max-model-len", "0"): "--max-model-len must be a whole number of at least 1, not 0",
+        ("--retrain-steps", "5"): "--retrain-steps goes with --retrain or --pretrained: the embedded models train no "
+        "steps",  # once ignored without a word
     }
     for flags, message in cases.items():
         done = run("quickstart", "--out", str(out), *flags, check=False)

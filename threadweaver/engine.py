@@ -18,7 +18,7 @@ from threadweaver.cli_args import SettingError, is_number, is_whole, option
 class Sampling:
     temperature: float = option(0.0, "0 is greedy.")
     top_p: float = option(1.0, "Nucleus sampling mass.")
-    top_k: int = option(-1, "Keep the k most likely tokens (-1: all).")
+    top_k: int = option(-1, "Keep the k most likely tokens (-1 or 0: all).")
     seed: int | None = option(None, "Sampling seed, where the engine takes one.")
 
     def __post_init__(self) -> None:

@@ -112,6 +112,8 @@ class QuickstartArgs:
                 check_url(self, name)
         if self.retrain and (self.model or self.base_url or self.baseline or self.baseline_url):
             raise ValueError("--retrain trains the embedded pair anew: it goes with no --model/--base-url/--baseline")
+        if self.retrain_steps is not None and not (self.retrain or self.pretrained):
+            raise ValueError("--retrain-steps goes with --retrain or --pretrained: the embedded models train no steps")
         if (self.baseline or self.baseline_url) and not (self.model or self.base_url or self.pretrained):
             raise ValueError(
                 "--baseline/--baseline-url go with --model or --base-url: the embedded pair brings its own baseline"

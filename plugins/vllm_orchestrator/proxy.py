@@ -68,7 +68,9 @@ class ProxyArgs:
     port: int = option(8001, "Port to listen on (0: a free one, which the proxy prints).")
     branching_default: bool = branching_default_option()
     api_key: str | None = option(
-        None, "Bearer token for the backend; the proxy asks its clients for it on /v1 paths, as vLLM's --api-key does."
+        None,
+        "Bearer token for the backend; the proxy asks its clients for it as the backend's --api-key does: on /v1 "
+        "paths for vLLM, on every path but /health and /metrics for SGLang.",
     )
     max_trajectories: int | None = max_trajectories_option()
     backend_timeout_s: float = option(
