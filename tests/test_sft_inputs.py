@@ -59,6 +59,8 @@ def test_bad_paths_and_settings_are_named_before_anything_loads(kit):
         (model, data, "--truncation_mode", "keep_end"): "--truncation-mode keep_end is not applied here: the collator",
         (model, data, "--completion_only_loss", "false"): "--completion-only-loss False is not applied here",
         (model, data, "--assistant_only_loss", "true"): "--assistant-only-loss True is not applied here",
+        (model, data, "--dataset-text-field", "content"): "--dataset-text-field content is not applied here",
+        (model, data, "--dataset_num_proc", "8"): "--dataset-num-proc 8 is not applied here: the collator tokenises",
         (model, data, "--resume_from_checkpoint", "last"): "--resume-from-checkpoint last: no whole checkpoint-N",
         (model, data, "--resume_from_checkpoint", model): f"--resume-from-checkpoint {model}: not a whole checkpoint",
     }
@@ -174,7 +176,7 @@ def test_a_stopped_run_says_how_to_go_on_from_the_checkpoint_it_kept(tmp_path):
         return types.SimpleNamespace(output_dir=str(tmp_path), save_strategy=save_strategy)
 
     for saves, how in (
-        (False, " (with --save-strategy steps --save-steps N, a stopped run goes on from its last)"),
+        (False, " (with --save-steps N, a stopped run goes on from its last)"),
         (True, ""),
     ):
         with (

@@ -541,6 +541,8 @@ IGNORED_TRL_SETTINGS = (
     ("truncation_mode", ("keep_start",), "the collator keeps each row's first --max-length tokens in pre-order"),
     ("completion_only_loss", (None, True), "the collator trains the trajectory only, never the prompt"),
     ("assistant_only_loss", (False,), "the collator trains the trajectory, the last assistant turn, only"),
+    ("dataset_text_field", ("text",), "the collator reads each row's messages, or its prompt and completion"),
+    ("dataset_num_proc", (None,), "the collator tokenises each batch as it builds it, and TRL prepares nothing"),
 )
 """SFTConfig settings the collator does not apply (TRL's own tokenising would), with the values it honours."""
 
