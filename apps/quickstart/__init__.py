@@ -23,7 +23,7 @@ from pathlib import Path
 from threadweaver.cli_args import check_counts, check_url, option
 from threadweaver.jsonl import check_folder, check_writable
 from threadweaver.model_dirs import check_model_dir
-from threadweaver.quickstart.compare import format_table, per_problem_speedups, problems, table
+from threadweaver.quickstart.compare import cut_short_note, format_table, per_problem_speedups, problems, table
 from threadweaver.quickstart.evaluate import MODES, SHORT_CONTEXT, Endpoint, check_task, evaluate, served, task_size
 from threadweaver.quickstart.recipe import (
     PGRPO_MODELS,
@@ -319,11 +319,16 @@ def run(args: QuickstartArgs) -> dict:
     rows = table(results, labels, reference)
     text = format_table(rows, labels[reference])
     print("\n" + text)
+    if note := cut_short_note(results, labels):
+        print(note)
     if reference == "baseline":
         gain = speedup(rows[1].wall_s, rows[0].wall_s)
         print(
             f"fork-join is {gain:.2f}x faster in wall-clock than the same tokens with the threads run one after "
             "another: that is what concurrent threads buy on this server"
+            if gain >= 1
+            else f"fork-join is {1 / gain:.2f}x slower in wall-clock than the same tokens with the threads run one "
+            "after another: on this server, concurrent threads cost more than they save"
         )
     print()
     speedups = {key: per_problem_speedups(results[key], results[reference]) for key in results if key != reference}

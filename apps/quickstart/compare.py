@@ -25,6 +25,9 @@ class Problem:
     wall_s: float
     """Mean wall-clock seconds of this problem's trajectories (one per repeat)."""
     trajectories: tuple[dict, ...] = field(default=(), repr=False)
+    cut_short: bool = False
+    """Whether the token budget (the task's ``max_gen_toks``) cut its response short (lm-eval's ``cut_short``:
+    unknown, for a task that does not log it, counts as not)."""
 
 
 MEASURES = ("acc", "well_formed", "parallel_activation", "token_latency", "total_tokens", "wall_s")
@@ -43,7 +46,9 @@ def problems(samples: list[dict], trajectories: list[dict]) -> dict[int, Problem
         if not rows:
             raise ValueError(f"doc {sample['doc_id']}: no trajectory was written for its prompt")
         metrics = [sample[name] for name in MEASURES[:-1]]
-        out[sample["doc_id"]] = Problem(sample["doc_id"], *metrics, fmean(row["wall_s"] for row in rows), tuple(rows))
+        wall_s = fmean(row["wall_s"] for row in rows)
+        cut = sample.get("cut_short") == 1  # NaN where the engine said no finish reason
+        out[sample["doc_id"]] = Problem(sample["doc_id"], *metrics, wall_s, tuple(rows), cut)
     return out
 
 
@@ -80,6 +85,20 @@ def table(runs: dict[str, dict[int, Problem]], labels: dict[str, str], reference
         token_speedup = speedup(_mean(ref, "total_tokens"), means["token_latency"])
         rows.append(Row(labels[key], *means.values(), token_speedup, speedup(_mean(ref, "wall_s"), means["wall_s"])))
     return rows
+
+
+def cut_short_note(runs: dict[str, dict[int, Problem]], labels: dict[str, str]) -> str | None:
+    """A line under the table where the token budget cut responses short, or None: a cut response's tokens are
+    the budget's, not a solution's, so a speedup over a cut reference says little about the method."""
+    shared = set.intersection(*(set(results) for results in runs.values()))
+    cut = {key: sum(results[d].cut_short for d in shared) for key, results in runs.items()}
+    said = [f"{n} of {len(shared)} problems ({labels[key]})" for key, n in cut.items() if n]
+    if not said:
+        return None
+    return (
+        f"cut short by the token budget: {' and '.join(said)}; a cut response's tokens are the budget's, not a "
+        "solution's, so the token counts and speedups of those rows, and against them, say little"
+    )
 
 
 def per_problem_speedups(run: dict[int, Problem], reference: dict[int, Problem]) -> dict[str, list[float]]:

@@ -4,8 +4,8 @@ From ``threadweaver generate --n K`` rows on problems with answers, a trajectory
 is, in this order of checks:
 
 1. graded: its row has the problem's ``answer``;
-2. well-formed: the strict parse takes it, the orchestrator recorded no degradation, and no
-   length limit cut it off;
+2. well-formed: the strict parse takes it and the orchestrator recorded no degradation (as
+   :mod:`threadweaver.metrics` says it for every host), and no length limit cut it off;
 3. correct: its last boxed answer equals ``answer`` (:func:`threadweaver.reward.grade`);
 4. parallel: it has a block (unless sequential ones are kept too);
 5. no longer than ``max_tokens``.
@@ -91,7 +91,7 @@ def judge(row: dict, line: int, reader: RowReader, config: FilterConfig) -> Verd
         ("too_long", config.max_tokens is not None and stats.stats.total_tokens > config.max_tokens, ""),
     ]
     reason, detail = next(((r, d) for r, failed, d in checks if failed), (None, ""))
-    well_formed = not (malformed or stats.faults or truncated)
+    well_formed = not (malformed or stats.faults)  # as every host says it: a cut one is dropped as truncated
     return Verdict(line, stats.id, reason, correct, well_formed, stats.stats.blocks > 0, stats.stats.speedup, detail)
 
 
