@@ -213,17 +213,19 @@ def test_settings_that_break_p_grpo_are_refused_with_the_reason(tmp_path, settin
 def test_the_command_names_a_refused_setting_by_its_flag_before_the_model_loads(tmp_path):
     from threadweaver.trl_pgrpo import command
 
-    for flags, message in [
-        (["--num_generations", "0"], "--num-generations must be a whole number of at least 2, not 0"),
-        (["--prompts-per-step", "0"], "--prompts-per-step must be a whole number of at least 1, not 0"),
-        # TRL's flags that P-GRPO cannot honour, once named as Python's fields (mask_truncated_completions ...)
+    def refusal(*flags) -> str:
+        with pytest.raises(ValueError) as refused:
+            command.main([str(tmp_path / "not-loaded"), str(tmp_path / "not-read.jsonl"), *flags])
+        return str(refused.value)
+
+    assert refusal("--num_generations", "0") == "--num-generations must be a whole number of at least 2, not 0"
+    assert refusal("--prompts-per-step", "0") == "--prompts-per-step must be a whole number of at least 1, not 0"
+    for flags, start in [  # TRL's flags that P-GRPO cannot honour, once named as Python's fields
         (["--mask-truncated-completions", "true"], "--mask-truncated-completions reads truncation off a row's"),
         (["--scale_rewards", "group"], "--scale-rewards is 'group': P-GRPO centres rewards"),
         (["--use-vllm", "--vllm-mode", "server"], "--vllm-mode is 'server', but PGRPOTrainer rolls out"),
     ]:
-        with pytest.raises(ValueError) as refused:
-            command.main([str(tmp_path / "not-loaded"), str(tmp_path / "not-read.jsonl"), *flags])
-        assert str(refused.value).startswith(message), str(refused.value)
+        assert refusal(*flags).startswith(start), refusal(*flags)
 
 
 @pytest.mark.parametrize(

@@ -66,7 +66,7 @@ def test_a_number_that_is_not_finite_or_below_the_least_is_refused():
         rate: float = 0.5
 
     check_numbers(Rates(0), ("rate",))
-    for bad in (-1, float("nan"), float("inf"), "1", True):
+    for bad in (-1, float("nan"), float("inf"), 10**400, "1", True):
         with pytest.raises(SettingError, match="^rate must be a finite number of at least 0, not "):
             check_numbers(Rates(bad), ("rate",))
 
@@ -78,7 +78,7 @@ def test_a_time_limit_that_is_not_finite_and_more_than_0_seconds_is_refused():
 
     check_seconds(Limit(0.001), ("limit_s",))
     check_seconds(Limit(None), ("limit_s",), none_ok=True)
-    for bad in (0, -1, float("nan"), float("inf"), "5", True, None):
+    for bad in (0, -1, float("nan"), float("inf"), 10**400, "5", True, None):  # 10**400: OverflowError once
         with pytest.raises(SettingError, match=r"^limit_s must be a finite number of seconds, more than 0, not "):
             check_seconds(Limit(bad), ("limit_s",))
     refused = "limit_s must be a finite number of seconds, more than 0 (or none), not inf"

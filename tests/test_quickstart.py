@@ -38,8 +38,8 @@ def test_responses_the_budget_cut_short_are_said_under_the_table():
     assert cut_short_note({"fork_join": {0: whole}, "baseline": {0: whole}}, labels) is None
     note = cut_short_note({"fork_join": {0: whole, 1: cut}, "baseline": {0: cut, 1: cut, 2: cut}}, labels)
     assert note.startswith(
-        "cut short by the token budget: 1 of 2 problems (ThreadWeaver, fork-join) and 2 of 2 problems (sequential "
-        "baseline model); a cut response's tokens are the budget's"
+        "responses cut short by a token limit, on 1 of 2 problems (ThreadWeaver, fork-join) and 2 of 2 problems "
+        "(sequential baseline model): a cut response's tokens are the limit's"
     )
 
 
@@ -58,7 +58,7 @@ def test_problems_join_samples_to_trajectories_by_prompt():
     rows = [{"context": "Q3", "wall_s": 1.0}, {"context": "Q3", "wall_s": 3.0}, {"context": "other", "wall_s": 9}]
     [(doc, result)] = problems(samples, rows).items()
     assert doc == 3 and result.wall_s == 2.0 and len(result.trajectories) == 2 and not result.cut_short
-    for logged, cut in ((1.0, True), (0.0, False), (float("nan"), False)):
+    for logged, cut in ((1.0, True), (0.125, True), (0.0, False), (float("nan"), False)):  # 0.125: 1 of 8 repeats
         [result] = problems([{**samples[0], "cut_short": logged}], rows).values()
         assert result.cut_short is cut
     with pytest.raises(ValueError, match="doc 3: no trajectory"):

@@ -244,3 +244,16 @@ def test_the_cpu_kv_cache_flag_wins_over_the_environment_which_wins_over_the_def
     assert cache({"VLLM_CPU_KVCACHE_SPACE": "40"}) == "40"  # vLLM's own way to size it
     assert cache({"VLLM_CPU_KVCACHE_SPACE": "40"}, cpu_kv_cache_gib=1) == "1"  # once the environment's, silently
     assert "VLLM_CPU_KVCACHE_SPACE" not in server_env(ServeArgs("m", device="gpu", cpu_kv_cache_gib=1), Limits(), {})
+
+
+def test_the_servers_commands_start_for_their_user_keep_the_users_kv_cache(monkeypatch):
+    from threadweaver.quickstart.evaluate import server_args
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert server_args({"parallel": "p"}, "float32", 2048)["parallel"].cpu_kv_cache_gib == 1
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "8")  # once overridden by the quickstart's and self-train's 1 GiB
+    args = server_args({"parallel": "p"}, "float32", 2048)["parallel"]
+    assert (
+        args.cpu_kv_cache_gib is None
+        and server_env(args, Limits(), {"VLLM_CPU_KVCACHE_SPACE": "8"})["VLLM_CPU_KVCACHE_SPACE"] == "8"
+    )

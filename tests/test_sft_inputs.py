@@ -4,6 +4,7 @@ token id past the model's embeddings naming the row and position, before trainin
 import json
 import logging
 import os
+import re
 
 import pytest
 
@@ -305,15 +306,30 @@ def test_resuming_says_nothing_of_missing_keys_that_are_tied_weights_only():
 
 
 @pytest.mark.parametrize(
-    "argv, strategy",
+    "flags, strategy",
     [
         (["--save-steps", "5"], "steps"),  # TRL's default strategy: the flag alone once saved nothing
         (["--save_steps=5"], "steps"),
-        (["--save-steps", "5", "--save-strategy", "epoch"], "no"),  # as given: left to the parser
+        (["--save-steps", "5", "--save-strategy", "epoch"], "epoch"),
         (["--max-steps", "5"], "no"),
     ],
 )
-def test_save_steps_alone_saves_checkpoints_as_in_trl(argv, strategy):
-    values = {"save_strategy": "no"}
+def test_save_steps_alone_saves_checkpoints_as_in_trl(flags, strategy):
+    argv = ["model", "data.jsonl", *flags]
+    values = vars(sft.parser().parse_args(argv))
     sft.saving_as_asked(argv, values)
     assert values["save_strategy"] == strategy
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--save-steps", "5", "--save-strategy", "no"], "--save-steps and --save-strategy no disagree"),
+        (["--save-steps", "0"], "--save-steps must be more than 0 (a number of steps, or under 1 a share of the run"),
+        (["--save_steps", "-2"], "--save-steps must be more than 0"),
+    ],
+)
+def test_save_steps_that_would_save_nothing_are_refused_before_anything_loads(tmp_path, flags, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sft.main([str(tmp_path / "no-model"), str(tmp_path / "no-data.jsonl"), *flags])
+    assert list(tmp_path.iterdir()) == []

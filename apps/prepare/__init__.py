@@ -116,7 +116,12 @@ def _source(args: PrepareArgs) -> tuple[str, str | None]:
         if not os.path.isfile(os.path.join(path, args.gguf_file)):
             raise PrepareError(f"{os.path.join(args.model, args.gguf_file)}: no such GGUF file")
         return path, args.gguf_file
-    _check_model(args.model)
+    try:
+        _check_model(args.model)
+    except PrepareError as err:
+        if args.model == SMOLLM2:  # a folder of that name here comes before the installed GGUF file
+            raise PrepareError(f"{err} (a {SMOLLM2} here comes first: move it to read the GGUF file)") from None
+        raise
     return path, None
 
 

@@ -15,6 +15,7 @@ task in sentences (``tw_shopping``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -321,8 +322,8 @@ def run(args: QuickstartArgs) -> dict:
     print("\n" + text)
     if note := cut_short_note(results, labels):
         print(note)
-    if reference == "baseline":
-        gain = speedup(rows[1].wall_s, rows[0].wall_s)
+    gain = speedup(rows[1].wall_s, rows[0].wall_s)
+    if reference == "baseline" and gain > 0 and math.isfinite(gain):
         print(
             f"fork-join is {gain:.2f}x faster in wall-clock than the same tokens with the threads run one after "
             "another: that is what concurrent threads buy on this server"

@@ -26,8 +26,8 @@ class Problem:
     """Mean wall-clock seconds of this problem's trajectories (one per repeat)."""
     trajectories: tuple[dict, ...] = field(default=(), repr=False)
     cut_short: bool = False
-    """Whether the token budget (the task's ``max_gen_toks``) cut its response short (lm-eval's ``cut_short``:
-    unknown, for a task that does not log it, counts as not)."""
+    """Whether a response to it did not end by itself (lm-eval's ``cut_short``, the share of its repeats: a token
+    limit cut it); unknown, where a task does not log it or the engine said no finish reason, counts as not."""
 
 
 MEASURES = ("acc", "well_formed", "parallel_activation", "token_latency", "total_tokens", "wall_s")
@@ -47,7 +47,7 @@ def problems(samples: list[dict], trajectories: list[dict]) -> dict[int, Problem
             raise ValueError(f"doc {sample['doc_id']}: no trajectory was written for its prompt")
         metrics = [sample[name] for name in MEASURES[:-1]]
         wall_s = fmean(row["wall_s"] for row in rows)
-        cut = sample.get("cut_short") == 1  # NaN where the engine said no finish reason
+        cut = sample.get("cut_short", 0) > 0  # NaN where the engine said no finish reason
         out[sample["doc_id"]] = Problem(sample["doc_id"], *metrics, wall_s, tuple(rows), cut)
     return out
 
@@ -74,9 +74,14 @@ def _mean(results: dict[int, Problem], name: str) -> float:
     return fmean(getattr(p, name) for p in results.values())
 
 
+def _shared(runs: dict[str, dict[int, Problem]]) -> set[int]:
+    """The problems every mode has a result for: what the table and its notes compare."""
+    return set.intersection(*(set(results) for results in runs.values()))
+
+
 def table(runs: dict[str, dict[int, Problem]], labels: dict[str, str], reference: str) -> list[Row]:
     """One row per mode; speedups are against ``reference`` (ratios of means, on the same problems)."""
-    shared = set.intersection(*(set(results) for results in runs.values()))
+    shared = _shared(runs)
     runs = {key: {d: results[d] for d in shared} for key, results in runs.items()}
     ref = runs[reference]
     rows = []
@@ -90,14 +95,14 @@ def table(runs: dict[str, dict[int, Problem]], labels: dict[str, str], reference
 def cut_short_note(runs: dict[str, dict[int, Problem]], labels: dict[str, str]) -> str | None:
     """A line under the table where the token budget cut responses short, or None: a cut response's tokens are
     the budget's, not a solution's, so a speedup over a cut reference says little about the method."""
-    shared = set.intersection(*(set(results) for results in runs.values()))
+    shared = _shared(runs)
     cut = {key: sum(results[d].cut_short for d in shared) for key, results in runs.items()}
     said = [f"{n} of {len(shared)} problems ({labels[key]})" for key, n in cut.items() if n]
     if not said:
         return None
     return (
-        f"cut short by the token budget: {' and '.join(said)}; a cut response's tokens are the budget's, not a "
-        "solution's, so the token counts and speedups of those rows, and against them, say little"
+        f"responses cut short by a token limit, on {' and '.join(said)}: a cut response's tokens are the limit's, "
+        "not a solution's, so the token counts and speedups of those rows, and against them, say little"
     )
 
 

@@ -94,12 +94,12 @@ def served(
 def server_args(models: dict[str, str], dtype: str, max_model_len: int):
     """Each model's server settings: on a GPU, vLLM's share of its memory is of the whole GPU, so the servers
     split the default share."""
-    from threadweaver.vllm_orchestrator.serve import ServeArgs
+    from threadweaver.vllm_orchestrator.serve import ServeArgs, cpu_kv_cache_of_our_own
 
     share = round(ServeArgs.gpu_memory_utilization / max(len(models), 1), 2)
     settings = {"port": 0, "max_model_len": max_model_len, "dtype": dtype, "gpu_memory_utilization": share}
     if max_model_len <= SHORT_CONTEXT:
-        settings["cpu_kv_cache_gib"] = 1  # a short window's cache on CPU (2 GiB, the default, beyond)
+        settings["cpu_kv_cache_gib"] = cpu_kv_cache_of_our_own(1)  # a short window's cache on CPU (2 GiB, beyond)
     return {name: ServeArgs(path, **settings) for name, path in models.items()}
 
 

@@ -5,10 +5,11 @@ is, in this order of checks:
 
 1. graded: its row has the problem's ``answer``;
 2. well-formed: the strict parse takes it and the orchestrator recorded no degradation (as
-   :mod:`threadweaver.metrics` says it for every host), and no length limit cut it off;
-3. correct: its last boxed answer equals ``answer`` (:func:`threadweaver.reward.grade`);
-4. parallel: it has a block (unless sequential ones are kept too);
-5. no longer than ``max_tokens``.
+   :mod:`threadweaver.metrics` says it for every host);
+3. not truncated: no length limit cut it off;
+4. correct: its last boxed answer equals ``answer`` (:func:`threadweaver.reward.grade`);
+5. parallel: it has a block (unless sequential ones are kept too);
+6. no longer than ``max_tokens``.
 
 A line that cannot be read (not a JSON object, or a field that is not what ``generate`` writes) is
 dropped as ``unreadable``, naming why, and the rest are judged; where no line can be read, the first

@@ -260,13 +260,15 @@ def sample(args: SelfTrainArgs, sampling: Sampling, limits: Limits) -> None:
     from threadweaver.batch import run_sync
     from threadweaver.vllm_orchestrator.engines import EngineArgs
     from threadweaver.vllm_orchestrator.generate import run as generate
-    from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer
+    from threadweaver.vllm_orchestrator.serve import ServeArgs, VLLMServer, cpu_kv_cache_of_our_own
 
     server = (
         nullcontext()
         if args.base_url
         else VLLMServer(
-            ServeArgs(model=args.model, port=0, max_model_len=args.max_model_len, cpu_kv_cache_gib=1),
+            ServeArgs(
+                args.model, port=0, max_model_len=args.max_model_len, cpu_kv_cache_gib=cpu_kv_cache_of_our_own(1)
+            ),
             log_path=os.path.join(args.out, "server.log"),
         )
     )

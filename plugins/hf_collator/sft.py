@@ -101,22 +101,37 @@ def parser():
     for action in parser._actions:  # what the flag does here, not what TRL's own collator would do
         if action.dest in shared:
             action.help = shared[action.dest]
-    say_how_to_resume(parser)
+    checkpoint_help(parser)
     parser.set_defaults(**DEFAULTS, **run_defaults())
     return parser
 
 
 def saving_as_asked(argv: list[str], values: dict) -> None:
     """``--save-steps N`` without ``--save-strategy`` saves a checkpoint each N steps, as in TRL, whose default
-    strategy is "steps": the training commands' own default (the final model only) once ignored it."""
-    if given(argv, "--save_steps") and not given(argv, "--save_strategy"):
+    strategy is "steps" (the training commands' own default, the final model only, once ignored it). Refused:
+    ``--save-steps`` with ``--save-strategy no``, and a step count no checkpoint would come of."""
+    if not given(argv, "--save_steps"):
+        return
+    if not given(argv, "--save_strategy"):
         values["save_strategy"] = "steps"
+    elif values["save_strategy"] == "no":
+        raise ValueError("--save-steps and --save-strategy no disagree: 'no' saves no checkpoint; leave one out")
+    if values["save_strategy"] == "steps" and not values["save_steps"] > 0:
+        raise ValueError(
+            f"--save-steps must be more than 0 (a number of steps, or under 1 a share of the run's), "
+            f"not {values['save_steps']:g}"
+        )
 
 
-def say_how_to_resume(parser) -> None:
-    """``--resume-from-checkpoint``'s help as the training commands read it (transformers' says that a script
-    of one's own reads it)."""
+def checkpoint_help(parser) -> None:
+    """``--save-strategy``'s and ``--resume-from-checkpoint``'s help as the training commands read them (the
+    default differs from TRL's, and transformers' says that a script of one's own reads the checkpoint)."""
     for action in parser._actions:
+        if action.dest == "save_strategy":
+            action.help = (
+                "When to save a checkpoint: 'no' (the final model only), 'steps' (each --save-steps; --save-steps "
+                "alone sets it), 'epoch' or 'best'."
+            )
         if action.dest == "resume_from_checkpoint":
             action.help = (
                 "A checkpoint-N folder to go on from, or 'last' for the newest whole one in --output-dir (a run "
@@ -541,7 +556,12 @@ IGNORED_TRL_SETTINGS = (
     ("truncation_mode", ("keep_start",), "the collator keeps each row's first --max-length tokens in pre-order"),
     ("completion_only_loss", (None, True), "the collator trains the trajectory only, never the prompt"),
     ("assistant_only_loss", (False,), "the collator trains the trajectory, the last assistant turn, only"),
-    ("dataset_text_field", ("text",), "the collator reads each row's messages, or its prompt and completion"),
+    (
+        "dataset_text_field",
+        ("text",),
+        "the collator reads a row's messages, prompt and completion, token ids, or rendered chat in 'text' "
+        "(threadweaver.rows): name the field 'text'",
+    ),
     ("dataset_num_proc", (None,), "the collator tokenises each batch as it builds it, and TRL prepares nothing"),
 )
 """SFTConfig settings the collator does not apply (TRL's own tokenising would), with the values it honours."""

@@ -14,12 +14,12 @@ from threadweaver.cli_args import SettingError, spellings
 from threadweaver.hf_collator.sft import (
     check_paths,
     check_steps,
+    checkpoint_help,
     quiet_tied_weights,
     recording_callbacks,
     resume_point,
     run_defaults,
     saving_as_asked,
-    say_how_to_resume,
     saying_how_to_go_on,
 )
 from threadweaver.jsonl import RowError, read_jsonl, write_json
@@ -54,7 +54,7 @@ def parser():
         default=1,
         help="Problems per step, each rolled out --num-generations times.",
     )
-    say_how_to_resume(parser)
+    checkpoint_help(parser)
     parser.set_defaults(**DEFAULTS, **run_defaults())
     return parser
 

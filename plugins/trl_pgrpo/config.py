@@ -15,7 +15,7 @@ from threadweaver.pgrpo import PAPER
 from threadweaver.reward import ACCELERATION_FORMS, RewardConfig
 
 STD_REFUSAL = (
-    "P-GRPO centres rewards on their group mean and does not divide by their std (scale_rewards='none'). When every "
+    "P-GRPO centres rewards on their group mean and does not divide by their std (scale_rewards none). When every "
     "rollout of a group is correct, the correctness reward cancels and only the small acceleration term is left; "
     "dividing by its std blows it up to unit scale, so speed outweighs correctness (the paper's ablation: 74.8% "
     "instead of 79.9% on AIME24, with longer trajectories)"
@@ -103,7 +103,7 @@ class PGRPOConfig(GRPOConfig):
         try:
             self.reward_config()
         except ValueError as err:
-            raise ValueError(f"acceleration_form={self.acceleration_form!r}: {err}") from None
+            raise SettingError("acceleration_form", f"is {self.acceleration_form!r}: {err}") from None
         if self.use_vllm:
             self._check_vllm()
         self._check_sampling()

