@@ -174,6 +174,15 @@ def test_an_in_process_engine_checks_the_tags_before_it_loads_the_weights(proble
     assert not out.exists()
 
 
+def test_an_unreachable_server_is_an_error_under_a_short_timeout_too(problems, model, tmp_path):
+    """It once wrote every trajectory as cut at --timeout-s, empty, while its first request was still retrying:
+    a rerun then skipped them all as finished."""
+    out = tmp_path / "out.jsonl"
+    stderr = generate(str(problems), str(out), *NO_SERVER, "--model", str(model), "--timeout-s", "0.001")
+    assert "cannot reach the vLLM server at http://127.0.0.1:9" in stderr
+    assert not out.exists() or out.read_text() == ""
+
+
 def test_an_unreachable_server_points_to_finished_trajectories_only_where_there_are_some(problems, tmp_path):
     out = tmp_path / "out.jsonl"
     stderr = generate(str(problems), str(out), *NO_SERVER)

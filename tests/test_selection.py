@@ -7,12 +7,14 @@ the embedded synth tokenizer and :func:`threadweaver.batch.trajectory_row` write
 import asyncio
 import json
 import os
+import re
 
 import pytest
 
 from threadweaver.batch import trajectory_row
 from threadweaver.cli import main as cli
 from threadweaver.format import Format
+from threadweaver.jsonl import RowError
 from threadweaver.kit.tokenizers import load_tokenizer
 from threadweaver.orchestrator import Limits, Orchestrator
 from threadweaver.rows import RowReader
@@ -77,6 +79,21 @@ def test_each_drop_has_the_reason_of_the_first_check_it_fails(synth, make, confi
 def test_a_trajectory_cut_at_its_budget_is_dropped_as_truncated_but_is_well_formed_as_every_host_says(synth):
     v = verdict(synth, row(synth, SEQUENTIAL, Limits(max_tokens=5)))  # filter once said 66.7% where stats said 100%
     assert v.reason == "truncated" and v.well_formed
+
+
+@pytest.mark.parametrize("finish", ["timeout", "error"])
+def test_a_correct_trajectory_the_timeout_or_an_engine_failure_cut_is_dropped_as_truncated(synth, finish):
+    """Only a token limit's cut was dropped: these were kept, and trained on, without their end."""
+    v = verdict(synth, {**row(synth, parallel()), "finish_reason": finish})
+    assert (v.reason, v.correct, v.detail) == ("truncated", True, f"it did not end by itself (finish_reason {finish})")
+
+
+@pytest.mark.parametrize("finish", [None, "LENGTH", ["length"], 5, ""])
+def test_a_finish_reason_generate_does_not_write_is_named(synth, finish):
+    with pytest.raises(RowError, match=re.escape("line 1: field 'finish_reason' must be one of stop, length, timeout")):
+        verdict(synth, {**row(synth, parallel()), "finish_reason": finish})
+    without = {k: v for k, v in row(synth, parallel()).items() if k != "finish_reason"}
+    assert verdict(synth, without).reason is None  # a row from elsewhere that does not say is taken as whole
 
 
 def test_a_malformed_text_row_is_dropped_as_malformed_with_the_position(synth):

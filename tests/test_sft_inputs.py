@@ -310,7 +310,6 @@ def test_resuming_says_nothing_of_missing_keys_that_are_tied_weights_only():
     [
         (["--save-steps", "5"], "steps"),  # TRL's default strategy: the flag alone once saved nothing
         (["--save_steps=5"], "steps"),
-        (["--save-steps", "5", "--save-strategy", "epoch"], "epoch"),
         (["--max-steps", "5"], "no"),
     ],
 )
@@ -324,7 +323,10 @@ def test_save_steps_alone_saves_checkpoints_as_in_trl(flags, strategy):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--save-steps", "5", "--save-strategy", "no"], "--save-steps and --save-strategy no disagree"),
+        (["--save-steps", "5", "--save-strategy", "no"], "--save-steps goes with --save-strategy steps (or alone), no"),
+        (["--save-strategy", "epoch", "--save-steps", "5"], "--save-steps goes with --save-strategy steps (or alo"),
+        (["--save-steps", "inf"], "--save-steps must be a finite number of at least 0, not inf"),  # a traceback once
+        (["--logging-steps", "inf"], "--logging-steps must be a finite number of at least 0, not inf"),
         (["--save-steps", "0"], "--save-steps must be more than 0 (a number of steps, or under 1 a share of the run"),
         (["--save_steps", "-2"], "--save-steps must be more than 0"),
     ],

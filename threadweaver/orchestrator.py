@@ -188,6 +188,10 @@ class EngineCall:
     logprobs: tuple[float, ...] | None
 
 
+FINISH_REASONS = ("stop", "length", "timeout", "error")
+"""How a trajectory ends: at EOS (``stop``, the one way it ends by itself), or cut short."""
+
+
 @dataclass(frozen=True)
 class Trajectory:
     prompt_ids: tuple[int, ...]
@@ -200,7 +204,8 @@ class Trajectory:
     """What degraded, in the order met; empty for a well-formed run."""
     stats: LatencyStats
     finish_reason: str
-    """``"stop"`` (EOS), ``"length"`` (a token limit), ``"timeout"`` or ``"error"`` (the engine failed)."""
+    """One of :data:`FINISH_REASONS`: ``"stop"`` (EOS), ``"length"`` (a token limit), ``"timeout"`` or ``"error"``
+    (the engine failed)."""
     closed_threads: frozenset[ThreadPath] = frozenset()
     """Thread paths whose ``</Thread>`` the orchestrator injected (a limit or a dropped EOS ended them)."""
     calls: tuple[EngineCall, ...] = ()

@@ -6,7 +6,8 @@ is, in this order of checks:
 1. graded: its row has the problem's ``answer``;
 2. well-formed: the strict parse takes it and the orchestrator recorded no degradation (as
    :mod:`threadweaver.metrics` says it for every host);
-3. not truncated: no length limit cut it off;
+3. not truncated: it ended by itself (``finish_reason`` stop), not at a token limit, the timeout or an engine
+   failure;
 4. correct: its last boxed answer equals ``answer`` (:func:`threadweaver.reward.grade`);
 5. parallel: it has a block (unless sequential ones are kept too);
 6. no longer than ``max_tokens``.
@@ -31,6 +32,7 @@ from typing import Literal, get_args
 
 from threadweaver.cli_args import SettingError, option
 from threadweaver.jsonl import RowError, read_rows
+from threadweaver.orchestrator import FINISH_REASONS
 from threadweaver.report import row_stats
 from threadweaver.reward import grade, row_answer
 from threadweaver.rows import RowReader
@@ -81,12 +83,15 @@ def judge(row: dict, line: int, reader: RowReader, config: FilterConfig) -> Verd
     text = reader.fmt.decode(reader.trajectory(row))
     graded = grade(text, answer) if answer is not None else None
     correct = bool(graded and graded.correct)
-    truncated = row.get("finish_reason") == "length"
+    finish = row.get("finish_reason", "stop")  # a row from elsewhere may not say: taken as ended by itself
+    if finish not in FINISH_REASONS:
+        raise RowError(line, f"field 'finish_reason' must be one of {', '.join(FINISH_REASONS)}, not {finish!r}", True)
+    truncated = finish != "stop"  # a token limit, the timeout or an engine failure cut it
     checks: list[tuple[Reason, bool, str]] = [
         ("no_answer", answer is None, "the row has no 'answer' to grade against"),
         ("malformed", bool(malformed), malformed),
         ("degraded", bool(stats.faults), "; ".join(stats.faults)),
-        ("truncated", truncated, "a length limit ended it"),
+        ("truncated", truncated, f"it did not end by itself (finish_reason {finish})"),
         ("wrong", not correct, graded.detail if graded else ""),
         ("sequential", not config.keep_sequential and stats.stats.blocks == 0, "no parallel block"),
         ("too_long", config.max_tokens is not None and stats.stats.total_tokens > config.max_tokens, ""),

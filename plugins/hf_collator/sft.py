@@ -114,8 +114,9 @@ def saving_as_asked(argv: list[str], values: dict) -> None:
         return
     if not given(argv, "--save_strategy"):
         values["save_strategy"] = "steps"
-    elif values["save_strategy"] == "no":
-        raise ValueError("--save-steps and --save-strategy no disagree: 'no' saves no checkpoint; leave one out")
+    elif values["save_strategy"] != "steps":
+        strategy = values["save_strategy"]
+        raise ValueError(f"--save-steps goes with --save-strategy steps (or alone), not {strategy}: leave one out")
     if values["save_strategy"] == "steps" and not values["save_steps"] > 0:
         raise ValueError(
             f"--save-steps must be more than 0 (a number of steps, or under 1 a share of the run's), "
@@ -277,10 +278,13 @@ def check_row_tokenizer(data: str, model_dir: str, tokenizer) -> None:
 def check_trainer_numbers(config) -> None:
     """Refuse, naming the field (:class:`SettingError`), what torch and the Trainer refuse only once the model
     has loaded (no gradient accumulation: a ``ZeroDivisionError``; a seed numpy cannot take; workers below 0),
-    and what ``TrainingArguments`` refuses without naming its flag (a negative ``warmup_steps``)."""
+    and what ``TrainingArguments`` refuses without naming its flag (a negative ``warmup_steps``) or with a traceback
+    (an infinite ``save_steps``: ``OverflowError``)."""
     check_counts(config, ("per_device_train_batch_size", "gradient_accumulation_steps"))
     check_counts(config, ("dataloader_num_workers",), least=0)
-    check_numbers(config, ("learning_rate", "warmup_steps"))
+    check_numbers(config, ("learning_rate", "warmup_steps", "logging_steps", "save_steps"))
+    if config.eval_steps is not None:
+        check_numbers(config, ("eval_steps",))
     for name in ("seed", "data_seed"):
         value = getattr(config, name)
         whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)  # a numpy int is one too

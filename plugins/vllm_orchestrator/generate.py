@@ -10,7 +10,7 @@ from threadweaver.cli_args import check_counts, option
 from threadweaver.jsonl import SET_ASIDE, check_outputs, check_resumable, finished_keys
 from threadweaver.orchestrator import Limits, Sampling
 
-from .engines import SERVER_ENGINES, EngineArgs, make_engine, tokenizer_source
+from .engines import SERVER_ENGINES, EngineArgs, make_engine, prompt_window, tokenizer_source
 from .openai_api import unprepared
 
 
@@ -69,6 +69,9 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
                 raise ValueError("--model is needed to load the tokenizer")
             tokenizer = tagged_tokenizer(source)
         jobs = list(problem_jobs(problems, tokenizer, args.n))  # every prompt checked before the output is touched
+        # the server's model, asked before any trajectory's clock starts: an unreachable server is an error, not
+        # rows cut at --timeout-s while the first request was still retrying
+        await prompt_window(engine)
         done, set_aside = finished_keys(args.out)
         if done:
             check_same_sampling(args.out, sampling)
