@@ -228,6 +228,7 @@ def test_user_errors_name_the_file_or_flag(tmp_path, source):
         ((source, tmp_path / "e"), {"gguf_file": "x.gguf"}, f"{source / 'x.gguf'}: no such GGUF file"),
         ((cut, tmp_path / "f"), {}, f"{cut}: cannot load its config: the file ends early, so it is no whole GGUF file"),
         ((source, bad), {}, f"{bad}: a file, not a folder; give a new one"),
+        ((source, ""), {}, "OUT is empty: give a folder to write the prepared model to"),  # once after loading it
     ]
     for (model, out), flags, expected in cases:
         with pytest.raises(PrepareError) as err:

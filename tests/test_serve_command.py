@@ -1,6 +1,7 @@
 """`threadweaver serve` builds the vLLM command line for the workload, and serve and proxy refuse bad settings
 (no server started here)."""
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -244,6 +245,10 @@ def test_the_cpu_kv_cache_flag_wins_over_the_environment_which_wins_over_the_def
     assert cache({"VLLM_CPU_KVCACHE_SPACE": "40"}) == "40"  # vLLM's own way to size it
     assert cache({"VLLM_CPU_KVCACHE_SPACE": "40"}, cpu_kv_cache_gib=1) == "1"  # once the environment's, silently
     assert "VLLM_CPU_KVCACHE_SPACE" not in server_env(ServeArgs("m", device="gpu", cpu_kv_cache_gib=1), Limits(), {})
+    for junk in ("junk", "-3", "", "1.5"):  # vLLM failed on them once it had started
+        with pytest.raises(ValueError, match=re.escape(f"VLLM_CPU_KVCACHE_SPACE is {junk!r}: vLLM reads it as")):
+            cache({"VLLM_CPU_KVCACHE_SPACE": junk})
+        assert cache({"VLLM_CPU_KVCACHE_SPACE": junk}, cpu_kv_cache_gib=3) == "3"
 
 
 def test_the_servers_commands_start_for_their_user_keep_the_users_kv_cache(monkeypatch):

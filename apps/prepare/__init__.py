@@ -127,6 +127,8 @@ def _source(args: PrepareArgs) -> tuple[str, str | None]:
 
 def _check_out(out: str) -> None:
     """Refuse, before loading anything, an OUT that is not new or empty, or that cannot be made."""
+    if not out:
+        raise PrepareError("OUT is empty: give a folder to write the prepared model to")
     if os.path.exists(out) and not os.path.isdir(out):
         raise PrepareError(f"{out}: a file, not a folder; give a new one")
     if os.path.exists(out) and os.listdir(out):

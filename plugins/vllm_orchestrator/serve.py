@@ -138,6 +138,12 @@ def server_env(args: ServeArgs, limits: Limits, environ) -> dict[str, str]:
         if args.cpu_kv_cache_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(args.cpu_kv_cache_gib)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
+        gib = env["VLLM_CPU_KVCACHE_SPACE"].strip()
+        if not (gib.isascii() and gib.isdigit()):  # vLLM's int() would fail in the server, after it loaded
+            raise ValueError(
+                f"VLLM_CPU_KVCACHE_SPACE is {env['VLLM_CPU_KVCACHE_SPACE']!r}: vLLM reads it as a whole number of "
+                "GiB; set one, or give --cpu-kv-cache-gib N"
+            )
     # idle connections outlive the client's KEEPALIVE_S by far, so the client closes them first even
     # when a loaded machine delays it by seconds (at vLLM's 5 s, requests met closing connections)
     env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(SERVER_KEEPALIVE_S))
