@@ -141,6 +141,17 @@ def test_quickstart_refuses_bad_settings_and_an_unknown_task_before_it_starts(tm
     assert not out.exists()
 
 
+def test_quickstart_refuses_a_kv_cache_size_vllm_cannot_read_before_it_trains(tmp_path, monkeypatch):
+    """It once trained for up to half an hour before vLLM's int() failed on it in the server."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "junk")
+    done = run("quickstart", "--out", str(tmp_path / "run"), "--retrain", check=False)
+    assert done.returncode == 1 and done.stderr == (
+        "threadweaver quickstart: VLLM_CPU_KVCACHE_SPACE is 'junk': vLLM reads it as a whole number of GiB; unset it "
+        "or set one\n"
+    )
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("other", [["--retrain"], ["--model", "some/model"]])
 def test_quickstart_pgrpo_rows_refuse_other_models(tmp_path, other):
     result = run("quickstart", "--out", str(tmp_path), "--pgrpo", *other, check=False)

@@ -181,6 +181,10 @@ def test_an_unreachable_server_is_an_error_under_a_short_timeout_too(problems, m
     stderr = generate(str(problems), str(out), *NO_SERVER, "--model", str(model), "--timeout-s", "0.001")
     assert "cannot reach the vLLM server at http://127.0.0.1:9" in stderr
     assert not out.exists() or out.read_text() == ""
+    two = ["--base-url", "http://127.0.0.1:9 http://127.0.0.1:9", "--retries", "0"]  # replicas: each is asked
+    stderr = generate(str(problems), str(out), *two, "--model", str(model), "--timeout-s", "0.001")
+    assert "cannot reach the vLLM server at http://127.0.0.1:9" in stderr
+    assert not out.exists() or out.read_text() == ""
 
 
 def test_an_unreachable_server_points_to_finished_trajectories_only_where_there_are_some(problems, tmp_path):

@@ -2,6 +2,7 @@
 
 import asyncio
 
+import pytest
 from orchestrator_scripts import GOOD, NESTED
 
 from threadweaver.orchestrator import Orchestrator
@@ -106,3 +107,20 @@ def test_behind_a_router_each_trajectory_sends_one_session_key(fmt):
     assert len(posts) == sum(len(t.requests) for t in trajectories) > 2
     keys = {h["x-session-id"] for h in posts}
     assert len(keys) == 2 and all(h["x-smg-routing-key"] == h["x-session-id"] for h in posts)
+
+
+def test_the_prompt_window_is_the_narrowest_any_server_says(fmt):
+    class Windowed(ScriptedEngine):
+        def __init__(self, window):
+            super().__init__(fmt, GOOD)
+            self.window = window
+
+        async def prompt_window(self):
+            if self.window == "down":
+                raise ConnectionError("cannot reach it")
+            return self.window
+
+    assert asyncio.run(Replicas([Windowed(4096), Windowed(None), Windowed(2048)]).prompt_window()) == 2048
+    assert asyncio.run(Replicas([ScriptedEngine(fmt, GOOD)]).prompt_window()) is None  # no server says
+    with pytest.raises(ConnectionError):  # every server is asked: one down is an error before any trajectory
+        asyncio.run(Replicas([Windowed(4096), Windowed("down")]).prompt_window())

@@ -83,7 +83,8 @@ def test_a_trajectory_cut_at_its_budget_is_dropped_as_truncated_but_is_well_form
 
 @pytest.mark.parametrize("finish", ["timeout", "error"])
 def test_a_correct_trajectory_the_timeout_or_an_engine_failure_cut_is_dropped_as_truncated(synth, finish):
-    """Only a token limit's cut was dropped: these were kept, and trained on, without their end."""
+    """Only a token limit's cut was dropped: a timeout's was kept, and trained on, without its end (a real engine
+    failure is degraded too, and was dropped as that)."""
     v = verdict(synth, {**row(synth, parallel()), "finish_reason": finish})
     assert (v.reason, v.correct, v.detail) == ("truncated", True, f"it did not end by itself (finish_reason {finish})")
 

@@ -33,8 +33,10 @@ def test_gpu_keeps_vllm_defaults_and_explicit_choices_win():
     )
 
 
-def test_the_quickstarts_servers_split_the_gpu_and_a_model_of_ones_own_keeps_its_context():
+def test_the_quickstarts_servers_split_the_gpu_and_a_model_of_ones_own_keeps_its_context(monkeypatch):
     from threadweaver.quickstart.evaluate import server_args
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
 
     embedded = server_args({"parallel": "p", "baseline": "b"}, "float32", 2048)
     for args in embedded.values():  # two servers side by side on one GPU: each asking for 90% of it fails
@@ -245,10 +247,11 @@ def test_the_cpu_kv_cache_flag_wins_over_the_environment_which_wins_over_the_def
     assert cache({"VLLM_CPU_KVCACHE_SPACE": "40"}) == "40"  # vLLM's own way to size it
     assert cache({"VLLM_CPU_KVCACHE_SPACE": "40"}, cpu_kv_cache_gib=1) == "1"  # once the environment's, silently
     assert "VLLM_CPU_KVCACHE_SPACE" not in server_env(ServeArgs("m", device="gpu", cpu_kv_cache_gib=1), Limits(), {})
-    for junk in ("junk", "-3", "", "1.5"):  # vLLM failed on them once it had started
+    for junk in ("junk", "-3", "1.5"):  # vLLM failed on them once it had started
         with pytest.raises(ValueError, match=re.escape(f"VLLM_CPU_KVCACHE_SPACE is {junk!r}: vLLM reads it as")):
             cache({"VLLM_CPU_KVCACHE_SPACE": junk})
         assert cache({"VLLM_CPU_KVCACHE_SPACE": junk}, cpu_kv_cache_gib=3) == "3"
+    assert cache({"VLLM_CPU_KVCACHE_SPACE": " "}) == "2"  # set but empty: as unset
 
 
 def test_the_servers_commands_start_for_their_user_keep_the_users_kv_cache(monkeypatch):

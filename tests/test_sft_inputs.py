@@ -325,10 +325,10 @@ def test_save_steps_alone_saves_checkpoints_as_in_trl(flags, strategy):
     [
         (["--save-steps", "5", "--save-strategy", "no"], "--save-steps goes with --save-strategy steps (or alone), no"),
         (["--save-strategy", "epoch", "--save-steps", "5"], "--save-steps goes with --save-strategy steps (or alo"),
-        (["--save-steps", "inf"], "--save-steps must be a finite number of at least 0, not inf"),  # a traceback once
+        (["--save-steps", "0"], "--save-steps must be a finite number more than 0 (steps, or under 1 a share of the"),
+        (["--save_steps", "-2"], "--save-steps must be a finite number more than 0"),
+        (["--save-steps", "inf"], "--save-steps must be a finite number more than 0"),  # a traceback once
         (["--logging-steps", "inf"], "--logging-steps must be a finite number of at least 0, not inf"),
-        (["--save-steps", "0"], "--save-steps must be more than 0 (a number of steps, or under 1 a share of the run"),
-        (["--save_steps", "-2"], "--save-steps must be more than 0"),
     ],
 )
 def test_save_steps_that_would_save_nothing_are_refused_before_anything_loads(tmp_path, flags, message):

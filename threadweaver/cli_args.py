@@ -77,8 +77,8 @@ def check_counts(config, names: typing.Iterable[str], least: int = 1, none_ok: b
             raise SettingError(name, f"must be a whole number of at least {least}, not {value!r}")
 
 
-def _finite(value: float) -> bool:
-    """``math.isfinite``, for an int past float's range too (which it raises on)."""
+def is_finite(value: float) -> bool:
+    """``math.isfinite``, for an int past float's range too (which it raises on): no finite float."""
     try:
         return math.isfinite(value)
     except OverflowError:
@@ -89,7 +89,7 @@ def check_numbers(config, names: typing.Iterable[str]) -> None:
     """Refuse a config whose fields ``names`` are not finite real numbers of at least 0, naming the field."""
     for name in names:
         value = getattr(config, name)
-        if not is_number(value) or not _finite(value) or value < 0:
+        if not is_number(value) or not is_finite(value) or value < 0:
             raise SettingError(name, f"must be a finite number of at least 0, not {value!r}")
 
 
@@ -100,7 +100,7 @@ def check_seconds(config, names: typing.Iterable[str], none_ok: bool = False) ->
         value = getattr(config, name)
         if value is None and none_ok:
             continue
-        if not is_number(value) or not _finite(value) or value <= 0:
+        if not is_number(value) or not is_finite(value) or value <= 0:
             none = " (or none)" if none_ok else ""
             raise SettingError(name, f"must be a finite number of seconds, more than 0{none}, not {value!r}")
 

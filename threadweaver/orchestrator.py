@@ -188,8 +188,9 @@ class EngineCall:
     logprobs: tuple[float, ...] | None
 
 
-FINISH_REASONS = ("stop", "length", "timeout", "error")
+FinishReason = Literal["stop", "length", "timeout", "error"]
 """How a trajectory ends: at EOS (``stop``, the one way it ends by itself), or cut short."""
+FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
 
 
 @dataclass(frozen=True)
@@ -203,8 +204,8 @@ class Trajectory:
     degradations: tuple[Degradation, ...]
     """What degraded, in the order met; empty for a well-formed run."""
     stats: LatencyStats
-    finish_reason: str
-    """One of :data:`FINISH_REASONS`: ``"stop"`` (EOS), ``"length"`` (a token limit), ``"timeout"`` or ``"error"``
+    finish_reason: FinishReason
+    """ ``"stop"`` (EOS), ``"length"`` (a token limit), ``"timeout"`` or ``"error"``
     (the engine failed)."""
     closed_threads: frozenset[ThreadPath] = frozenset()
     """Thread paths whose ``</Thread>`` the orchestrator injected (a limit or a dropped EOS ended them)."""

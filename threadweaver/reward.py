@@ -28,6 +28,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Literal
 
+from threadweaver.cli_args import is_finite
 from threadweaver.jsonl import RowError, json_kind
 from threadweaver.stats import speedup
 
@@ -68,7 +69,7 @@ def _check_number(name: str, value: object, positive: bool) -> None:
     """A finite real number, > 0 (``positive``) or >= 0; a string from a config file is refused, not coerced."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"RewardConfig.{name} must be a number, not {type(value).__name__} {value!r}")
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+    if not is_finite(value) or value < 0 or (positive and value == 0):
         raise ValueError(f"RewardConfig.{name} must be a finite number {'>' if positive else '>='} 0, not {value!r}")
 
 

@@ -106,6 +106,10 @@ class QuickstartArgs:
     )
 
     def __post_init__(self):
+        from threadweaver.vllm_orchestrator.serve import kv_cache_env_problem
+
+        if self.engine == "vllm" and not self.base_url and (problem := kv_cache_env_problem(os.environ)):
+            raise ValueError(problem)  # before the training, not when the servers start
         check_counts(self, ("concurrency", "retrain_steps", "max_model_len"), none_ok=True)
         check_counts(self, ("timelines", "problems"), least=0, none_ok=True)
         for name in ("base_url", "baseline_url"):

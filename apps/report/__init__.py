@@ -8,12 +8,11 @@ the response (see :mod:`threadweaver.stats`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from statistics import mean
 
-from threadweaver.cli_args import is_number
+from threadweaver.cli_args import is_finite, is_number
 from threadweaver.decoded import read_decoded
 from threadweaver.jsonl import RowError, read_jsonl, row_name
 from threadweaver.rows import RowReader
@@ -72,7 +71,7 @@ def _wall_clock(row: dict, line: int) -> dict | None:
 
 
 def _is_seconds(value) -> bool:
-    return is_number(value) and math.isfinite(value)
+    return is_number(value) and is_finite(value)
 
 
 def summary(rows: Iterable[RowStats]) -> dict:

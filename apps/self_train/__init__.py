@@ -48,6 +48,10 @@ class SelfTrainArgs:
     )
 
     def __post_init__(self):
+        from threadweaver.vllm_orchestrator.serve import kv_cache_env_problem
+
+        if not self.base_url and (problem := kv_cache_env_problem(os.environ)):
+            raise ValueError(problem)  # before the sampling, not when the server starts
         check_counts(self, ("n", "concurrency", "max_model_len"))
         if self.base_url is not None:
             check_url(self, "base_url")
@@ -74,6 +78,7 @@ def check_sft_flags(sft_argv: list[str]) -> None:
         raise ValueError(f"sft takes no {' '.join(unknown)} (`threadweaver sft --help` lists its flags)")
     if own := [arg for arg in sft_argv if given([arg], "--output_dir")]:
         raise ValueError(f"{own[0].split('=')[0]}: self-train trains into OUT/model (--out names OUT)")
+    sft.parsed_flags(["MODEL", "DATA", *sft_argv])  # its values: --save-steps 0, --logging-steps inf
 
 
 def run(args: SelfTrainArgs, sampling: Sampling, filtering: FilterConfig, sft_argv: list[str]) -> dict:

@@ -19,7 +19,16 @@ import os
 import re
 import types
 
-from threadweaver.cli_args import SettingError, add_arguments, check_counts, check_numbers, given, spellings
+from threadweaver.cli_args import (
+    SettingError,
+    add_arguments,
+    check_counts,
+    check_numbers,
+    given,
+    is_finite,
+    is_number,
+    spellings,
+)
 from threadweaver.format import missing_tags
 from threadweaver.hf_collator.attention import flash_attention_4_missing, use_tree_attention
 from threadweaver.hf_collator.collator import RowFormatError, TrieCollator
@@ -109,7 +118,7 @@ def parser():
 def saving_as_asked(argv: list[str], values: dict) -> None:
     """``--save-steps N`` without ``--save-strategy`` saves a checkpoint each N steps, as in TRL, whose default
     strategy is "steps" (the training commands' own default, the final model only, once ignored it). Refused:
-    ``--save-steps`` with ``--save-strategy no``, and a step count no checkpoint would come of."""
+    ``--save-steps`` with another strategy (:func:`check_trainer_numbers` refuses a count no checkpoint comes of)."""
     if not given(argv, "--save_steps"):
         return
     if not given(argv, "--save_strategy"):
@@ -117,11 +126,6 @@ def saving_as_asked(argv: list[str], values: dict) -> None:
     elif values["save_strategy"] != "steps":
         strategy = values["save_strategy"]
         raise ValueError(f"--save-steps goes with --save-strategy steps (or alone), not {strategy}: leave one out")
-    if values["save_strategy"] == "steps" and not values["save_steps"] > 0:
-        raise ValueError(
-            f"--save-steps must be more than 0 (a number of steps, or under 1 a share of the run's), "
-            f"not {values['save_steps']:g}"
-        )
 
 
 def checkpoint_help(parser) -> None:
@@ -140,17 +144,27 @@ def checkpoint_help(parser) -> None:
             )
 
 
+def parsed_flags(argv: list[str]) -> dict:
+    """The command's flags as values, with what it refuses before anything loads refused, named by flag
+    (``self-train`` checks its ``sft`` flags so, before it samples)."""
+    values = vars(parser().parse_args(argv))
+    saving_as_asked(argv, values)
+    try:
+        check_trainer_numbers(types.SimpleNamespace(**values))  # SFTConfig refuses some in words that name no flag
+    except SettingError as err:  # named as TRL's flags are
+        raise ValueError(err.by_flags()) from None
+    return values
+
+
 def main(argv: list[str]) -> str:
     """Run the command; returns where the model was saved."""
     from trl import SFTConfig
 
-    values = vars(parser().parse_args(argv))
-    saving_as_asked(argv, values)
+    values = parsed_flags(argv)
     model, data, attention = values.pop("model"), values.pop("data"), values.pop("attention")
     flex_backend = values.pop("flex_backend")
     collator = {name: values.pop(name) for name in COLLATOR_FLAGS}
     try:
-        check_trainer_numbers(types.SimpleNamespace(**values))  # SFTConfig refuses some in words that name no flag
         return train(model, data, SFTConfig(**values), attention, flex_backend, **collator)
     except SettingError as err:  # named as TRL's flags are
         raise ValueError(err.by_flags()) from None
@@ -282,7 +296,12 @@ def check_trainer_numbers(config) -> None:
     (an infinite ``save_steps``: ``OverflowError``)."""
     check_counts(config, ("per_device_train_batch_size", "gradient_accumulation_steps"))
     check_counts(config, ("dataloader_num_workers",), least=0)
-    check_numbers(config, ("learning_rate", "warmup_steps", "logging_steps", "save_steps"))
+    check_numbers(config, ("learning_rate", "warmup_steps", "logging_steps"))
+    if not (is_number(config.save_steps) and is_finite(config.save_steps) and config.save_steps > 0):
+        raise SettingError(
+            "save_steps",
+            f"must be a finite number more than 0 (steps, or under 1 a share of the run's), not {config.save_steps!r}",
+        )
     if config.eval_steps is not None:
         check_numbers(config, ("eval_steps",))
     for name in ("seed", "data_seed"):

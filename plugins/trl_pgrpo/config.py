@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from threadweaver.cli_args import SettingError, check_counts, check_numbers, is_number
+from threadweaver.cli_args import SettingError, check_counts, check_numbers, is_finite, is_number
 from threadweaver.engine import Sampling
 from threadweaver.hf_collator.sft import check_trainer_numbers
 from threadweaver.orchestrator import Limits
@@ -100,10 +99,10 @@ class PGRPOConfig(GRPOConfig):
                 f"is {self.multi_objective_aggregation!r}, which normalises each reward by its std before summing: "
                 f"{STD_REFUSAL}",
             )
-        try:
-            self.reward_config()
-        except ValueError as err:
-            raise SettingError("acceleration_form", f"is {self.acceleration_form!r}: {err}") from None
+        if self.acceleration_form not in ACCELERATION_FORMS:
+            forms = " or ".join(ACCELERATION_FORMS)
+            raise SettingError("acceleration_form", f"must be {forms}, not {self.acceleration_form!r}")
+        self.reward_config()
         if self.use_vllm:
             self._check_vllm()
         self._check_sampling()
@@ -119,7 +118,7 @@ class PGRPOConfig(GRPOConfig):
         """Refuse a reward weight that is not a finite number (how many there must be, and whether a negative
         one makes sense, depends on the reward functions, which the trainer is given)."""
         weights = self.reward_weights
-        if weights is not None and not all(is_number(w) and math.isfinite(w) for w in weights):
+        if weights is not None and not all(is_number(w) and is_finite(w) for w in weights):
             raise SettingError("reward_weights", f"must be finite numbers, not {weights!r}")
 
     def _check_sampling(self) -> None:

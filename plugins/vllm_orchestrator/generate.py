@@ -69,13 +69,12 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
                 raise ValueError("--model is needed to load the tokenizer")
             tokenizer = tagged_tokenizer(source)
         jobs = list(problem_jobs(problems, tokenizer, args.n))  # every prompt checked before the output is touched
-        # the server's model, asked before any trajectory's clock starts: an unreachable server is an error, not
-        # rows cut at --timeout-s while the first request was still retrying
-        await prompt_window(engine)
         done, set_aside = finished_keys(args.out)
         if done:
             check_same_sampling(args.out, sampling)
         jobs = [j for j in jobs if (j.row_id, j.sample) not in done]
+        if jobs:  # the servers' model, asked before any trajectory's clock starts: an unreachable server is an
+            await prompt_window(engine)  # error, not rows cut at --timeout-s while the first request still retried
         if set_aside:
             print(
                 f"moved {set_aside} lines of {args.out} that are not finished rows (unreadable, or repeats) to "

@@ -52,6 +52,13 @@ class Replicas:
             )
         return roots[0]
 
+    async def prompt_window(self) -> int | None:
+        """The narrowest prompt window the servers say (see :func:`.engines.prompt_window`): every server is asked,
+        so one that cannot be reached is an error here, before any trajectory."""
+        said = [await engine.prompt_window() for engine in self.engines if hasattr(engine, "prompt_window")]
+        said = [window for window in said if window is not None]
+        return min(said) if said else None
+
     async def aclose(self) -> None:
         """Close each engine that has connections to close (an engine of one's own may have no ``aclose``)."""
         for engine in self.engines:

