@@ -110,7 +110,7 @@ def test_self_train_samples_filters_mixes_and_fine_tunes_then_resumes_without_re
         ("embedded", ["--base", "nowhere"], "--base MODEL goes with --start base"),
         ("embedded", ["--max_stepz", "1"], "sft takes no --max_stepz 1"),  # a typo of an sft flag: now, not after
         ("embedded", ["--max_step", "1"], "sft takes no --max_step 1"),  # nor an abbreviation of one
-        ("embedded", ["--save-steps", "0"], "--save-steps must be a finite number more than 0"),  # once after sampling
+        ("embedded", ["--save-steps", "0"], "--save-steps must be a whole number of steps"),  # once after sampling
         ("embedded", ["--base-url", "localhost:8000"], "--base-url must be an http:// or https:// URL"),
         ("embedded", ["--output-dir", "x"], "--output-dir: self-train trains into OUT/model"),
         ("a_file", [], "a_file: a file, not a model directory (self-train takes MODEL, then PROBLEMS)"),

@@ -38,8 +38,8 @@ def test_responses_the_budget_cut_short_are_said_under_the_table():
     assert cut_short_note({"fork_join": {0: whole}, "baseline": {0: whole}}, labels) is None
     note = cut_short_note({"fork_join": {0: whole, 1: cut}, "baseline": {0: cut, 1: cut, 2: cut}}, labels)
     assert note.startswith(
-        "responses that did not end by themselves (a token limit or a timeout cut them), on 1 of 2 problems "
-        "(ThreadWeaver, fork-join) and 2 of 2 problems (sequential baseline model): a cut response's tokens are"
+        "responses that did not end by themselves (a token limit, a timeout or an engine error cut them), on 1 of 2 "
+        "problems (ThreadWeaver, fork-join) and 2 of 2 problems (sequential baseline model): a cut response's token"
     )
 
 

@@ -325,9 +325,10 @@ def test_save_steps_alone_saves_checkpoints_as_in_trl(flags, strategy):
     [
         (["--save-steps", "5", "--save-strategy", "no"], "--save-steps goes with --save-strategy steps (or alone), no"),
         (["--save-strategy", "epoch", "--save-steps", "5"], "--save-steps goes with --save-strategy steps (or alo"),
-        (["--save-steps", "0"], "--save-steps must be a finite number more than 0 (steps, or under 1 a share of the"),
-        (["--save_steps", "-2"], "--save-steps must be a finite number more than 0"),
-        (["--save-steps", "inf"], "--save-steps must be a finite number more than 0"),  # a traceback once
+        (["--save-steps", "0"], "--save-steps must be a whole number of steps, or a share of the run's under 1, not 0"),
+        (["--save_steps", "-2"], "--save-steps must be a whole number of steps, or a share of the run's under 1"),
+        (["--save-steps", "inf"], "--save-steps must be a whole number of steps"),  # a traceback once
+        (["--save-steps", "1.5"], "--save-steps must be a whole number of steps"),  # transformers' refusal, unnamed
         (["--logging-steps", "inf"], "--logging-steps must be a finite number of at least 0, not inf"),
     ],
 )

@@ -205,8 +205,7 @@ class Trajectory:
     """What degraded, in the order met; empty for a well-formed run."""
     stats: LatencyStats
     finish_reason: FinishReason
-    """ ``"stop"`` (EOS), ``"length"`` (a token limit), ``"timeout"`` or ``"error"``
-    (the engine failed)."""
+    """``"stop"`` (EOS), ``"length"`` (a token limit), ``"timeout"`` or ``"error"`` (the engine failed)."""
     closed_threads: frozenset[ThreadPath] = frozenset()
     """Thread paths whose ``</Thread>`` the orchestrator injected (a limit or a dropped EOS ended them)."""
     calls: tuple[EngineCall, ...] = ()

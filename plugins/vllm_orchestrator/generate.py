@@ -73,14 +73,14 @@ async def generate(args: GenerateArgs, engine_args: EngineArgs, limits: Limits, 
         if done:
             check_same_sampling(args.out, sampling)
         jobs = [j for j in jobs if (j.row_id, j.sample) not in done]
-        if jobs:  # the servers' model, asked before any trajectory's clock starts: an unreachable server is an
-            await prompt_window(engine)  # error, not rows cut at --timeout-s while the first request still retried
         if set_aside:
             print(
                 f"moved {set_aside} lines of {args.out} that are not finished rows (unreadable, or repeats) to "
                 f"{args.out}{SET_ASIDE}",
                 file=sys.stderr,
             )
+        if jobs:  # the servers' model, asked before any trajectory's clock starts: an unreachable server is an
+            await prompt_window(engine)  # error, not rows cut at --timeout-s while the first request still retried
         if done:
             print(f"resuming: {len(done)} trajectories already in {args.out}, {len(jobs)} to go", file=sys.stderr)
         orchestrator = Orchestrator(engine, Format.from_tokenizer(tokenizer), limits, sampling)
