@@ -310,11 +310,26 @@ def test_tw_synth_token_stats_are_the_orchestrators_own(synth_runs, synth_proble
     assert results["results"]["tw_synth"]["speedup,avg"] > 1.1
 
 
-def test_tw_synth_accuracy_is_math_verify_on_the_responses(synth_runs):
+def test_tw_synth_accuracy_is_math_verify_on_the_responses(synth_runs, synth_problems, monkeypatch):
+    """Each response's acc is the reward's grade; the small model answers these problems wrong, so a right answer is
+    made of a response of its, boxed anew, and scored by lm-eval's own task object (an acc of 0 throughout was no
+    check)."""
+    from lm_eval.tasks import TaskManager
+
     from threadweaver.reward import grade
 
-    for sample in synth_runs["parallel"]["samples"]["tw_synth"]:
+    samples = [*synth_runs["parallel"]["samples"]["tw_synth"], *synth_runs["sequential"]["samples"]["tw_synth"]]
+    for sample in samples:
         assert sample["acc"] == float(grade(sample["resps"][0][0], sample["doc"]["answer"]).correct)
+    assert len(samples) == 12
+    monkeypatch.setenv("THREADWEAVER_TW_SYNTH_FILE", str(synth_problems))
+    task = TaskManager(include_defaults=False).load(["tw_synth"])["tasks"]["tw_synth"]
+    sample = samples[0]
+    response = sample["resps"][0][0]
+    kept = response[: response.rindex("\\boxed{")] if "\\boxed{" in response else response  # one cut short has none
+    right = kept + f"\\boxed{{{sample['doc']['answer']}}}"
+    doc = next(doc for doc in task.test_docs() if doc["id"] == sample["doc"]["id"])
+    assert [task.process_results(doc, [[text]])["acc"] for text in (response, right)] == [sample["acc"], 1.0]
 
 
 def test_sequential_baseline_has_speedup_one(synth_runs):

@@ -174,3 +174,6 @@ def test_a_round_that_sampled_nothing_takes_other_problems_on_its_rerun(tmp_path
         done = subprocess.run(argv, capture_output=True, text=True)
         assert done.returncode == 1 and "cannot reach the vLLM server at http://127.0.0.1:9" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+        # generate opens its output before the first trajectory ends, so a run stopped then (Ctrl-C, a server that
+        # went away) leaves it empty; this run stopped before, so it is made here as that run would leave it
+        (out / "generated.jsonl").touch()

@@ -22,17 +22,18 @@ VERL_EXTRA = {"verl", "omegaconf", "pandas", "cachetools", "uvicorn", "fastapi"}
 
 IMPORT_ALL = """
 import importlib, json, pkgutil, threadweaver
-failed = {}
+failed, walked = {}, []
 for module in pkgutil.walk_packages(threadweaver.__path__, "threadweaver."):
     if module.name.endswith(".__main__"):  # run by python -m, not imported
         continue
+    walked.append(module.name)
     try:
         importlib.import_module(module.name)
     except ModuleNotFoundError as err:
         failed[module.name] = err.name
     except Exception as err:
         failed[module.name] = f"{type(err).__name__}: {err}"
-print(json.dumps({"file": threadweaver.__file__, "failed": failed}))
+print(json.dumps({"file": threadweaver.__file__, "failed": failed, "walked": walked}))
 """
 
 ENTRY_POINTS = """
@@ -67,10 +68,29 @@ def test_the_sdist_and_the_wheel_carry_every_package_and_the_start_up_hook():
     assert any(n.startswith("threadweaver/quickstart/models/parallel/") for n in names)
 
 
+def checkout_modules() -> set[str]:
+    """The import names of this checkout's modules (the core's, each plugin's, each app's), as the wheel maps them;
+    not ``__main__`` ones."""
+    folders = [(REPO / "threadweaver", "threadweaver")]
+    folders += [
+        (init.parent, f"threadweaver.{init.parent.name}")
+        for top in ("plugins", "apps")
+        for init in (REPO / top).glob("*/__init__.py")
+    ]
+    names = set()
+    for base, package in folders:
+        for path in base.rglob("*.py"):
+            inside = path.relative_to(base)
+            if all((base / folder / "__init__.py").exists() for folder in inside.parents):  # in packages alone
+                names.add(".".join((package, *inside.with_suffix("").parts)).removesuffix(".__init__"))
+    return {name for name in names if name != "threadweaver" and not name.endswith(".__main__")}
+
+
 def test_every_module_of_the_installed_wheel_imports(venv, tmp_path):
     python, site = venv
     result = json.loads(run(python, "-c", IMPORT_ALL, cwd=tmp_path))
     assert result["file"].startswith(str(site))  # the wheel's copy, not this checkout
+    assert set(result["walked"]) == checkout_modules()  # a package the wheel left out imports nothing to fail
     failed = result["failed"]
     assert {name: why for name, why in failed.items() if not name.startswith("threadweaver.verl_rollout.")} == {}
     assert set(failed.values()) <= VERL_EXTRA

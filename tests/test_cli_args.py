@@ -84,3 +84,45 @@ def test_a_time_limit_that_is_not_finite_and_more_than_0_seconds_is_refused():
     refused = "limit_s must be a finite number of seconds, more than 0 (or none), not inf"
     with pytest.raises(SettingError, match=re.escape(refused)):
         check_seconds(Limit(float("inf")), ("limit_s",), none_ok=True)
+
+
+def test_none_as_a_flag_is_none_where_the_setting_takes_it():
+    """The refusal says "(or none)", as the library, JSON and lm-eval's model_args take it; argparse read ``none``
+    as a float and refused it ("invalid float value: 'none'")."""
+
+    @dataclass(frozen=True)
+    class Limit:
+        limit_s: float | None = 5.0
+        count: int = 3
+
+    def parse(*argv):
+        parser = argparse.ArgumentParser(exit_on_error=False)
+        add_arguments(parser, Limit)
+        return parser.parse_args(argv)
+
+    assert parse("--limit-s", "none").limit_s is None and parse("--limit-s", "NONE").limit_s is None
+    assert parse("--limit-s", "2.5").limit_s == 2.5
+    with pytest.raises(argparse.ArgumentError, match="invalid float value: 'never'"):
+        parse("--limit-s", "never")
+    with pytest.raises(argparse.ArgumentError, match="invalid int value: 'none'"):  # a setting with no "none"
+        parse("--count", "none")
+
+
+def test_a_yes_or_no_flag_on_a_trl_parser_takes_trls_forms():
+    """``sft --branching false`` was refused ("takes no false") where ``pgrpo``, and TRL's own flags, take it."""
+    from transformers import HfArgumentParser
+    from trl import SFTConfig
+
+    def parse(*argv):
+        parser = HfArgumentParser(SFTConfig, exit_on_error=False)
+        add_arguments(parser, Switches)
+        return parser.parse_args(["--output_dir", "out", *argv])
+
+    assert (parse().fork, parse().explained) == (True, False)
+    forms = {("--fork", "false"): False, ("--fork", "No"): False, ("--no_fork",): False, ("--no-fork",): False}
+    forms |= {("--fork",): True, ("--explained",): True, ("--explained", "1"): True, ("--explained", "f"): False}
+    assert {argv: (parse(*argv).fork if "fork" in argv[0] else parse(*argv).explained) for argv in forms} == forms
+    with pytest.raises(
+        argparse.ArgumentError, match=r"must be true or false \(or yes/no, t/f, y/n, 1/0\), not 'maybe'"
+    ):
+        parse("--fork", "maybe")

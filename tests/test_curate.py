@@ -545,8 +545,9 @@ def test_when_no_trace_reaches_the_server_the_command_fails_naming_its_url_and_k
     assert message.startswith("threadweaver curate: nothing curated") and "\n" not in message
     assert url in message and "2 connection" in message and f"outputs in {out} are left as they were" in message
     assert {name: (out / name).read_text() for name in earlier} == earlier
-    with pytest.raises(SystemExit):  # a new folder: not made (it was, holding an empty call cache)
+    with pytest.raises(SystemExit) as exit_:  # a new folder: not made (it was, holding an empty call cache)
         main([*argv[:2], str(tmp_path / "new"), *argv[3:], "--tokenizer", "synth", "--retries", "0"])
+    assert str(exit_.value.code).startswith("threadweaver curate: nothing curated")
     assert not (tmp_path / "new").exists()
 
 

@@ -779,3 +779,4 @@ def test_a_huge_number_is_quoted_in_at_most_80_characters(fmt):
         with pytest.raises(APIError) as caught:
             request_with(fmt, **body)
         assert "above this server's ceiling" in str(caught.value) and len(str(caught.value)) < 200
+        assert re.search(r"\d+…", str(caught.value)).group(0) == "1" + "0" * 78 + "…"  # 80 characters

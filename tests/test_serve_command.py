@@ -224,14 +224,14 @@ def test_a_start_up_that_vllm_refuses_with_status_2_exits_2(tmp_path, monkeypatc
 
     monkeypatch.setattr(serve, "server_command", lambda *_: [sys.executable, "-c", "import sys; sys.exit(2)"])
     with pytest.raises(SystemExit) as exited:
-        serve.serve_until_stopped(ServeArgs(str(tmp_path)), ["--max-tokns", "9"])
+        serve.serve_until_stopped(ServeArgs(str(tmp_path), port=0), ["--max-tokns", "9"])
     assert exited.value.code == 2
     assert capfd.readouterr().err.splitlines()[-1] == (
         "threadweaver serve: vLLM refused its command line (its error is above); the flags serve passed on to it: "
         "--max-tokns 9 (`threadweaver serve --help` lists serve's own)"
     )
     with pytest.raises(SystemExit) as exited:
-        serve.serve_until_stopped(ServeArgs(str(tmp_path)))
+        serve.serve_until_stopped(ServeArgs(str(tmp_path), port=0))
     assert exited.value.code == 2
     assert (
         capfd.readouterr().err.splitlines()[-1]
@@ -265,3 +265,27 @@ def test_the_servers_commands_start_for_their_user_keep_the_users_kv_cache(monke
         args.cpu_kv_cache_gib is None
         and server_env(args, Limits(), {"VLLM_CPU_KVCACHE_SPACE": "8"})["VLLM_CPU_KVCACHE_SPACE"] == "8"
     )
+
+
+def test_serve_refuses_a_port_another_server_listens_on_before_vllm_starts(tmp_path, monkeypatch, capsys):
+    """The other server answered the start-up's health checks: serve printed its URL as its own ("serving MODEL at
+    http://127.0.0.1:8000"), and vLLM failed to bind only once it had loaded the model."""
+    import socket
+
+    from threadweaver.cli import main
+    from threadweaver.vllm_orchestrator import serve
+
+    started = []
+    monkeypatch.setattr(serve.subprocess, "Popen", lambda *a, **k: started.append(a))
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_:
+            main(["serve", str(tmp_path), "--port", str(port)])
+    assert exit_.value.code == (
+        f"threadweaver serve: port {port} of 127.0.0.1 is in use (another server listens there): give another --port, "
+        "or --port 0 for a free one"
+    )
+    assert started == [] and "serving" not in capsys.readouterr().err
+    assert serve.listen_problem("127.0.0.1", port) is None  # free again once the other server is gone

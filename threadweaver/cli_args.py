@@ -22,6 +22,22 @@ def value_type(hint):
     return hint
 
 
+def takes_none(hint) -> bool:
+    """``X | None`` and ``Optional[X]``."""
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
+
+
+def or_none(kind: type):
+    """A flag's type that reads ``none`` (in any case) as None, as the library, a JSON request (null) and lm-eval's
+    ``model_args`` take it, and anything else as ``kind`` (whose name argparse's error keeps)."""
+
+    def parse(text: str):
+        return None if text.lower() == "none" else kind(text)
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def option(default, help: str, *, choices: tuple | None = None):
     """A config field with its default and help (and the values it may take): a flag's whole declaration."""
     return dataclasses.field(default=default, metadata={"help": help, **({"choices": choices} if choices else {})})
@@ -169,6 +185,18 @@ def check_port(config) -> None:
         raise SettingError("port", f"must be a port number (0 to 65535), not {config.port}")
 
 
+TRUTHS = {"true": True, "yes": True, "t": True, "y": True, "1": True}
+TRUTHS |= {"false": False, "no": False, "f": False, "n": False, "0": False}
+
+
+def truth(text: str) -> bool:
+    """A yes-or-no flag's value as TRL's command lines read it (``--bf16 false``), in any case."""
+    try:
+        return TRUTHS[text.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"must be true or false (or yes/no, t/f, y/n, 1/0), not {text!r}") from None
+
+
 def add_arguments(
     parser: argparse.ArgumentParser,
     config_cls: type,
@@ -191,9 +219,13 @@ def add_arguments(
             parser.add_argument(f.name, type=kind, help=help_text)
             continue
         names = spellings(f.name) if trls else [flag(f.name)]
-        if kind is bool and trls:  # TRL's negation, --no_x and --no-x (BooleanOptionalAction's would be --no-x_y)
+        if (
+            kind is bool and trls
+        ):  # TRL's forms: --x, --x false, and --no_x or --no-x (not BooleanOptionalAction's --no-x_y)
             either = parser.add_mutually_exclusive_group()
-            action = either.add_argument(*names, dest=f.name, action="store_true", default=default, help=help_text)
+            action = either.add_argument(
+                *names, dest=f.name, type=truth, nargs="?", const=True, default=default, help=help_text
+            )
             either.add_argument(
                 *spellings(f"no_{f.name}"),
                 dest=f.name,
@@ -204,8 +236,9 @@ def add_arguments(
         elif kind is bool:
             action = parser.add_argument(*names, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
+            parse = or_none(kind) if takes_none(hints[f.name]) and kind in (int, float) else kind
             action = parser.add_argument(
-                *names, type=kind, default=default, choices=f.metadata.get("choices"), help=help_text
+                *names, type=parse, default=default, choices=f.metadata.get("choices"), help=help_text
             )
         if not (trls or "default" in action.help):  # Python 3.10's BooleanOptionalAction adds its own
             action.help = f"{action.help} (default: {default})"

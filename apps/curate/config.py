@@ -69,7 +69,11 @@ class CurateConfig:
     max_edit_chars: int = option(120, "Longest find or replace string of a decoupling edit.")
     max_change: float = option(0.3, "Largest share of a thread the decoupling edits may change.")
     min_speedup: float = option(1.05, "Least token-latency speedup of a kept trajectory.")
-    max_tokens: int | None = option(None, "Drop trajectories longer than this many tokens (default: no limit).")
+    max_tokens: int | None = option(
+        None,
+        "Drop trajectories that generated more than this many tokens, all threads' (the tokens generate's "
+        "--max-tokens bounds; default: no limit).",
+    )
     price_prompt: float = option(0.0, "USD per million prompt tokens, for the report and --max-cost.")
     price_completion: float = option(0.0, "USD per million completion tokens.")
     price_cached: float | None = option(None, "USD per million cached prompt tokens (default: the prompt price).")

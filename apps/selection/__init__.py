@@ -47,7 +47,11 @@ REASONS: tuple[Reason, ...] = get_args(Reason)
 @dataclass(frozen=True)
 class FilterConfig:
     per_problem: int = option(1, "Most trajectories kept per problem, best speedup first.")
-    max_tokens: int | None = option(None, "Drop trajectories longer than this many tokens (default: no limit).")
+    max_tokens: int | None = option(
+        None,
+        "Drop trajectories that generated more than this many tokens, all threads' (the tokens generate's "
+        "--max-tokens bounds; default: no limit).",
+    )
     keep_sequential: bool = option(False, "Keep correct trajectories with no parallel block too.")
 
     def __post_init__(self):

@@ -43,7 +43,7 @@ from .openai_api import (
     shown,
     unprepared,
 )
-from .serve import ServeArgs
+from .serve import ServeArgs, bound_socket
 
 STOP_GRACE_S = 10.0
 """On Ctrl-C or SIGTERM, how long the replies still running get to end before the proxy stops them (their
@@ -460,18 +460,9 @@ def _free_port(host: str) -> socket.socket:
     """A free port on ``host`` (its first address), bound; listened on once the proxy has started (a client is
     refused until then, not held)."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
-            0
-        ]
-        bound = socket.socket(family, kind, proto)
-        try:
-            bound.bind(address)
-        except OSError:
-            bound.close()
-            raise
+        return bound_socket(host, 0)
     except OSError as err:
         raise OSError(f"cannot listen on {host}: {err.strerror}") from None
-    return bound
 
 
 def _no_bad_request_tracebacks(record: logging.LogRecord) -> bool:

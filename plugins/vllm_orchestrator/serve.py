@@ -15,6 +15,7 @@ to the vLLM server as it is (``--api-key``, ``--tensor-parallel-size``, ...).
 from __future__ import annotations
 
 import atexit
+import errno
 import functools
 import os
 import shutil
@@ -141,13 +142,44 @@ def server_command(args: ServeArgs, port: int, extra: list[str] = ()) -> list[st
     return command + list(extra)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def bound_socket(host: str, port: int, reuse: bool = False):
+    """A TCP socket bound to ``port`` of ``host`` (0: a free one), an IPv6 ``--host`` (::) too; ``reuse``: with
+    ``SO_REUSEADDR``, as servers bind (a port a stopped server left in TIME_WAIT is free to them)."""
     import socket
 
-    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    with socket.socket(family, kind, proto) as s:  # an IPv6 --host (::) too
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+        0
+    ]
+    s = socket.socket(family, kind, proto)
+    try:
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(address)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with bound_socket(host, 0) as s:
         return s.getsockname()[1]
+
+
+def listen_problem(host: str, port: int) -> str | None:
+    """Why vLLM could not listen on ``port`` of ``host`` (another server listens there), or None. Asked before it
+    starts: a server already there would answer the start-up's health checks for it, and vLLM would fail to bind
+    only once it had loaded the model."""
+    try:
+        bound_socket(host, port, reuse=True).close()
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            return (
+                f"port {port} of {host} is in use (another server listens there): give another --port, or --port 0 "
+                "for a free one"
+            )
+        return f"cannot listen on port {port} of {host}: {err.strerror or err}"
+    return None
 
 
 def server_env(args: ServeArgs, limits: Limits, environ) -> dict[str, str]:
@@ -221,6 +253,8 @@ class VLLMServer:
 
     def start(self) -> VLLMServer:
         check_host("vllm")
+        if problem := listen_problem(self.args.host, self.port):
+            raise RuntimeError(problem)
         self.stopping = False
         env = server_env(self.args, self.limits, os.environ)
         out = open(self.log_path, "w") if self.log_path else None
