@@ -49,10 +49,27 @@ def test_filter_keeps_the_correct_parallel_samples_that_sft_reads(tmp_path):
         assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
         assert f"--base-url {url} serves {model}, not MODEL {other}: self-train samples with MODEL" in refused.stderr
         assert not (out / "generated.jsonl").exists() or not (out / "generated.jsonl").read_text()
+        # lm-eval's model named after another folder than the server's: its results were filed under that name
+        from threadweaver.lmeval_tasks.model import ThreadWeaverLM
+
+        with pytest.raises(ValueError) as refused_lm:
+            ThreadWeaverLM.create_from_arg_string(f"base_url={url},model={other}")
+        assert str(refused_lm.value) == (
+            f"the server at base_url serves {model}, not model={other}: its results would be filed under that "
+            "model's name; give model= the folder it serves, or leave model= out"
+        )
     done = subprocess.run(
         [CLI, "filter", str(generated), str(kept), "--tokenizer", str(model)], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+    for wrong in (["filter", str(generated), str(tmp_path / "wrong.jsonl")], ["stats", str(generated)]):
+        # another tokenizer's ids read as other tokens: stats said speedup 1.00, filter dropped every row as wrong
+        misread = subprocess.run([CLI, *wrong, "--tokenizer", "qwen"], capture_output=True, text=True)
+        assert misread.returncode == 1 and "Traceback" not in misread.stderr, misread.stderr
+        assert misread.stderr.splitlines()[-1] == (
+            f"threadweaver {wrong[0]}: {generated}: line 1: its 'token_ids' decode to other text than its 'text' with "
+            "this tokenizer: give the model's tokenizer with --tokenizer"
+        )
     report = json.loads((tmp_path / "kept.jsonl.report.json").read_text())
     assert report["rows"] == 18 and report["kept"] + sum(report["dropped"].values()) == 18
     assert 0 < report["kept"] <= 6 and report["dropped"].get("per_problem", 0) > 0 and "pass@1" in done.stdout

@@ -65,10 +65,28 @@ def test_stats_json_summaries(data):
 
 
 def test_stats_table_and_token_ids_input(tmp_path):
+    """The repeats of a problem each show their sample: without it, 8 rows all read tw_aime24/0."""
     path = tmp_path / "t.jsonl"
-    path.write_text(json.dumps({"id": "r1", "token_ids": [5, 6, 7]}) + "\n")
-    out = run("stats", str(path)).stdout
-    assert "r1" in out and "mean total tokens         3.0" in out
+    rows = [{"id": "r1", "token_ids": [5, 6, 7]}, {"id": "r1", "sample": 1, "token_ids": [5, 6]}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = run("stats", str(path)).stdout.splitlines()
+    assert out[0].split() == [
+        "id",
+        "sample",
+        "total",
+        "critical",
+        "speedup",
+        "ref.longest",
+        "blocks",
+        "threads",
+        "faults",
+    ]
+    assert [line.split()[:3] for line in out[2:4]] == [["r1", "0", "3"], ["r1", "1", "2"]]
+    assert "mean total tokens         2.5" in out
+    assert [r["sample"] for r in json.loads(run("stats", str(path), "--json").stdout)["rows"]] == [0, 1]
+    path.write_text(json.dumps({"id": "r1", "sample": "one", "token_ids": [5]}) + "\n")
+    done = run("stats", str(path), check=False)
+    assert done.returncode == 1 and done.stderr.endswith("line 1: field 'sample' must be a whole number, not 'one'\n")
 
 
 @pytest.mark.parametrize("command", ["stats", "convert"])

@@ -61,10 +61,24 @@ def test_a_trajectories_path_where_no_file_can_be_made_is_refused_even_as_root()
 
 
 def test_a_tokenizer_that_cannot_load_is_one_line_naming_the_model_arg(tmp_path):
+    """A missing folder read as a hub id: "Repo id must be in the form 'repo_name' or 'namespace/repo_name'"."""
     missing = str(tmp_path / "nope")
     for arg in ("tokenizer", "model"):
-        with pytest.raises(ValueError, match=f"^cannot load the tokenizer '{missing}' \\({arg}= in --model_args\\): "):
+        said = f"^cannot load the tokenizer '{missing}' \\({arg}= in --model_args\\): {missing}: no such directory"
+        with pytest.raises(ValueError, match=said):
             ThreadWeaverLM.create_from_arg_string(f"base_url=http://127.0.0.1:9,{arg}={missing}")
+
+
+def test_a_trajectories_file_of_other_rows_is_refused(tmp_path):
+    """A task's own data file, named as trajectories=, got the trajectories appended: the next run could not read
+    its problems."""
+    problems = tmp_path / "aime24.jsonl"
+    problems.write_text('{"Problem": "1+1?", "Answer": 2}\n')
+    with pytest.raises(ValueError, match=f"^trajectories={problems}: {problems} holds no finished row: "):
+        split_model_args({"trajectories": str(problems)})
+    assert problems.read_text() == '{"Problem": "1+1?", "Answer": 2}\n'
+    (tmp_path / "t.jsonl").write_text('{"id": "tw_aime24/0", "sample": 0}\n')  # a trajectories file: appended to
+    assert split_model_args({"trajectories": str(tmp_path / "t.jsonl")})[0].trajectories == str(tmp_path / "t.jsonl")
 
 
 def test_trajectories_path_expands_the_home_folder(tmp_path, monkeypatch):
@@ -137,3 +151,38 @@ def test_the_start_up_hook_installs_says_its_status_and_removes_once(tmp_path, m
     assert run("remove") == (0, f"removed {pth}") and not pth.exists()
     assert run("remove") == (0, f"{pth}: not installed, nothing to remove")
     assert run("status") == (1, f"{pth}: not installed")
+
+
+def test_a_run_the_server_failed_says_where_its_trajectories_are(tmp_path, monkeypatch, capsys):
+    """Only Ctrl-C said it: a server killed mid-run ended in "cannot reach the vLLM server ... is it running?", with
+    the finished trajectories in the file unnamed and resume=true unsaid."""
+    import socket
+    import sys
+
+    from lm_eval.api.instance import Instance
+
+    from threadweaver.engine import EngineError
+    from threadweaver.lmeval_tasks import cli_errors
+    from threadweaver.quickstart.recipe import embedded_models
+    from threadweaver.vllm_orchestrator.http import HTTPOptions
+    from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
+
+    trajectories = tmp_path / "t.jsonl"
+    args = f"engine=transformers,model={embedded_models()['parallel']},trajectories={trajectories}"
+    lm = ThreadWeaverLM.create_from_arg_string(args)
+    with socket.socket() as s:  # a port nothing listens on: the server is gone
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    lm.engine = VLLMServerEngine(url, options=HTTPOptions(retries=0))
+    request = Instance("generate_until", {}, ("A=1+2\nA=?", {"until": [], "max_gen_toks": 8}), 0, ("tw_synth", 0, 1))
+    capsys.readouterr()
+    with pytest.raises(EngineError) as failed:
+        lm.generate_until([request], disable_tqdm=True)
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    cli_errors.install()  # as in lm-eval's CLI
+    sys.excepthook(EngineError, failed.value, failed.value.__traceback__)
+    said = capsys.readouterr().err
+    assert said.startswith(f"threadweaver: cannot reach the vLLM server at {url}") and said.endswith(
+        f"; the trajectories it finished are in {trajectories}: rerun with resume=true added to "
+        "model_args to go on (without it, a rerun decodes them again)\n"
+    )

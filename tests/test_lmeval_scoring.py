@@ -69,9 +69,25 @@ def test_local_file_order_metadata_then_environment_then_data_dir(tmp_path, monk
     assert data.local_file("tw_aime24", {}) is None
 
 
-def test_a_named_local_file_that_is_missing_is_an_error(tmp_path):
+def test_a_named_local_file_that_is_missing_or_a_folder_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="tw_aime24: the local dataset .*missing.jsonl does not exist"):
         data.local_file("tw_aime24", {"tw_aime24_file": str(tmp_path / "missing.jsonl")})
+    with pytest.raises(ValueError, match=f"^tw_aime24: the local dataset {tmp_path} is a folder, not a file$"):
+        data.local_file("tw_aime24", {"tw_aime24_file": str(tmp_path)})  # it said "does not exist"
+
+
+def test_an_olympiadbench_file_without_is_multiple_answer_reads_as_one_answer(tmp_path):
+    """The prompt's template read the field, which only the hub's rows have: jinja2's UndefinedError, a traceback."""
+    from lm_eval.tasks import TaskManager
+
+    rows = tmp_path / "olympiad.jsonl"
+    rows.write_text('{"question": "What is 1+1?", "final_answer": ["2"]}\n')
+    metadata = {"tw_olympiadbench_file": str(rows)}
+    task = TaskManager(include_defaults=False, metadata=metadata).load(["tw_olympiadbench"])["tasks"][
+        "tw_olympiadbench"
+    ]
+    prompt = task.doc_to_text(next(iter(task.test_docs())))
+    assert prompt == "What is 1+1?\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
 def test_measured_counts_are_used_as_recorded(qwen):

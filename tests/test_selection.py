@@ -199,6 +199,7 @@ def test_a_generated_token_id_past_the_tokenizers_length_is_read(synth, tmp_path
     """A model's padded vocabulary (the kit's tiny Qwen3: a multiple of 64) can sample past the tokenizer."""
     padded = row(synth, parallel())
     padded["token_ids"][3] = len(load_tokenizer("synth")) + 3
+    padded["text"] = synth.decode(padded["token_ids"])  # as generate writes it
     generated = tmp_path / "gen.jsonl"
     generated.write_text(json.dumps(padded) + "\n")
     cli(["filter", str(generated), str(tmp_path / "kept.jsonl"), "--tokenizer", "synth", "--keep-sequential"])

@@ -142,6 +142,8 @@ def test_too_few_problems_and_a_missing_file(tmp_path, capsys):
     )
     missing = str(tmp_path / "missing.jsonl")
     assert refused(capsys, str(tmp_path / "out"), "--problems", missing) == f"{missing}: No such file or directory"
+    empty = problems(tmp_path, raw=b"")  # it said "0 problems; --test 128 leaves none to train on"
+    assert refused(capsys, str(tmp_path / "out"), "--problems", empty) == f"{empty}: no rows"
 
 
 def test_an_integer_longer_than_python_reads_is_named_by_its_line(tmp_path, capsys):

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from statistics import mean
 
-from threadweaver.cli_args import is_finite, is_number
+from threadweaver.cli_args import is_finite, is_number, is_whole
 from threadweaver.decoded import read_decoded
 from threadweaver.jsonl import RowError, read_jsonl, row_name
 from threadweaver.rows import RowReader
@@ -30,9 +30,12 @@ class RowStats:
     """The row's recorded degradations, or the parse's faults."""
     wall_clock: dict | None = None
     """Where its seconds went, as ``generate`` recorded it (:mod:`threadweaver.wall_clock`)."""
+    sample: int = 0
+    """Which sample of its problem (``generate --n``, lm-eval's repeats) the row is."""
 
     def as_dict(self) -> dict:
-        return {"line": self.line, "id": self.id, **self.stats.as_dict(), "faults": list(self.faults)}
+        head = {"line": self.line, "id": self.id, "sample": self.sample}
+        return {**head, **self.stats.as_dict(), "faults": list(self.faults)}
 
 
 def file_stats(path: str, reader: RowReader, *, strict: bool = False) -> Iterator[RowStats]:
@@ -57,7 +60,10 @@ def row_stats(row: dict, line: int, reader: RowReader, *, strict: bool = False) 
     except ValueError as err:
         raise RowError.at(line, err) from None
     faults = tuple(f.text for f in decoded.faults)
-    return RowStats(line, row_name(row, line), decoded.stats, faults, _wall_clock(row, line))
+    sample = row.get("sample", 0)
+    if not is_whole(sample):
+        raise RowError(line, f"field 'sample' must be a whole number, not {sample!r}", shape=True)
+    return RowStats(line, row_name(row, line), decoded.stats, faults, _wall_clock(row, line), sample)
 
 
 def _wall_clock(row: dict, line: int) -> dict | None:
@@ -94,14 +100,17 @@ def summary(rows: Iterable[RowStats]) -> dict:
 
 
 def format_table(rows: list[RowStats]) -> str:
-    header = f"{'id':<16}{'total':>8}{'critical':>10}{'speedup':>9}{'ref.longest':>13}{'blocks':>8}  threads  faults"
+    header = (
+        f"{'id':<16}{'sample':>7}{'total':>8}{'critical':>10}{'speedup':>9}{'ref.longest':>13}{'blocks':>8}  threads  "
+        "faults"
+    )
     lines = [header, "-" * len(header)]
     for r in rows:
         s = r.stats
         threads = ",".join(map(str, s.threads_per_block)) or "-"
         reference = "-" if s.reference_longest_thread is None else str(s.reference_longest_thread)
         lines.append(
-            f"{r.id[:15]:<16}{s.total_tokens:>8}{s.critical_path_tokens:>10}{s.speedup:>9.2f}"
+            f"{r.id[:15]:<16}{r.sample:>7}{s.total_tokens:>8}{s.critical_path_tokens:>10}{s.speedup:>9.2f}"
             f"{reference:>13}{s.blocks:>8}  {threads:<7}  {len(r.faults)}"
         )
     return "\n".join(lines)

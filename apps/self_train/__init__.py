@@ -286,17 +286,18 @@ def sample(args: SelfTrainArgs, sampling: Sampling, limits: Limits) -> None:
 
 
 async def check_serves_model(url: str, model: str) -> None:
-    """Refuse a ``--base-url`` whose server loaded another model than MODEL from this machine's files: its samples
-    would train MODEL, recorded as MODEL's. A server that names no folder here (a hub id, another machine's path)
-    is taken at its word; a relative root is read from this folder, as a server started here reports it."""
+    """Refuse a ``--base-url`` whose server loaded another model than MODEL from this machine's files
+    (:func:`~threadweaver.vllm_orchestrator.engines.served_elsewhere`): its samples would train MODEL, recorded as
+    MODEL's."""
+    from threadweaver.vllm_orchestrator.engines import served_elsewhere
     from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
 
     engine = VLLMServerEngine(url)
     try:
-        root = await engine.model_root()
+        root = await served_elsewhere(engine, model)
     finally:
         await engine.aclose()
-    if os.path.isdir(root) and os.path.isdir(model) and not os.path.samefile(root, model):
+    if root is not None:
         raise ValueError(
             f"--base-url {url} serves {root}, not MODEL {model}: self-train samples with MODEL (and fine-tunes it "
             "with --start model); serve MODEL there, or leave out --base-url to start a server for it"

@@ -128,11 +128,6 @@ class Reader:
             decoded.stats,
         )
         text = fmt.decode(ids)
-        if "token_ids" in row and isinstance(row.get("text"), str) and text != row["text"]:
-            raise ValueError(
-                "its 'token_ids' decode to other text than its 'text' with this tokenizer: "
-                "give the model's tokenizer with --tokenizer"
-            )
         faults = [asdict(f) for f in decoded.faults]
         measured = "requests" in row
         requests = _recorded_requests(row) if measured else token_schedule(parsed.nodes, generated, tags)

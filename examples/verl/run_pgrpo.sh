@@ -26,7 +26,12 @@ fi
   exit 1
 }
 NGPUS=$(( 10#$NGPUS ))
-if [[ $MODEL == /* || $MODEL == .* ]] && [ ! -d "$MODEL" ]; then  # a hub id (org/name) is verl's to fetch
+if [ -f "$MODEL" ]; then
+  echo "run_pgrpo.sh: MODEL $MODEL: a file, not a model directory (the folder that holds config.json)" >&2
+  exit 1
+fi
+# a hub id (org/name) is verl's to fetch; a path (/a, ./a, a/b/c) that is no folder here, a slip
+if [[ $MODEL == /* || $MODEL == .* || $MODEL == */*/* ]] && [ ! -d "$MODEL" ]; then
   echo "run_pgrpo.sh: MODEL $MODEL: no such directory" >&2
   exit 1
 fi

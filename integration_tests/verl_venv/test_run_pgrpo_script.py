@@ -61,6 +61,12 @@ def test_a_missing_model_folder_or_a_python_without_verl_stops_before_the_data_i
     data = tmp_path / "data"
     done = run(tmp_path, nvidia_smi=TWO_GPUS, DATA=str(data), MODEL=str(tmp_path / "nope"))
     assert (done.returncode, done.stderr) == (1, f"run_pgrpo.sh: MODEL {tmp_path / 'nope'}: no such directory\n")
+    (tmp_path / "config.json").write_text("{}")  # the model's file, not its folder: "no such directory" was wrong
+    done = run(tmp_path, nvidia_smi=TWO_GPUS, DATA=str(data), MODEL=str(tmp_path / "config.json"))
+    said = f"run_pgrpo.sh: MODEL {tmp_path / 'config.json'}: a file, not a model directory (the folder that holds"
+    assert done.returncode == 1 and done.stderr.startswith(said)
+    done = run(tmp_path, nvidia_smi=TWO_GPUS, DATA=str(data), MODEL="runs/tw/sft")  # no hub id: a typo'd path
+    assert (done.returncode, done.stderr) == (1, "run_pgrpo.sh: MODEL runs/tw/sft: no such directory\n")
     done = run(tmp_path, nvidia_smi=TWO_GPUS, DATA=str(data), python=f"{sys.executable} -S")  # no site-packages
     assert done.returncode == 1 and done.stderr.startswith("run_pgrpo.sh: ") and " has no verl: " in done.stderr
     assert not data.exists()

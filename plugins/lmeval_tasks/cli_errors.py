@@ -38,7 +38,7 @@ def install() -> None:
             notes = getattr(err, "__notes__", None) or []
             print("; ".join(["threadweaver: stopped", *notes]), file=sys.stderr)
         elif issubclass(kind, SAID) and frames and _threadweavers(frames[-1]):
-            print(f"threadweaver: {err}", file=sys.stderr)
+            print("; ".join([f"threadweaver: {err}", *(getattr(err, "__notes__", None) or [])]), file=sys.stderr)
         else:
             previous(kind, err, traceback)
 

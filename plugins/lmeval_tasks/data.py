@@ -63,6 +63,8 @@ def local_file(benchmark: str, metadata: dict) -> Path | None:
     named = metadata.get(f"{benchmark}_file") or os.environ.get(file_env(benchmark))
     if named:
         path = Path(named).expanduser()
+        if path.is_dir():
+            raise ValueError(f"{benchmark}: the local dataset {path} is a folder, not a file")
         if not path.is_file():
             raise FileNotFoundError(f"{benchmark}: the local dataset {path} does not exist")
         return path

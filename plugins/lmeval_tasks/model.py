@@ -24,12 +24,13 @@ from pathlib import Path
 from threadweaver.batch import BatchProgress, concurrency_option, decode_many, run_sync, trajectory_row
 from threadweaver.cli_args import check_counts, option
 from threadweaver.hosts import check_host
-from threadweaver.jsonl import appending, check_writable
+from threadweaver.jsonl import appending, check_resumable, check_writable
+from threadweaver.model_dirs import check_model_dir
 from threadweaver.orchestrator import Limits, Orchestrator, Sampling, Trajectory, generated_text, trajectory_text
 from threadweaver.reward import is_correct
 from threadweaver.rows import RowReader, plain_ids
 from threadweaver.stats import LatencyStats
-from threadweaver.vllm_orchestrator.engines import EngineArgs, make_engine, tokenizer_source
+from threadweaver.vllm_orchestrator.engines import EngineArgs, make_engine, served_elsewhere, tokenizer_source
 
 from . import measured
 from .data import GOLD_COLUMN
@@ -86,6 +87,7 @@ def appendable(path: str) -> str:
         raise ValueError(f"trajectories={path}: {existing} is a file, not a folder")
     try:
         check_writable(str(target))
+        check_resumable(str(target))  # a task's own data file, named in its place, would get trajectories appended
     except ValueError as err:
         raise ValueError(f"trajectories={path}: {err}") from None
     return str(target)
@@ -112,7 +114,7 @@ def split_model_args(kwargs: dict) -> tuple[ModelArgs, EngineArgs, Limits]:
     if unknown:
         raise ValueError(
             f"unknown threadweaver model_args {', '.join(sorted(unknown))}; known: "
-            f"{', '.join(sorted(set().union(*groups.values())))} (max tokens come from the task's "
+            f"{', '.join(sorted(set().union(*groups.values(), {'pretrained'})))} (max tokens come from the task's "
             f"max_gen_toks, override with --gen_kwargs max_gen_toks=N)"
         )
     # lm-eval reads None as None; none and null, which the settings' messages and JSON say, are None too
@@ -206,6 +208,11 @@ class ThreadWeaverLM(LM):
     async def _load_tokenizer(self):
         from transformers import AutoTokenizer
 
+        if self.args.model and (served := await served_elsewhere(self.engine, self.args.model)):
+            raise ValueError(
+                f"the server at base_url serves {served}, not model={self.args.model}: its results would be filed "
+                "under that model's name; give model= the folder it serves, or leave model= out"
+            )
         source = await tokenizer_source(self.engine, self.args.tokenizer or self.args.model)
         if source is None:
             raise ValueError(
@@ -213,10 +220,16 @@ class ThreadWeaverLM(LM):
                 f"(the {self.engine_args.engine} engine does not say which model it serves)"
             )
         try:
+            check_model_dir(source, weights=False)  # a missing folder read as a hub id: "Repo id must be in the form"
             return AutoTokenizer.from_pretrained(source)
         except (OSError, ValueError) as err:  # a missing folder, a hub id offline: one line, not a traceback
-            given = "tokenizer=" if self.args.tokenizer else "model=" if self.args.model else "what the server serves"
-            raise ValueError(f"cannot load the tokenizer {source!r} ({given} in --model_args): {err}") from None
+            if self.args.tokenizer or self.args.model:
+                given = "tokenizer=" if self.args.tokenizer else "model="
+                raise ValueError(f"cannot load the tokenizer {source!r} ({given} in --model_args): {err}") from None
+            raise ValueError(  # a relative folder from where the server started, another machine's, a hub id offline
+                f"cannot load the tokenizer of {source!r}, the model the server reports; give its folder here as "
+                f"model=DIR in --model_args ({err})"
+            ) from None
 
     @property
     def tokenizer_name(self) -> str:
@@ -252,16 +265,17 @@ class ThreadWeaverLM(LM):
                 for kwargs, indices in by_kwargs.items():
                     chunk = [requests[i] for i in indices]
                     run_sync(self._generate(kwargs, chunk, indices, out, bar, append, earlier))
-        except KeyboardInterrupt as interrupt:
-            # lm-eval's CLI prints it (cli_errors); add_note is Python 3.11's
-            interrupt.__notes__ = [*getattr(interrupt, "__notes__", []), self._how_to_go_on()]
+        except BaseException as stopped:  # Ctrl-C, a server gone: lm-eval's CLI prints the note (cli_errors)
+            stopped.__notes__ = [*getattr(stopped, "__notes__", []), self._how_to_go_on()]  # add_note: Python 3.11
             raise
         return out
 
     def _how_to_go_on(self) -> str:
-        """What a stopped run says of the trajectories it kept."""
+        """What a run that stopped or failed says of the trajectories it kept."""
         if self.args.trajectories is None:
-            return "no trajectory is kept: with model_args trajectories=FILE,resume=true a stopped run goes on"
+            return (
+                "no trajectory is kept: with model_args trajectories=FILE,resume=true a rerun goes on where one stops"
+            )
         if self.args.resume:
             return f"the trajectories it finished are in {self.args.trajectories}: rerun the same command to go on"
         return (

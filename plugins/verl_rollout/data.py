@@ -119,6 +119,8 @@ def check_out(out: str) -> None:
 
 def problem_splits(path: str, test: int) -> dict[str, list[dict]]:
     problems = read_prompts_and_answers(path)
+    if not problems:
+        raise ValueError("no rows")
     if len(problems) <= test:
         raise ValueError(f"{len(problems)} problems; --test {test} leaves none to train on")
     return {"train": problems[test:], "test": problems[:test]}
@@ -134,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=None, help=f"the synthetic problems' seed (default: {SYNTH_SEED})")
     parser.add_argument(
         "--problems",
-        help="a JSONL file of rows with 'prompt' (a string) or 'messages', and 'answer', instead of the synthetic "
+        help="a JSONL file of rows with 'prompt' (a string or chat messages) or 'messages', and 'answer', instead "
+        "of the synthetic "
         "task: all but --test train",
     )
     parser.add_argument("--data-source", default=None, help="the data_source column (default: the file's name)")

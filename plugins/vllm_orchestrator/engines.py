@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from threadweaver.cli_args import check_counts, check_url, option
@@ -96,6 +97,18 @@ async def prompt_window(engine) -> int | None:
 async def served_models(engine) -> tuple[list[str], list[str]] | None:
     """The server's model names and its LoRA adapters' where it says (vLLM), else None (SGLang)."""
     return await engine.served_models() if hasattr(engine, "served_models") else None
+
+
+async def served_elsewhere(engine, model: str) -> str | None:
+    """The folder ``engine``'s server loaded its model from, where that is a folder here and ``model`` another
+    (a second server's, a slip of the port); else None. A server that names no folder here (a hub id, another
+    machine's path) is taken at its word; a relative root is read from this folder, as a server started here
+    reports it."""
+    model = os.path.expanduser(model)
+    if not (hasattr(engine, "model_root") and os.path.isdir(model)):
+        return None
+    root = await engine.model_root()
+    return root if isinstance(root, str) and os.path.isdir(root) and not os.path.samefile(root, model) else None
 
 
 async def tokenizer_source(engine, given: str | None) -> str | None:
