@@ -55,8 +55,8 @@ def test_filter_keeps_the_correct_parallel_samples_that_sft_reads(tmp_path):
         with pytest.raises(ValueError) as refused_lm:
             ThreadWeaverLM.create_from_arg_string(f"base_url={url},model={other}")
         assert str(refused_lm.value) == (
-            f"the server at base_url serves {model}, not model={other}: its results would be filed under that "
-            "model's name; give model= the folder it serves, or leave model= out"
+            f"the server at base_url serves {model}, not model={other}: its results would be filed under "
+            "model='s name; give model= the folder it serves, or leave model= out"
         )
     done = subprocess.run(
         [CLI, "filter", str(generated), str(kept), "--tokenizer", str(model)], capture_output=True, text=True

@@ -20,6 +20,7 @@ import pytest
 from vllm_server import NO_VLLM, have_vllm
 
 from threadweaver.testing import CLI
+from threadweaver.vllm_orchestrator.serve import group_alive
 
 
 def servers_of(pid: int) -> list[int]:
@@ -44,14 +45,6 @@ def from_a_terminal() -> None:
     started with ``nohup``, which ignores it for every process it starts (and a command rightly keeps
     an ignored SIGHUP: ``interrupt_like_ctrl_c`` handles only signals nothing else does)."""
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.slow

@@ -289,3 +289,61 @@ def test_serve_refuses_a_port_another_server_listens_on_before_vllm_starts(tmp_p
     )
     assert started == [] and "serving" not in capsys.readouterr().err
     assert serve.listen_problem("127.0.0.1", port) is None  # free again once the other server is gone
+
+
+SERVER_STAND_IN = """
+import signal, subprocess, sys, time
+log, stuck = sys.argv[1], sys.argv[2] == "stuck"
+child = subprocess.Popen([sys.executable, "-c", '''
+import signal, sys, time
+def said(number, _):
+    open(sys.argv[1], "a").write(signal.Signals(number).name + " ")
+    sys.exit(0)
+for number in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(number, said)
+print("ready", flush=True)
+time.sleep(60)
+''', log], stdout=subprocess.PIPE, text=True)
+child.stdout.readline()
+def stop(*_):
+    child.send_signal(signal.SIGINT)  # as vLLM's API server stops its engine core
+    child.wait()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if stuck else stop)
+print("ready", flush=True)
+time.sleep(60)
+"""
+"""A vLLM server's stand-in: a process with a child (its engine core) that logs the signal it gets; unless
+``stuck``, it stops its child itself on SIGTERM."""
+
+
+@pytest.mark.parametrize("stuck", [False, True], ids=["stops", "stuck"])
+def test_stop_signals_the_server_which_stops_its_engine_core_and_a_stuck_one_is_killed_whole(tmp_path, stuck):
+    """A SIGTERM to the server's whole process group killed vLLM's engine core under its server: a plain stream then
+    held the server the whole timeout, and the kill left its shared memory in /dev/shm."""
+    import subprocess
+    import sys
+    import time
+
+    from threadweaver.testing import logged
+    from threadweaver.vllm_orchestrator.serve import VLLMServer, group_alive
+
+    log = tmp_path / "child.log"
+    server = VLLMServer(ServeArgs(str(tmp_path), port=0))
+    command = [sys.executable, "-c", SERVER_STAND_IN, str(log), "stuck" if stuck else "stops"]
+    server.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert server.process.stdout.readline() == "ready\n"
+    with logged("threadweaver.vllm_orchestrator.serve") as warnings:
+        server.stop(timeout=2)
+    deadline = time.monotonic() + 10  # a killed child is gone once it is reaped (by init: its server was killed)
+    while group_alive(server.process.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.process.returncode == (-9 if stuck else 0) and not group_alive(server.process.pid)
+    if stuck:
+        assert warnings == [
+            "the vLLM server had not stopped 2 s after SIGTERM (an open stream, say): killed",
+            "processes of the vLLM server outlived it by 5 s: killed",  # its child, which nothing stopped
+        ]
+        assert not log.exists()  # the kill, which no process can catch
+    else:
+        assert warnings == [] and log.read_text() == "SIGINT "  # from its server, not our SIGTERM

@@ -185,8 +185,9 @@ def check_port(config) -> None:
         raise SettingError("port", f"must be a port number (0 to 65535), not {config.port}")
 
 
-TRUTHS = {"true": True, "yes": True, "t": True, "y": True, "1": True}
-TRUTHS |= {"false": False, "no": False, "f": False, "n": False, "0": False}
+TRUTHS = dict.fromkeys(("true", "yes", "t", "y", "1"), True) | dict.fromkeys(("false", "no", "f", "n", "0"), False)
+"""The words TRL's command lines read as yes or no (transformers' ``string_to_bool``); vLLM's request fields take
+pydantic's, ``on`` and ``off`` too (``openai_api.SWITCH_WORDS``)."""
 
 
 def truth(text: str) -> bool:
@@ -219,9 +220,8 @@ def add_arguments(
             parser.add_argument(f.name, type=kind, help=help_text)
             continue
         names = spellings(f.name) if trls else [flag(f.name)]
-        if (
-            kind is bool and trls
-        ):  # TRL's forms: --x, --x false, and --no_x or --no-x (not BooleanOptionalAction's --no-x_y)
+        # on TRL's parser, TRL's forms: --x, --x false, and --no_x or --no-x (not BooleanOptionalAction's --no-x_y)
+        if kind is bool and trls:
             either = parser.add_mutually_exclusive_group()
             action = either.add_argument(
                 *names, dest=f.name, type=truth, nargs="?", const=True, default=default, help=help_text

@@ -45,7 +45,8 @@ def read_decoded(row: dict, reader: RowReader, *, strict: bool = False) -> Decod
     """One row's trajectory. A row with bad fields raises :class:`ValueError` naming the field;
     one the strict parse refuses, :class:`~threadweaver.tree.TrajectoryFormatError`."""
     ids = reader.trajectory(row)
-    if "token_ids" in row and isinstance(row.get("text"), str) and reader.fmt.decode(ids) != row["text"]:
+    from_token_ids = "token_ids" in row and "completion_ids" not in row  # the field reader.trajectory read
+    if from_token_ids and isinstance(row.get("text"), str) and reader.fmt.decode(ids) != row["text"]:
         raise ValueError(  # with another tokenizer, its tags, answer and counts would be read wrong, without a word
             "its 'token_ids' decode to other text than its 'text' with this tokenizer: "
             "give the model's tokenizer with --tokenizer"

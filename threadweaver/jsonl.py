@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TextIO
 
+from threadweaver.cli_args import is_whole
+
 
 class FieldError(ValueError):
     """A row whose shape is at fault (a field missing or of the wrong type, a turn the chat template
@@ -41,6 +43,15 @@ def row_name(row: dict, line: int) -> str:
     """A row's id, or ``line-N`` for a row without one (or with a null one): how every command names a row."""
     value = row.get("id")
     return f"line-{line}" if value is None else str(value)
+
+
+def row_sample(row: dict) -> int:
+    """Which sample of its problem a row is (``generate --n``, lm-eval's repeats; 0 where it does not say); a value
+    that is no whole number is a :class:`FieldError`."""
+    value = row.get("sample", 0)
+    if not is_whole(value):
+        raise FieldError(f"field 'sample' must be a whole number, not {value!r}")
+    return value
 
 
 def read_jsonl(path: str) -> Iterator[tuple[int, dict]]:

@@ -70,9 +70,7 @@ class CurateConfig:
     max_change: float = option(0.3, "Largest share of a thread the decoupling edits may change.")
     min_speedup: float = option(1.05, "Least token-latency speedup of a kept trajectory.")
     max_tokens: int | None = option(
-        None,
-        "Drop trajectories that generated more than this many tokens, all threads' (the tokens generate's "
-        "--max-tokens bounds; default: no limit).",
+        None, "Drop trajectories that generated more than this many tokens, all threads' together (default: no limit)."
     )
     price_prompt: float = option(0.0, "USD per million prompt tokens, for the report and --max-cost.")
     price_completion: float = option(0.0, "USD per million completion tokens.")

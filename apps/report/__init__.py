@@ -12,9 +12,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from statistics import mean
 
-from threadweaver.cli_args import is_finite, is_number, is_whole
+from threadweaver.cli_args import is_finite, is_number
 from threadweaver.decoded import read_decoded
-from threadweaver.jsonl import RowError, read_jsonl, row_name
+from threadweaver.jsonl import RowError, read_jsonl, row_name, row_sample
 from threadweaver.rows import RowReader
 from threadweaver.stats import LatencyStats, speedup
 from threadweaver.tree import TrajectoryFormatError
@@ -52,7 +52,7 @@ def row_stats(row: dict, line: int, reader: RowReader, *, strict: bool = False) 
     :class:`TrajectoryFormatError`; a row with bad fields, or one even the lenient parse cannot read
     (blocks nested past the recursion limit), :class:`RowError` naming its line."""
     try:
-        decoded = read_decoded(row, reader, strict=strict)
+        decoded, sample = read_decoded(row, reader, strict=strict), row_sample(row)
     except TrajectoryFormatError as err:
         if strict:
             raise
@@ -60,9 +60,6 @@ def row_stats(row: dict, line: int, reader: RowReader, *, strict: bool = False) 
     except ValueError as err:
         raise RowError.at(line, err) from None
     faults = tuple(f.text for f in decoded.faults)
-    sample = row.get("sample", 0)
-    if not is_whole(sample):
-        raise RowError(line, f"field 'sample' must be a whole number, not {sample!r}", shape=True)
     return RowStats(line, row_name(row, line), decoded.stats, faults, _wall_clock(row, line), sample)
 
 

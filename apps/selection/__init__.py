@@ -48,9 +48,7 @@ REASONS: tuple[Reason, ...] = get_args(Reason)
 class FilterConfig:
     per_problem: int = option(1, "Most trajectories kept per problem, best speedup first.")
     max_tokens: int | None = option(
-        None,
-        "Drop trajectories that generated more than this many tokens, all threads' (the tokens generate's "
-        "--max-tokens bounds; default: no limit).",
+        None, "Drop trajectories that generated more than this many tokens, all threads' together (default: no limit)."
     )
     keep_sequential: bool = option(False, "Keep correct trajectories with no parallel block too.")
 

@@ -30,7 +30,7 @@ from importlib.resources import files
 
 from threadweaver.cli_args import is_number
 from threadweaver.decoded import read_decoded
-from threadweaver.jsonl import FieldError, RowError, prefixed, read_jsonl, row_name
+from threadweaver.jsonl import FieldError, RowError, prefixed, read_jsonl, row_name, row_sample
 from threadweaver.layout import spans
 from threadweaver.reward import grade
 from threadweaver.rows import RowReader
@@ -139,7 +139,7 @@ class Reader:
             "file": file,
             "line": line,
             "id": row_name(row, line),
-            "sample": row.get("sample", 0),
+            "sample": row_sample(row),
             "correct": _correct(row, text),
             "well_formed": not faults,
             "kinds": sorted({f["kind"] for f in faults}),

@@ -30,8 +30,11 @@ if [ -f "$MODEL" ]; then
   echo "run_pgrpo.sh: MODEL $MODEL: a file, not a model directory (the folder that holds config.json)" >&2
   exit 1
 fi
-# a hub id (org/name) is verl's to fetch; a path (/a, ./a, a/b/c) that is no folder here, a slip
-if [[ $MODEL == /* || $MODEL == .* || $MODEL == */*/* ]] && [ ! -d "$MODEL" ]; then
+# a hub id (org/name) or a remote path (hdfs://...) is verl's to fetch; a local path that is no folder here is a
+# slip: /a, ./a, ~/a, a/b/c, or runs/m where runs/ is a folder here (threadweaver's hub-id rule, kit.tokenizers.hub_id)
+if [[ $MODEL != *://* ]] && [ ! -d "$MODEL" ] && {
+  [[ $MODEL == /* || $MODEL == .* || $MODEL == "~"* || $MODEL == */*/* ]] || { [[ $MODEL == */* ]] && [ -d "${MODEL%%/*}" ]; }
+}; then
   echo "run_pgrpo.sh: MODEL $MODEL: no such directory" >&2
   exit 1
 fi

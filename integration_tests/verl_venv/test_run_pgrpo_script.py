@@ -30,7 +30,12 @@ def tool(folder: Path, name: str, body: str) -> None:
 
 
 def run(
-    tmp_path: Path, *args: str, nvidia_smi: str | None = None, python: str = sys.executable, **env: str
+    tmp_path: Path,
+    *args: str,
+    nvidia_smi: str | None = None,
+    python: str = sys.executable,
+    cwd: Path | None = None,
+    **env: str,
 ) -> subprocess.CompletedProcess:
     tools, model = tmp_path / "bin", tmp_path / "model"
     tools.mkdir(exist_ok=True)
@@ -41,7 +46,8 @@ def run(
     if nvidia_smi is not None:
         tool(tools, "nvidia-smi", nvidia_smi)
     env = {"PATH": str(tools), "HOME": str(tmp_path), "MODEL": str(model), **env}
-    return subprocess.run(["/bin/bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=600)
+    command = ["/bin/bash", str(SCRIPT), *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
 @pytest.mark.parametrize("nvidia_smi", [None, NO_GPU])
@@ -65,8 +71,9 @@ def test_a_missing_model_folder_or_a_python_without_verl_stops_before_the_data_i
     done = run(tmp_path, nvidia_smi=TWO_GPUS, DATA=str(data), MODEL=str(tmp_path / "config.json"))
     said = f"run_pgrpo.sh: MODEL {tmp_path / 'config.json'}: a file, not a model directory (the folder that holds"
     assert done.returncode == 1 and done.stderr.startswith(said)
-    done = run(tmp_path, nvidia_smi=TWO_GPUS, DATA=str(data), MODEL="runs/tw/sft")  # no hub id: a typo'd path
-    assert (done.returncode, done.stderr) == (1, "run_pgrpo.sh: MODEL runs/tw/sft: no such directory\n")
+    for typo in ("runs/tw/sft", f"{tmp_path.name}/tw-sft"):  # no hub id: a path, the second in a folder here
+        done = run(tmp_path, nvidia_smi=TWO_GPUS, DATA=str(data), MODEL=typo, cwd=tmp_path.parent)
+        assert (done.returncode, done.stderr) == (1, f"run_pgrpo.sh: MODEL {typo}: no such directory\n")
     done = run(tmp_path, nvidia_smi=TWO_GPUS, DATA=str(data), python=f"{sys.executable} -S")  # no site-packages
     assert done.returncode == 1 and done.stderr.startswith("run_pgrpo.sh: ") and " has no verl: " in done.stderr
     assert not data.exists()

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from threadweaver.batch import BatchProgress, concurrency_option, decode_many, run_sync, trajectory_row
 from threadweaver.cli_args import check_counts, option
+from threadweaver.engine import EngineError
 from threadweaver.hosts import check_host
 from threadweaver.jsonl import appending, check_resumable, check_writable
 from threadweaver.model_dirs import check_model_dir
@@ -70,6 +71,9 @@ class ModelArgs:
 
     def __post_init__(self):
         check_counts(self, ("concurrency",))
+        for name in ("model", "tokenizer"):  # transformers reads ~/m as a hub id
+            if isinstance(value := getattr(self, name), str) and value.startswith("~"):
+                object.__setattr__(self, name, os.path.expanduser(value))
         if self.trajectories is not None:
             object.__setattr__(self, "trajectories", appendable(self.trajectories))
         elif self.resume:
@@ -211,7 +215,7 @@ class ThreadWeaverLM(LM):
         if self.args.model and (served := await served_elsewhere(self.engine, self.args.model)):
             raise ValueError(
                 f"the server at base_url serves {served}, not model={self.args.model}: its results would be filed "
-                "under that model's name; give model= the folder it serves, or leave model= out"
+                "under model='s name; give model= the folder it serves, or leave model= out"
             )
         source = await tokenizer_source(self.engine, self.args.tokenizer or self.args.model)
         if source is None:
@@ -265,7 +269,7 @@ class ThreadWeaverLM(LM):
                 for kwargs, indices in by_kwargs.items():
                     chunk = [requests[i] for i in indices]
                     run_sync(self._generate(kwargs, chunk, indices, out, bar, append, earlier))
-        except BaseException as stopped:  # Ctrl-C, a server gone: lm-eval's CLI prints the note (cli_errors)
+        except (KeyboardInterrupt, EngineError) as stopped:  # Ctrl-C, a server gone: lm-eval's CLI prints the note
             stopped.__notes__ = [*getattr(stopped, "__notes__", []), self._how_to_go_on()]  # add_note: Python 3.11
             raise
         return out

@@ -136,9 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=None, help=f"the synthetic problems' seed (default: {SYNTH_SEED})")
     parser.add_argument(
         "--problems",
-        help="a JSONL file of rows with 'prompt' (a string or chat messages) or 'messages', and 'answer', instead "
-        "of the synthetic "
-        "task: all but --test train",
+        help="a JSONL file of rows with 'prompt' (a string or chat messages) or 'messages', and 'answer', "
+        "instead of the synthetic task: all but --test train",
     )
     parser.add_argument("--data-source", default=None, help="the data_source column (default: the file's name)")
     parser.add_argument("--agent", choices=AGENT_LOOPS, default=None, help="an agent_name column for every row")

@@ -103,9 +103,9 @@ async def served_elsewhere(engine, model: str) -> str | None:
     """The folder ``engine``'s server loaded its model from, where that is a folder here and ``model`` another
     (a second server's, a slip of the port); else None. A server that names no folder here (a hub id, another
     machine's path) is taken at its word; a relative root is read from this folder, as a server started here
-    reports it."""
+    reports it. SGLang's servers name their tokenizer's folder, which may be loaded apart: not compared."""
     model = os.path.expanduser(model)
-    if not (hasattr(engine, "model_root") and os.path.isdir(model)):
+    if not (hasattr(engine, "model_root") and os.path.isdir(model)) or getattr(engine, "root_is_tokenizer", False):
         return None
     root = await engine.model_root()
     return root if isinstance(root, str) and os.path.isdir(root) and not os.path.samefile(root, model) else None

@@ -38,6 +38,11 @@ class Replicas:
         """A request on its own (not a trajectory's): to the least loaded server."""
         return await self.pinned().generate(prompt_ids, stop_ids, max_tokens, sampling)
 
+    @property
+    def root_is_tokenizer(self) -> bool:
+        """Whether :meth:`model_root` names a tokenizer's folder (SGLang's servers)."""
+        return any(getattr(engine, "root_is_tokenizer", False) for engine in self.engines)
+
     async def model_root(self) -> str | None:
         """Where the first server loaded the model from (see :func:`.engines.tokenizer_source`). Every server
         that says is asked: ones that loaded different models are warned of, as each trajectory would come

