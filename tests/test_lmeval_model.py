@@ -162,11 +162,13 @@ def test_a_run_the_server_failed_says_where_its_trajectories_are(tmp_path, monke
     from lm_eval.api.instance import Instance
 
     from threadweaver.engine import EngineError
-    from threadweaver.lmeval_tasks import cli_errors
+    from threadweaver.lmeval_tasks import cli_errors, measured
     from threadweaver.quickstart.recipe import embedded_models
     from threadweaver.vllm_orchestrator.http import HTTPOptions
     from threadweaver.vllm_orchestrator.vllm_server_engine import VLLMServerEngine
 
+    for name, fresh in (("_tokenizer", None), ("_tokenizer_hint", None), ("_unloadable", set())):
+        monkeypatch.setattr(measured, name, fresh)  # the model sets the tasks' tokenizer for the whole process
     trajectories = tmp_path / "t.jsonl"
     args = f"engine=transformers,model={embedded_models()['parallel']},trajectories={trajectories}"
     lm = ThreadWeaverLM.create_from_arg_string(args)
