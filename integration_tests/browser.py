@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import tempfile
 from collections.abc import Iterator
 from urllib.parse import urlparse
 
@@ -35,6 +36,8 @@ def chromium(width: int = 1300, height: int = 1000, offline: bool = True) -> Ite
     from selenium.webdriver.chrome.service import Service
 
     binary, driver_path = _binaries()
+    # Chromium's own profile folder is left in /tmp when it is killed: one of ours goes with the test.
+    profile = tempfile.TemporaryDirectory(prefix="threadweaver-chromium-", ignore_cleanup_errors=True)
     options = webdriver.ChromeOptions()
     options.binary_location = binary
     for flag in (
@@ -43,6 +46,7 @@ def chromium(width: int = 1300, height: int = 1000, offline: bool = True) -> Ite
         "--disable-gpu",
         "--hide-scrollbars",
         f"--window-size={width},{height}",
+        f"--user-data-dir={profile.name}",
     ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
@@ -57,6 +61,7 @@ def chromium(width: int = 1300, height: int = 1000, offline: bool = True) -> Ite
         yield driver
     finally:
         driver.quit()
+        profile.cleanup()
 
 
 def network_requests(driver) -> list[str]:

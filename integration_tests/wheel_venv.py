@@ -6,7 +6,9 @@ editable install stays out)."""
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -21,6 +23,7 @@ def built() -> tuple[Path, Path]:
     """(the sdist, the wheel built from it): once per test process. Build isolation fetches
     setuptools from the package index, as a user's build does."""
     out = Path(tempfile.mkdtemp(prefix="threadweaver-dist-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     done = subprocess.run(
         [sys.executable, "-m", "build", "--outdir", str(out), str(REPO)], capture_output=True, text=True
     )

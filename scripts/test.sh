@@ -4,6 +4,10 @@
 # Extra arguments go to pytest; paths under integration_tests/verl_venv run in .venv-verl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The venvs take about 7 GB and a full run writes a few GB more (models, caches, /tmp): a full disk
+# fails tests far from their cause, so say what there is.
+free_disk() { echo "[test] free disk: $(df -h --output=avail . | tail -1 | tr -d ' ') here, $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -1 | tr -d ' ') in ${TMPDIR:-/tmp}"; }
+free_disk
 scripts/setup.sh
 scripts/setup.sh verl
 if ! { command -v chromium && command -v chromedriver; } >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -26,4 +30,5 @@ status=0
 .venv/bin/python -m pytest -q --durations=40 || status=$?
 echo "[test] the verl integration tests, in .venv-verl"
 .venv-verl/bin/python -m pytest -q integration_tests/verl_venv || status=$?
+free_disk
 exit $status
