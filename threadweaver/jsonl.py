@@ -54,13 +54,28 @@ def row_sample(row: dict) -> int:
     return value
 
 
-def read_jsonl(path: str) -> Iterator[tuple[int, dict]]:
-    """(line number, row) per non-blank line; a line that is not a JSON object in UTF-8 raises :class:`RowError`."""
+def read_jsonl(path: str, on_unfinished: Callable[[int], None] | None = None) -> Iterator[tuple[int, dict]]:
+    """(line number, row) per non-blank line; a line that is not a JSON object in UTF-8 raises :class:`RowError`.
+
+    ``on_unfinished``: a last line with no newline that is not JSON yet (a file still being written, as
+    :func:`appending` writes it) is passed, by its number, to this function and left out, instead of raising.
+    """
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, 1):
-            row = parse_line(raw, line_no)
+            try:
+                row = parse_line(raw, line_no)
+            except RowError:
+                if on_unfinished is None or raw.endswith(b"\n"):
+                    raise
+                on_unfinished(line_no)
+                return
             if row is not None:
                 yield line_no, row
+
+
+def unfinished_note(path: str, line: int) -> str:
+    """What a reader that left out ``path``'s unfinished last ``line`` (:func:`read_jsonl`) says on stderr."""
+    return f"{path}: line {line} is not finished (no newline, not JSON yet): left out; is it still being written?"
 
 
 def parse_line(raw: bytes, line_no: int) -> dict | None:

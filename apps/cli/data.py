@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -162,7 +163,9 @@ def _stats(args: argparse.Namespace) -> None:
     if problem := not_a_file_of_rows(args.file):
         sys.exit(f"threadweaver stats: {args.file}: {problem}")
     reader, explained = row_reader(args.tokenizer, [args.file], "stats")
-    rows = file_stats(args.file, reader, strict=args.strict)
+    rows = file_stats(
+        args.file, reader, strict=args.strict, on_unfinished=functools.partial(_say_unfinished, "stats", args.file)
+    )
     try:
         rows = list(rows if args.json else progress_bar(rows, desc="stats", unit=" rows"))
     except RowError as err:
@@ -178,6 +181,14 @@ def _stats(args: argparse.Namespace) -> None:
         print(format_table(rows))
         print()
     print(format_summary(summary(rows)))
+
+
+def _say_unfinished(command: str, path: str, line: int) -> None:
+    """What ``command`` does with ``path``'s unfinished last ``line`` (``read_jsonl``'s ``on_unfinished``): says so
+    on stderr, and goes on without it."""
+    from threadweaver.jsonl import unfinished_note
+
+    print(f"threadweaver {command}: {unfinished_note(path, line)}", file=sys.stderr)
 
 
 def _filter_arguments(p: argparse.ArgumentParser) -> None:
@@ -428,7 +439,9 @@ def _view(args: argparse.Namespace) -> None:
             sys.exit(f"threadweaver view: --out {out}: {err}")
     reader, explained = row_reader(args.tokenizer, files, "view")
     try:
-        html = file_page(files, reader, args.title, progress=bar)
+        html = file_page(
+            files, reader, args.title, progress=bar, on_unfinished=functools.partial(_say_unfinished, "view")
+        )
     except OSError as err:
         sys.exit(f"threadweaver view: {err}")
     except ValueError as err:

@@ -8,7 +8,7 @@ the response (see :mod:`threadweaver.stats`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from statistics import mean
 
@@ -38,9 +38,12 @@ class RowStats:
         return {**head, **self.stats.as_dict(), "faults": list(self.faults)}
 
 
-def file_stats(path: str, reader: RowReader, *, strict: bool = False) -> Iterator[RowStats]:
-    """Per row, the statistics of its trajectory; a bad row raises :class:`RowError` naming its line."""
-    for line, row in read_jsonl(path):
+def file_stats(
+    path: str, reader: RowReader, *, strict: bool = False, on_unfinished: Callable[[int], None] | None = None
+) -> Iterator[RowStats]:
+    """Per row, the statistics of its trajectory; a bad row raises :class:`RowError` naming its line
+    (``on_unfinished``: as :func:`~threadweaver.jsonl.read_jsonl` takes it)."""
+    for line, row in read_jsonl(path, on_unfinished):
         try:
             yield row_stats(row, line, reader, strict=strict)
         except TrajectoryFormatError as err:

@@ -21,10 +21,11 @@ A row's details travel gzip-compressed and are unpacked only when it is opened.
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import html
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from importlib.resources import files
 
@@ -108,9 +109,12 @@ class Reader:
             self.vocab[token] = self.fmt.decode([token])
         return self.vocab[token]
 
-    def rows(self, path: str, file: int) -> Iterator[tuple[dict, str]]:
-        """(summary, compressed details) per row of ``path``; a bad row names its line."""
-        for line, row in read_jsonl(path):
+    def rows(
+        self, path: str, file: int, on_unfinished: Callable[[int], None] | None = None
+    ) -> Iterator[tuple[dict, str]]:
+        """(summary, compressed details) per row of ``path``; a bad row names its line (``on_unfinished``: as
+        :func:`~threadweaver.jsonl.read_jsonl` takes it)."""
+        for line, row in read_jsonl(path, on_unfinished):
             try:
                 yield self.row(row, line, file)
             except ValueError as err:
@@ -217,12 +221,20 @@ def tag_names(fmt) -> dict[int, str]:
     return {token: fmt.tags.name(token) for token in (*fmt.tags.structural, fmt.tags.think, fmt.tags.think_end)}
 
 
-def file_page(paths: Sequence[str], reader: RowReader, title: str | None = None, progress=None) -> str:
-    """The page for trajectory or training-data files (two: side by side)."""
+def file_page(
+    paths: Sequence[str],
+    reader: RowReader,
+    title: str | None = None,
+    progress=None,
+    on_unfinished: Callable[[str, int], None] | None = None,
+) -> str:
+    """The page for trajectory or training-data files (two: side by side). ``on_unfinished(path, line)``: a
+    file's unfinished last line is left out and said there (:func:`~threadweaver.jsonl.read_jsonl`)."""
     view = Reader(reader)
     summaries, details = [], []
     for file, path in enumerate(paths):
-        rows, before = view.rows(path, file), len(summaries)
+        unfinished = None if on_unfinished is None else functools.partial(on_unfinished, path)
+        rows, before = view.rows(path, file, unfinished), len(summaries)
         try:
             for summary, detail in progress(rows, path) if progress else rows:
                 summaries.append(summary)
