@@ -4,10 +4,13 @@
 # Extra arguments go to pytest; paths under integration_tests/verl_venv run in .venv-verl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The venvs take about 7 GB and a full run writes a few GB more (models, caches, /tmp): a full disk
-# fails tests far from their cause, so say what there is.
+# A full run takes about 12 GB of disk (measured on 2026-11-30): the two venvs 7 GB, models, caches and
+# /tmp the rest. A full disk fails tests far from their cause, so say what there is.
 free_disk() { echo "[test] free disk: $(df -h --output=avail . | tail -1 | tr -d ' ') here, $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -1 | tr -d ' ') in ${TMPDIR:-/tmp}"; }
 free_disk
+if [ "$(df -BG --output=avail . | tail -1 | tr -dc 0-9)" -lt 15 ]; then
+  echo "[test] warning: under 15 GB free here; a full run with its set-up takes about 12 GB" >&2
+fi
 scripts/setup.sh
 scripts/setup.sh verl
 if ! { command -v chromium && command -v chromedriver; } >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
