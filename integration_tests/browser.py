@@ -37,31 +37,30 @@ def chromium(width: int = 1300, height: int = 1000, offline: bool = True) -> Ite
 
     binary, driver_path = _binaries()
     # Chromium's own profile folder is left in /tmp when it is killed: one of ours goes with the test.
-    profile = tempfile.TemporaryDirectory(prefix="threadweaver-chromium-", ignore_cleanup_errors=True)
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--hide-scrollbars",
-        f"--window-size={width},{height}",
-        f"--user-data-dir={profile.name}",
-    ):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    try:
-        if offline:
-            driver.execute_cdp_cmd("Network.enable", {})
-            driver.execute_cdp_cmd(
-                "Network.emulateNetworkConditions",
-                {"offline": True, "latency": 0, "downloadThroughput": 0, "uploadThroughput": 0},
-            )
-        yield driver
-    finally:
-        driver.quit()
-        profile.cleanup()
+    with tempfile.TemporaryDirectory(prefix="threadweaver-chromium-", ignore_cleanup_errors=True) as profile:
+        options = webdriver.ChromeOptions()
+        options.binary_location = binary
+        for flag in (
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--window-size={width},{height}",
+            f"--user-data-dir={profile}",
+        ):
+            options.add_argument(flag)
+        options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
+        driver = webdriver.Chrome(service=Service(driver_path), options=options)
+        try:
+            if offline:
+                driver.execute_cdp_cmd("Network.enable", {})
+                driver.execute_cdp_cmd(
+                    "Network.emulateNetworkConditions",
+                    {"offline": True, "latency": 0, "downloadThroughput": 0, "uploadThroughput": 0},
+                )
+            yield driver
+        finally:
+            driver.quit()
 
 
 def network_requests(driver) -> list[str]:

@@ -6,10 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # A full run takes about 12 GB of disk (measured on 2026-11-30): the two venvs 7 GB, models, caches and
 # /tmp the rest. A full disk fails tests far from their cause, so say what there is.
-free_disk() { echo "[test] free disk: $(df -h --output=avail . | tail -1 | tr -d ' ') here, $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -1 | tr -d ' ') in ${TMPDIR:-/tmp}"; }
+TMP=${TMPDIR:-/tmp}
+free_gb() { df -Pk "$1" | awk 'NR == 2 { printf "%.1f", $4 / 1048576 }'; }
+free_disk() { echo "[test] free disk: $(free_gb .) GB here, $(free_gb "$TMP") GB in $TMP"; }
 free_disk
-if [ "$(df -BG --output=avail . | tail -1 | tr -dc 0-9)" -lt 15 ]; then
-  echo "[test] warning: under 15 GB free here; a full run with its set-up takes about 12 GB" >&2
+if awk -v here="$(free_gb .)" -v tmp="$(free_gb "$TMP")" 'BEGIN { exit !(here < 15 || tmp < 5) }'; then
+  echo "[test] warning: under 15 GB free here or 5 GB in $TMP; a full run takes about 12 GB, the venvs 7 of them" >&2
 fi
 scripts/setup.sh
 scripts/setup.sh verl

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from orchestrator_scripts import GOOD, PROMPT
 
 from threadweaver.batch import Job, run_batch
-from threadweaver.jsonl import SET_ASIDE, appending, finished_keys
+from threadweaver.jsonl import SET_ASIDE, RowError, appending, finished_keys, read_jsonl
 from threadweaver.orchestrator import Orchestrator
 from threadweaver.testing import ScriptedEngine
 
@@ -108,6 +108,27 @@ def test_appending_after_a_crash_starts_a_line_of_its_own(tmp_path):
             append({"id": "b"})
         expected = [{"id": "z"}, *([{"id": "a"}] if tail == b'{"id": "a"}' else []), {"id": "b"}]
         assert [json.loads(line) for line in path.read_text().splitlines()] == expected
+
+
+CUT_ROW = {"id": "a/1", "n": -12.5e-3, "t": True, "f": False, "z": None, "text": 'caf\u00e9 "q" \\ \n \U0001f600'}
+
+
+@pytest.mark.parametrize("ensure_ascii", [True, False], ids=["escaped", "utf8"])
+def test_a_row_cut_at_any_byte_is_a_torn_last_line_and_a_broken_one_is_not(tmp_path, ensure_ascii):
+    """What ``stats`` and ``view`` leave out of a file still being written (``read_jsonl``'s ``on_torn``): a last
+    line cut anywhere, inside a number, a literal, an escape or a UTF-8 character. A last line broken otherwise,
+    or a cut one with its newline, is still refused: that is a user's file to fix, not one being written."""
+    path, first = tmp_path / "rows.jsonl", b'{"id": "done"}\n'
+    row = json.dumps(CUT_ROW, ensure_ascii=ensure_ascii).encode()
+    for cut in range(1, len(row)):
+        path.write_bytes(first + row[:cut])
+        torn = []
+        assert [r for _, r in read_jsonl(str(path), torn.append)] == [{"id": "done"}] and torn == [2], row[:cut]
+    broken = [b'[{"a": 1}, {"a": 2}]', b"42", b'{"a": 1,, "b": 2}', b'{"a": tru}', b'{"a": 1.}', b'{"a": "\\q"}']
+    for line in [*broken, b"caf\xe9", row[:20] + b"\n"]:
+        path.write_bytes(first + line)
+        with pytest.raises(RowError, match="^line 2: "):
+            list(read_jsonl(str(path), lambda line: pytest.fail(f"{line} taken as torn")))
 
 
 def test_a_byte_order_mark_before_the_first_finished_row_is_read_past(tmp_path):

@@ -168,15 +168,15 @@ def test_view_names_the_file_and_line_of_a_bad_row_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
-def test_stats_and_view_of_a_file_being_written_leave_its_unfinished_last_line_out_and_say_so(tmp_path):
+def test_stats_and_view_of_a_file_being_written_leave_its_torn_last_line_out_and_say_so(tmp_path):
     """``generate`` appends a row at a time: ``stats`` or ``view`` run meanwhile may read half a row at the
-    end. Both stopped at it (``line 13: not JSON``); they now show the finished rows and say what they left
-    out. A broken line that has its newline is still refused: it is no row being written."""
+    end. Both stopped at it (``line 13: not JSON``); they now show the finished rows and say, after the progress
+    bar, what they left out. A cut line that has its newline is still refused: it is no row being written."""
     subprocess.run([CLI, "synth", "--out", str(tmp_path), "--train", "5", "--validation", "12"], check=True)
     rows = tmp_path / "rows.jsonl"
     finished = (tmp_path / "parallel" / "validation.jsonl").read_text()
     rows.write_text(finished + finished.splitlines()[0][:40])
-    note = f"{rows}: line 13 is not finished (no newline, not JSON yet): left out; is it still being written?\n"
+    note = f"{rows}: line 13 is torn (cut off mid-row, no newline): left out; is the file still being written?\n"
     stats = subprocess.run([CLI, "stats", str(rows), "--json"], capture_output=True, text=True)
     assert stats.returncode == 0 and json.loads(stats.stdout)["summary"]["rows"] == 12
     assert stats.stderr == f"threadweaver stats: {note}"

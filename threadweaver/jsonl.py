@@ -6,6 +6,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TextIO
@@ -29,9 +30,11 @@ class RowError(ValueError):
     """A bad input row; names the file line (1-based). ``shape``: the row's shape is at fault, not the
     tokenizer it was read with (the commands' tokenizer hint is left off)."""
 
-    def __init__(self, line: int, message: str, shape: bool = False):
+    def __init__(self, line: int, message: str, shape: bool = False, cut_off: bool = False):
         super().__init__(f"line {line}: {message}")
         self.line, self.shape = line, shape
+        self.cut_off = cut_off
+        """The line's bytes end before its row does (a torn line, where it is the last one)."""
 
     @classmethod
     def at(cls, line: int, err: ValueError) -> RowError:
@@ -54,28 +57,35 @@ def row_sample(row: dict) -> int:
     return value
 
 
-def read_jsonl(path: str, on_unfinished: Callable[[int], None] | None = None) -> Iterator[tuple[int, dict]]:
+def read_jsonl(path: str, on_torn: Callable[[int], None] | None = None) -> Iterator[tuple[int, dict]]:
     """(line number, row) per non-blank line; a line that is not a JSON object in UTF-8 raises :class:`RowError`.
 
-    ``on_unfinished``: a last line with no newline that is not JSON yet (a file still being written, as
+    ``on_torn``: a torn last line (no newline, and cut off before its row ends: a file still being written, as
     :func:`appending` writes it) is passed, by its number, to this function and left out, instead of raising.
     """
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, 1):
             try:
                 row = parse_line(raw, line_no)
-            except RowError:
-                if on_unfinished is None or raw.endswith(b"\n"):
+            except RowError as err:
+                if on_torn is None or not err.cut_off or raw.endswith(b"\n"):
                     raise
-                on_unfinished(line_no)
+                on_torn(line_no)
                 return
             if row is not None:
                 yield line_no, row
 
 
-def unfinished_note(path: str, line: int) -> str:
-    """What a reader that left out ``path``'s unfinished last ``line`` (:func:`read_jsonl`) says on stderr."""
-    return f"{path}: line {line} is not finished (no newline, not JSON yet): left out; is it still being written?"
+def torn_note(path: str, line: int) -> str:
+    """What a reader that left out ``path``'s torn last ``line`` (:func:`read_jsonl`) says on stderr."""
+    return f"{path}: line {line} is torn (cut off mid-row, no newline): left out; is the file still being written?"
+
+
+_TORN_TAIL = re.compile(
+    r"[-+.0-9eE]*|t(r(ue?)?)?|f(a(l(se?)?)?)?|n(u(ll?)?)?|u[0-9a-fA-F]{0,4}(\\(u[0-9a-fA-F]{0,4})?)?"
+)
+"""What the JSON parser stops at where a line is cut off: nothing, the start of a number or a literal, or of a
+``\\uXXXX`` escape after its backslash (a pair of them, for a character past the BMP)."""
 
 
 def parse_line(raw: bytes, line_no: int) -> dict | None:
@@ -86,8 +96,9 @@ def parse_line(raw: bytes, line_no: int) -> dict | None:
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as err:
+        cut_off = raw.lstrip().startswith(b"{") and err.reason == "unexpected end of data"  # inside a character
         raise RowError(
-            line_no, f"not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1})", shape=True
+            line_no, f"not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1})", shape=True, cut_off=cut_off
         ) from None
     if not line.strip():
         return None
@@ -96,7 +107,9 @@ def parse_line(raw: bytes, line_no: int) -> dict | None:
     except json.JSONDecodeError as err:
         opened = line.strip() in ("{", "[")  # the first line of a JSON document written over several lines
         hint = "; rows are JSONL, one JSON object per line, not a JSON document over several lines" if opened else ""
-        raise RowError(line_no, f"not JSON ({err}){hint}", shape=True) from None
+        ran_out = err.msg.startswith("Unterminated string") or _TORN_TAIL.fullmatch(line[err.pos :].rstrip())
+        cut_off = line.lstrip().startswith("{") and bool(ran_out)
+        raise RowError(line_no, f"not JSON ({err}){hint}", shape=True, cut_off=cut_off) from None
     except ValueError as err:  # an integer of more digits than Python reads (4,300)
         raise RowError(line_no, f"a number too long to read ({err})", shape=True) from None
     except RecursionError:

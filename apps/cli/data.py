@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -163,15 +162,15 @@ def _stats(args: argparse.Namespace) -> None:
     if problem := not_a_file_of_rows(args.file):
         sys.exit(f"threadweaver stats: {args.file}: {problem}")
     reader, explained = row_reader(args.tokenizer, [args.file], "stats")
-    rows = file_stats(
-        args.file, reader, strict=args.strict, on_unfinished=functools.partial(_say_unfinished, "stats", args.file)
-    )
+    torn = []
+    rows = file_stats(args.file, reader, strict=args.strict, on_torn=lambda line: torn.append((args.file, line)))
     try:
         rows = list(rows if args.json else progress_bar(rows, desc="stats", unit=" rows"))
     except RowError as err:
         sys.exit(f"threadweaver stats: {args.file}: {explained(err)}")
     except OSError as err:
         sys.exit(f"threadweaver stats: {args.file}: {err.strerror or err}")
+    _say_torn("stats", torn)
     if not rows:
         sys.exit(f"threadweaver stats: {args.file}: no rows to count")
     if args.json:
@@ -183,12 +182,12 @@ def _stats(args: argparse.Namespace) -> None:
     print(format_summary(summary(rows)))
 
 
-def _say_unfinished(command: str, path: str, line: int) -> None:
-    """What ``command`` does with ``path``'s unfinished last ``line`` (``read_jsonl``'s ``on_unfinished``): says so
-    on stderr, and goes on without it."""
-    from threadweaver.jsonl import unfinished_note
+def _say_torn(command: str, torn: list[tuple[str, int]]) -> None:
+    """Says on stderr which torn last lines (file, line) ``command`` left out; after its progress bar."""
+    from threadweaver.jsonl import torn_note
 
-    print(f"threadweaver {command}: {unfinished_note(path, line)}", file=sys.stderr)
+    for path, line in torn:
+        print(f"threadweaver {command}: {torn_note(path, line)}", file=sys.stderr)
 
 
 def _filter_arguments(p: argparse.ArgumentParser) -> None:
@@ -438,14 +437,15 @@ def _view(args: argparse.Namespace) -> None:
         except ValueError as err:
             sys.exit(f"threadweaver view: --out {out}: {err}")
     reader, explained = row_reader(args.tokenizer, files, "view")
+    torn = []
     try:
-        html = file_page(
-            files, reader, args.title, progress=bar, on_unfinished=functools.partial(_say_unfinished, "view")
-        )
+        html = file_page(files, reader, args.title, progress=bar, on_torn=lambda *at: torn.append(at))
     except OSError as err:
         sys.exit(f"threadweaver view: {err}")
     except ValueError as err:
+        _say_torn("view", torn)
         sys.exit(f"threadweaver view: {explained(err)}")
+    _say_torn("view", torn)
     if server is not None:
         return _serve_page(server, html)
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)

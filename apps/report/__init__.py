@@ -39,11 +39,11 @@ class RowStats:
 
 
 def file_stats(
-    path: str, reader: RowReader, *, strict: bool = False, on_unfinished: Callable[[int], None] | None = None
+    path: str, reader: RowReader, *, strict: bool = False, on_torn: Callable[[int], None] | None = None
 ) -> Iterator[RowStats]:
     """Per row, the statistics of its trajectory; a bad row raises :class:`RowError` naming its line
-    (``on_unfinished``: as :func:`~threadweaver.jsonl.read_jsonl` takes it)."""
-    for line, row in read_jsonl(path, on_unfinished):
+    (``on_torn``: as :func:`~threadweaver.jsonl.read_jsonl` takes it)."""
+    for line, row in read_jsonl(path, on_torn):
         try:
             yield row_stats(row, line, reader, strict=strict)
         except TrajectoryFormatError as err:

@@ -109,12 +109,10 @@ class Reader:
             self.vocab[token] = self.fmt.decode([token])
         return self.vocab[token]
 
-    def rows(
-        self, path: str, file: int, on_unfinished: Callable[[int], None] | None = None
-    ) -> Iterator[tuple[dict, str]]:
-        """(summary, compressed details) per row of ``path``; a bad row names its line (``on_unfinished``: as
+    def rows(self, path: str, file: int, on_torn: Callable[[int], None] | None = None) -> Iterator[tuple[dict, str]]:
+        """(summary, compressed details) per row of ``path``; a bad row names its line (``on_torn``: as
         :func:`~threadweaver.jsonl.read_jsonl` takes it)."""
-        for line, row in read_jsonl(path, on_unfinished):
+        for line, row in read_jsonl(path, on_torn):
             try:
                 yield self.row(row, line, file)
             except ValueError as err:
@@ -226,15 +224,15 @@ def file_page(
     reader: RowReader,
     title: str | None = None,
     progress=None,
-    on_unfinished: Callable[[str, int], None] | None = None,
+    on_torn: Callable[[str, int], None] | None = None,
 ) -> str:
-    """The page for trajectory or training-data files (two: side by side). ``on_unfinished(path, line)``: a
-    file's unfinished last line is left out and said there (:func:`~threadweaver.jsonl.read_jsonl`)."""
+    """The page for trajectory or training-data files (two: side by side). ``on_torn(path, line)``: a file's
+    torn last line is left out (:func:`~threadweaver.jsonl.read_jsonl`)."""
     view = Reader(reader)
     summaries, details = [], []
     for file, path in enumerate(paths):
-        unfinished = None if on_unfinished is None else functools.partial(on_unfinished, path)
-        rows, before = view.rows(path, file, unfinished), len(summaries)
+        torn = None if on_torn is None else functools.partial(on_torn, path)
+        rows, before = view.rows(path, file, torn), len(summaries)
         try:
             for summary, detail in progress(rows, path) if progress else rows:
                 summaries.append(summary)
