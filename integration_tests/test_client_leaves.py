@@ -72,9 +72,9 @@ def generated(vllm_url: str) -> float:
     return metric(vllm_url, "vllm:generation_tokens_total")
 
 
-def decoding_becomes(vllm_url: str, decoding: bool, within_s: float) -> bool:
-    """Wait until the engine decodes something (or nothing); whether it came to that."""
-    deadline = time.monotonic() + within_s
+def decoding_becomes(vllm_url: str, decoding: bool) -> bool:
+    """Wait until the engine decodes something (or nothing), up to :data:`WITHIN_S`; whether it came to that."""
+    deadline = time.monotonic() + WITHIN_S
     while (running(vllm_url) > 0) != decoding and time.monotonic() < deadline:
         time.sleep(0.1)
     return (running(vllm_url) > 0) == decoding
@@ -82,11 +82,11 @@ def decoding_becomes(vllm_url: str, decoding: bool, within_s: float) -> bool:
 
 def busy(vllm_url: str) -> bool:
     """The engine decodes: the proxy answers before its first backend request runs, so this waits."""
-    return decoding_becomes(vllm_url, True, WITHIN_S)
+    return decoding_becomes(vllm_url, True)
 
 
 def idle(vllm_url: str) -> bool:
-    return decoding_becomes(vllm_url, False, WITHIN_S)
+    return decoding_becomes(vllm_url, False)
 
 
 def decoding_request(
